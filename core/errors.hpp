@@ -1,0 +1,49 @@
+// Typed errors of muonbed. Every error says where it happened and what to change, so a user
+// reading one line on the terminal knows the fix without reading the source.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace muonbed {
+
+// Base of all muonbed errors; what() is the complete message a user sees.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Where in an input file a value came from. line/column are 1-based; 0 means unknown.
+struct SourceLocation {
+  std::string file;
+  int line = 0;
+  int column = 0;
+  std::string to_string() const;  // "file:line:column" (or as much of it as is known)
+};
+
+// Bad user input (experiment, cluster or model YAML). Message format:
+//   FILE:LINE:COL: error: WHAT
+//     fix: FIX
+class ConfigError : public Error {
+ public:
+  ConfigError(SourceLocation where, std::string what, std::string fix);
+  const SourceLocation& where() const { return where_; }
+  const std::string& fix() const { return fix_; }
+
+ private:
+  SourceLocation where_;
+  std::string fix_;
+};
+
+// A layout, mesh, assignment or plan that violates an invariant (shapes, ranks, coverage).
+class LayoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+class PlanError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace muonbed

@@ -1,0 +1,245 @@
+// Results every backend writes (analytic, sim, and later mpi/nccl): one JSON record per
+// experiment point and backend, so predicted and measured lines up field by field. This header is
+// backend-neutral (no SimGrid, CUDA or MPI); core/src/results.cpp reads and writes the JSON.
+//
+// Schema (version 1). Times in seconds, sizes in bytes, bandwidths in GB/s (1e9 B/s). Keys appear
+// in this order; the same input gives a byte-identical file except "timestamp".
+//
+//   schema_version   1
+//   backend          "analytic" | "sim" (later "mpi" | "nccl")
+//   fidelity         sim: "step" | "flow"; analytic: "closed_form"
+//   timestamp        UTC ISO-8601 time the record was made: the one nondeterministic field
+//   provenance       muonbed_version, git_hash (git rev-parse HEAD of the source tree at run time,
+//                    "unknown" without git), simgrid_version ("" when the backend does not use
+//                    SimGrid), host_name, experiment (name), experiment_file, point (the sweep
+//                    label), resolved_config (Experiment::resolved_yaml: the complete input)
+//   setup            strategy, cluster, model, mesh (DeviceMesh::describe), world_size, nodes,
+//                    gpus_per_node, params (elements of all parameters), muon_matrices,
+//                    hyper_period (steps after which the level-sync pattern repeats)
+//   step             average_s (over one hyper-period, each distinct step pattern weighted by
+//                    how many steps have it), worst_s, worst_step (first step with the worst
+//                    time), patterns: [{step, count, time_s}] one per distinct set of active ops
+//                    (seed 002: level-scheduled gradient sync makes average and worst differ)
+//   throughput       seed 002's honest per-GPU reporting, each as {average, worst}, where
+//                    "average" uses the hyper-period average and "worst" the worst step:
+//                      params_per_s_per_gpu      elements updated per second per GPU (the model's
+//                                                parameters / step time / GPUs): end to end
+//                      computation: time_s (mean over GPUs of busy compute time per step),
+//                                   tflops_per_gpu (optimizer FLOPs / step time / GPUs),
+//                                   utilization (tflops_per_gpu / the GPU's peak)
+//                      communication: time_s (mean over GPUs of time inside collectives),
+//                                   exposed_time_s (of that, not overlapped by compute),
+//                                   GBps_per_gpu (bytes a GPU sends per second of step time)
+//   traffic          bytes moved per step by the backend's collective algorithms, split by link
+//                    class: intra_node (NVLink / PCIe) and network (NICs), as {average, worst};
+//                    model: "algorithm" (sim: the lowered transfers) or "closed_form" (analytic:
+//                    per-algorithm formulas)
+//   collectives      one entry per collective op of the plan that ran in a simulated step: op,
+//                    label, kind, group_size, instances (per step it runs in), steps (how many
+//                    steps of the hyper-period run it), bytes (nccl-tests' S of an instance,
+//                    mean over instances), time_s (mean instance time from the last member's
+//                    arrival to completion, waiting excluded), max_time_s, algbw_GBps
+//                    (bytes / time_s), busbw_GBps (algbw x core/cost_model.hpp's bus_factor),
+//                    crosses_nodes (some instance spans nodes)
+//   ranks            one entry per rank: rank, node, average and worst (each {compute_s,
+//                    communication_s, exposed_comm_s, idle_s, finish_s}: busy time on compute
+//                    ops, time inside collective instances, the part of it not overlapped by
+//                    compute, step time minus busy time, completion of the rank's last op;
+//                    average over the hyper-period, worst = in the worst step), bytes_sent and
+//                    bytes_received (per average step, by the algorithms), memory
+//                    {static_bytes, peak_transient_bytes, peak_bytes} from rank_memory(plan)
+//   notes            free-text remarks of the backend (approximations used, caps hit)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/cluster.hpp"
+#include "core/plan.hpp"
+
+namespace muonbed {
+
+struct Experiment;
+
+constexpr int kResultsSchemaVersion = 1;
+
+struct AverageWorst {
+  double average = 0;
+  double worst = 0;
+};
+
+struct Provenance {
+  std::string muonbed_version;
+  std::string git_hash;
+  std::string simgrid_version;
+  std::string host_name;
+  std::string experiment;
+  std::string experiment_file;
+  std::string point;
+  std::string resolved_config;
+};
+
+struct SetupInfo {
+  std::string strategy;
+  std::string cluster;
+  std::string model;
+  std::string mesh;
+  int world_size = 0;
+  int nodes = 0;
+  int gpus_per_node = 0;
+  std::int64_t params = 0;
+  int muon_matrices = 0;
+  int hyper_period = 1;
+};
+
+struct StepPatternResult {
+  int step = 0;   // the first step of the hyper-period with this pattern
+  int count = 0;  // steps of the hyper-period with this pattern
+  double time_s = 0;
+};
+
+struct StepSummary {
+  double average_s = 0;
+  double worst_s = 0;
+  int worst_step = 0;
+  std::vector<StepPatternResult> patterns;
+};
+
+struct ThroughputResult {
+  AverageWorst params_per_s_per_gpu;
+  AverageWorst compute_time_s;
+  AverageWorst compute_tflops_per_gpu;
+  AverageWorst compute_utilization;
+  AverageWorst comm_time_s;
+  AverageWorst comm_exposed_time_s;
+  AverageWorst comm_GBps_per_gpu;
+};
+
+struct TrafficResult {
+  std::string model;  // "algorithm" | "closed_form"
+  AverageWorst intra_node_bytes;
+  AverageWorst network_bytes;
+};
+
+struct CollectiveResult {
+  int op = 0;
+  std::string label;
+  std::string kind;
+  int group_size = 0;
+  int instances = 0;
+  int steps = 0;
+  double bytes = 0;
+  double time_s = 0;
+  double max_time_s = 0;
+  double algbw_GBps = 0;
+  double busbw_GBps = 0;
+  bool crosses_nodes = false;
+};
+
+struct TimeBreakdown {
+  double compute_s = 0;
+  double communication_s = 0;
+  double exposed_comm_s = 0;
+  double idle_s = 0;
+  double finish_s = 0;
+};
+
+struct MemoryResult {
+  std::int64_t static_bytes = 0;
+  std::int64_t peak_transient_bytes = 0;
+  std::int64_t peak_bytes = 0;
+};
+
+struct RankResult {
+  int rank = 0;
+  int node = 0;
+  TimeBreakdown average;
+  TimeBreakdown worst;
+  double bytes_sent = 0;
+  double bytes_received = 0;
+  MemoryResult memory;
+};
+
+struct ResultRecord {
+  int schema_version = kResultsSchemaVersion;
+  std::string backend;
+  std::string fidelity;
+  std::string timestamp;
+  Provenance provenance;
+  SetupInfo setup;
+  StepSummary step;
+  ThroughputResult throughput;
+  TrafficResult traffic;
+  std::vector<CollectiveResult> collectives;
+  std::vector<RankResult> ranks;
+  std::vector<std::string> notes;
+};
+
+// ---- Building records (shared by every backend) ------------------------------------------------
+
+// What a backend measured or predicted for one distinct step pattern.
+struct StepMeasurement {
+  int step = 0;
+  int count = 0;
+  double time_s = 0;
+  std::vector<TimeBreakdown> ranks;  // per rank
+  std::vector<double> bytes_sent;    // per rank (empty: unknown)
+  std::vector<double> bytes_received;
+  double intra_node_bytes = 0;
+  double network_bytes = 0;
+  double flops = 0;  // optimizer FLOPs of all ranks in this step
+};
+
+// Per collective op and step pattern: instance times and sizes, accumulated by the backend.
+struct CollectiveMeasurement {
+  int op = -1;
+  int group_size = 0;
+  int instances = 0;
+  double bytes_sum = 0;
+  double time_sum = 0;
+  double time_max = 0;
+  bool crosses_nodes = false;
+};
+
+// The distinct step patterns of a plan's hyper-period: the first step k of each pattern (the set
+// of ops active in k) and how many steps of the hyper-period share it. Steps are counted up to
+// 2^20 (a longer hyper-period is averaged over its first 2^20 steps, as estimate() does).
+struct StepPatternSpec {
+  int step = 0;
+  int count = 0;
+};
+std::vector<StepPatternSpec> step_patterns(const StepPlan& plan);
+// Total number of steps the patterns cover (their counts' sum).
+std::int64_t pattern_steps(const std::vector<StepPatternSpec>& patterns);
+
+// Fills setup, step, throughput, traffic, collectives and ranks (memory from rank_memory) from
+// per-pattern measurements. `collectives` holds, per pattern, the backend's per-op measurements.
+void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& cluster,
+                 const std::vector<StepMeasurement>& steps,
+                 const std::vector<std::vector<CollectiveMeasurement>>& collectives);
+
+// Provenance of this process and build: version, git hash (run time), host; the experiment part
+// when `experiment` is not null.
+Provenance make_provenance(const Experiment* experiment, const std::string& simgrid_version);
+std::string utc_timestamp();  // "2025-01-31T12:34:56Z"
+
+// The analytic backend: estimate_step() for each step pattern, the closed-form time of every
+// collective instance, and closed-form traffic of the same algorithms the simulator lowers to.
+ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster);
+
+// ---- JSON ---------------------------------------------------------------------------------------
+
+std::string result_to_json(const ResultRecord& record);  // stable key order, 1-space indent
+ResultRecord result_from_json(const std::string& text);  // throws Error on malformed input
+// Writes `text` to `path` atomically (a temporary file in the same folder, then rename), creating
+// the folder. Throws Error with the path and the system's reason on failure.
+void write_file_atomically(const std::string& path, const std::string& text);
+ResultRecord read_result_file(const std::string& path);
+
+// Where a point's results go: <output_dir>/<point slug>/<backend>.json (slug: the point label
+// with characters outside [A-Za-z0-9._=-] replaced by '_', "default" without a sweep).
+std::string result_path(const Experiment& experiment, const std::string& backend);
+std::string point_slug(const std::string& point_label);
+
+}  // namespace muonbed

@@ -1,0 +1,1019 @@
+// Plan builders. Each built-in strategy is a composition of an assign policy, a gather policy,
+// an NS placement and a redistribute policy, driven by one pipelined schedule:
+//
+//   units   what moves and is orthogonalized together: one matrix (sequential, replicated, owner)
+//           or a chunk of matrices with the same group (all_to_all, owner_allgather);
+//   lanes   units that share one owner (or one group) form a lane, processed in order; round j
+//           holds the j-th unit of every lane, so lanes run side by side (async_gpu_parallelism);
+//   depth   gathers run `prefetch_count` rounds ahead of NS, on their own stream; a lane's
+//           gather j waits for the release of its unit j-prefetch-1, which bounds the transient
+//           memory by prefetch_count+1 full updates per owner (seed 000).
+//
+// Streams: "compute" (momentum, AdamW, NS, apply), "comm" (gathers and, without prefetch, every
+// collective) and "comm_scatter" (redistribution, overlapping the next gathers, when
+// prefetch_count > 0).
+#include "core/strategy.hpp"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/errors.hpp"
+
+namespace muonbed {
+
+// ---------------------------------------------------------------------------------------------
+// PlanBuilder
+
+PlanBuilder::PlanBuilder(ShardedModel model, Assignment assignment, PlanSettings settings) {
+  plan_.model = std::move(model);
+  plan_.assignment = std::move(assignment);
+  plan_.settings = settings;
+}
+
+int PlanBuilder::stream(const std::string& name) {
+  const auto it = std::find(plan_.streams.begin(), plan_.streams.end(), name);
+  if (it != plan_.streams.end()) return static_cast<int>(it - plan_.streams.begin());
+  plan_.streams.push_back(name);
+  return static_cast<int>(plan_.streams.size()) - 1;
+}
+
+int PlanBuilder::add_buffer(std::string name, std::vector<int> params, DimSet gathered,
+                            bool owned_only) {
+  Buffer b;
+  b.id = static_cast<int>(plan_.buffers.size());
+  b.name = std::move(name);
+  b.params = std::move(params);
+  b.gathered = gathered;
+  b.owned_only = owned_only;
+  plan_.buffers.push_back(std::move(b));
+  return plan_.buffers.back().id;
+}
+
+int PlanBuilder::emit(Op op) {
+  op.id = static_cast<int>(plan_.ops.size());
+  std::sort(op.deps.begin(), op.deps.end());
+  op.deps.erase(std::unique(op.deps.begin(), op.deps.end()), op.deps.end());
+  for (int dep : op.deps)
+    if (dep < 0 || dep >= op.id) throw PlanError("internal: op depends on a later op");
+  if (op.ranks.coord.empty()) op.ranks = RankBox::everyone(mesh());
+  plan_.ops.push_back(std::move(op));
+  return plan_.ops.back().id;
+}
+
+RankBox PlanBuilder::holders_box(int p) const {
+  RankBox box = RankBox::everyone(mesh());
+  const auto& layout = param(p).layout;
+  for (int d = 0; d < mesh().ndims(); ++d)
+    if (layout.independent_dims().contains(d)) box.coord[d] = layout.placements()[d].coord;
+  return box;
+}
+
+RankBox PlanBuilder::box_through(int p, int rank, DimSet fixed) const {
+  RankBox box = holders_box(p);
+  for (int d = 0; d < mesh().ndims(); ++d)
+    if (fixed.contains(d)) box.coord[d] = mesh().coord(rank, d);
+  return box;
+}
+
+StepPlan PlanBuilder::finish(std::string strategy_name, std::string options_json) {
+  plan_.strategy = std::move(strategy_name);
+  plan_.strategy_options = std::move(options_json);
+  validate_plan(plan_);
+  return std::move(plan_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Policies
+
+namespace {
+
+std::string param_label(const PlanBuilder& b, std::span<const int> params) {
+  if (params.size() == 1) return b.param(params[0]).name;
+  return std::to_string(params.size()) + " matrices from " + b.param(params[0]).name;
+}
+
+// Sharding mesh dims of a layout, innermost (fastest-varying, e.g. tp) first.
+std::vector<int> shard_dims_inner_first(const DeviceMesh& mesh, const TensorLayout& layout) {
+  std::vector<int> dims;
+  for (int d = mesh.ndims() - 1; d >= 0; --d)
+    if (layout.shard_dims().contains(d)) dims.push_back(d);
+  return dims;
+}
+
+// Seed 004's composition: gather along one sharding dim at a time, innermost (TP) first, then
+// outer ones (FSDP); "flat" does all sharding dims in one gather. Gathers run inside the owner's
+// replica only; the other replicas receive the result by broadcast after redistribution.
+class StagedGather final : public GatherPolicy {
+ public:
+  explicit StagedGather(bool flat) : flat_(flat) {}
+  std::string name() const override { return flat_ ? "flat" : "hierarchical"; }
+
+  std::vector<int> emit(PlanBuilder& b, std::span<const int> params, int stream,
+                        std::vector<int> deps) const override {
+    std::vector<int> done;
+    for (int p : params) {
+      const auto& layout = b.param(p).layout;
+      const int owner = b.owner(p);
+      const DimSet replicate = layout.replicate_dims();
+      std::vector<DimSet> stages;
+      if (flat_) {
+        if (!layout.shard_dims().empty()) stages.push_back(layout.shard_dims());
+      } else {
+        for (int d : shard_dims_inner_first(b.mesh(), layout)) stages.push_back(DimSet::of({d}));
+      }
+      DimSet gathered;
+      int previous_buffer = -1;
+      RankBox previous_box;
+      std::vector<int> stage_deps = deps;
+      for (std::size_t s = 0; s < stages.size(); ++s) {
+        const DimSet group = stages[s];
+        const bool last = s + 1 == stages.size();
+        const RankBox roots = b.box_through(p, owner, replicate | gathered | group);
+        int buffer = -1;
+        int alloc_id = -1;
+        if (!last) {  // the final stage lands in the owner's full-update buffer
+          buffer = b.add_buffer("stage " + b.param(p).name, {p}, gathered | group, false);
+          Op alloc;
+          alloc.kind = OpKind::alloc;
+          alloc.stream = stream;
+          alloc.ranks = roots;
+          alloc.buffer = buffer;
+          alloc.deps = stage_deps;
+          alloc.label = "alloc stage of " + b.param(p).name;
+          alloc_id = b.emit(std::move(alloc));
+        }
+        Op op;
+        op.kind = OpKind::gather;
+        op.stream = stream;
+        op.ranks = b.box_through(p, owner, replicate | gathered);
+        op.group = group;
+        op.root = b.mesh().group_index(owner, group);
+        op.params = {p};
+        op.gathered = gathered;
+        op.deps = stage_deps;
+        if (alloc_id >= 0) op.deps.push_back(alloc_id);
+        op.label = "gather " + b.param(p).name;
+        const int gather_id = b.emit(std::move(op));
+        if (previous_buffer >= 0) {
+          Op release;
+          release.kind = OpKind::release;
+          release.stream = stream;
+          release.ranks = previous_box;
+          release.buffer = previous_buffer;
+          release.deps = {gather_id};
+          release.label = "release stage of " + b.param(p).name;
+          b.emit(std::move(release));
+        }
+        previous_buffer = buffer;
+        previous_box = roots;
+        gathered = gathered | group;
+        stage_deps = {gather_id};
+        if (last) done.push_back(gather_id);
+      }
+    }
+    if (done.empty()) return deps;  // nothing sharded: owners already hold full updates
+    return done;
+  }
+
+ private:
+  bool flat_;
+};
+
+// The reverse of StagedGather (outermost dim first: FSDP, then TP), then one broadcast of each
+// piece along the replicate dims from the owner's replica.
+class StagedRedistribute final : public RedistributePolicy {
+ public:
+  explicit StagedRedistribute(bool flat) : flat_(flat) {}
+  std::string name() const override { return flat_ ? "flat" : "hierarchical"; }
+
+  std::vector<int> emit(PlanBuilder& b, std::span<const int> params, int stream,
+                        std::vector<int> deps) const override {
+    std::vector<int> done;
+    for (int p : params) {
+      const auto& layout = b.param(p).layout;
+      const int owner = b.owner(p);
+      const DimSet replicate = layout.replicate_dims();
+      std::vector<DimSet> stages;
+      if (flat_) {
+        if (!layout.shard_dims().empty()) stages.push_back(layout.shard_dims());
+      } else {
+        auto inner_first = shard_dims_inner_first(b.mesh(), layout);
+        for (auto it = inner_first.rbegin(); it != inner_first.rend(); ++it)
+          stages.push_back(DimSet::of({*it}));
+      }
+      DimSet remaining = layout.shard_dims();
+      std::vector<int> stage_deps = deps;
+      int previous_buffer = -1;
+      RankBox previous_box;
+      for (std::size_t s = 0; s < stages.size(); ++s) {
+        const DimSet group = stages[s];
+        const DimSet after = DimSet{remaining.bits & ~group.bits};
+        const bool last = s + 1 == stages.size();
+        const RankBox box = b.box_through(p, owner, replicate | after);
+        int buffer = -1;
+        int alloc_id = -1;
+        if (!last) {  // intermediate roots hold the pieces still to be split further
+          buffer = b.add_buffer("stage " + b.param(p).name, {p}, after, false);
+          Op alloc;
+          alloc.kind = OpKind::alloc;
+          alloc.stream = stream;
+          alloc.ranks = box;
+          alloc.buffer = buffer;
+          alloc.deps = stage_deps;
+          alloc.label = "alloc stage of " + b.param(p).name;
+          alloc_id = b.emit(std::move(alloc));
+        }
+        Op op;
+        op.kind = OpKind::scatter;
+        op.stream = stream;
+        op.ranks = box;
+        op.group = group;
+        op.root = b.mesh().group_index(owner, group);
+        op.params = {p};
+        op.gathered = after;
+        op.deps = stage_deps;
+        if (alloc_id >= 0) op.deps.push_back(alloc_id);
+        op.label = "scatter " + b.param(p).name;
+        const int scatter_id = b.emit(std::move(op));
+        if (previous_buffer >= 0) {
+          Op release;
+          release.kind = OpKind::release;
+          release.stream = stream;
+          release.ranks = previous_box;
+          release.buffer = previous_buffer;
+          release.deps = {scatter_id};
+          release.label = "release stage of " + b.param(p).name;
+          b.emit(std::move(release));
+        }
+        previous_buffer = buffer;
+        previous_box = box;
+        remaining = after;
+        stage_deps = {scatter_id};
+      }
+      if (!replicate.empty()) {
+        Op op;
+        op.kind = OpKind::broadcast;
+        op.stream = stream;
+        op.ranks = b.holders_box(p);
+        op.group = replicate;
+        op.root = b.mesh().group_index(owner, replicate);
+        op.params = {p};
+        op.deps = stage_deps;
+        op.label = "broadcast " + b.param(p).name;
+        stage_deps = {b.emit(std::move(op))};
+      }
+      done.insert(done.end(), stage_deps.begin(), stage_deps.end());
+    }
+    return done;
+  }
+
+ private:
+  bool flat_;
+};
+
+// Motif/dion: the shards of a chunk of matrices travel to their owners in one all-to-all over
+// the chunk's shard group (inside the owners' replica), packed into one send buffer.
+class AllToAllGather final : public GatherPolicy {
+ public:
+  std::string name() const override { return "all_to_all"; }
+  std::vector<int> emit(PlanBuilder& b, std::span<const int> params, int stream,
+                        std::vector<int> deps) const override {
+    const int p0 = params[0];
+    const auto& layout = b.param(p0).layout;
+    if (layout.shard_dims().empty()) return deps;
+    const RankBox box = b.box_through(p0, b.owner(p0), layout.replicate_dims());
+    const int compute = b.stream("compute");
+    const std::vector<int> ps(params.begin(), params.end());
+    Op pack;
+    pack.kind = OpKind::pack;
+    pack.stream = compute;
+    pack.ranks = box;
+    pack.params = ps;
+    pack.deps = deps;
+    pack.label = "pack " + param_label(b, params);
+    const int pack_id = b.emit(std::move(pack));
+    Op a2a;
+    a2a.kind = OpKind::all_to_all;
+    a2a.stream = stream;
+    a2a.ranks = box;
+    a2a.group = layout.shard_dims();
+    a2a.direction = AllToAllDirection::to_owners;
+    a2a.params = ps;
+    a2a.deps = {pack_id};
+    a2a.label = "all_to_all to owners: " + param_label(b, params);
+    const int a2a_id = b.emit(std::move(a2a));
+    Op unpack;
+    unpack.kind = OpKind::unpack;
+    unpack.stream = compute;
+    unpack.ranks = box;
+    unpack.params = ps;
+    unpack.gathered = layout.shard_dims();
+    unpack.owned_only = true;
+    unpack.deps = {a2a_id};
+    unpack.label = "unpack " + param_label(b, params);
+    return {b.emit(std::move(unpack))};
+  }
+};
+
+class AllToAllRedistribute final : public RedistributePolicy {
+ public:
+  std::string name() const override { return "all_to_all"; }
+  std::vector<int> emit(PlanBuilder& b, std::span<const int> params, int stream,
+                        std::vector<int> deps) const override {
+    const int p0 = params[0];
+    const auto& layout = b.param(p0).layout;
+    const int owner = b.owner(p0);
+    const std::vector<int> ps(params.begin(), params.end());
+    std::vector<int> last = deps;
+    if (!layout.shard_dims().empty()) {
+      const RankBox box = b.box_through(p0, owner, layout.replicate_dims());
+      const int compute = b.stream("compute");
+      Op pack;
+      pack.kind = OpKind::pack;
+      pack.stream = compute;
+      pack.ranks = box;
+      pack.params = ps;
+      pack.gathered = layout.shard_dims();
+      pack.owned_only = true;
+      pack.deps = deps;
+      pack.label = "pack results " + param_label(b, params);
+      const int pack_id = b.emit(std::move(pack));
+      Op a2a;
+      a2a.kind = OpKind::all_to_all;
+      a2a.stream = stream;
+      a2a.ranks = box;
+      a2a.group = layout.shard_dims();
+      a2a.direction = AllToAllDirection::from_owners;
+      a2a.params = ps;
+      a2a.deps = {pack_id};
+      a2a.label = "all_to_all from owners: " + param_label(b, params);
+      last = {b.emit(std::move(a2a))};
+    }
+    if (!layout.replicate_dims().empty()) {
+      Op op;
+      op.kind = OpKind::broadcast;
+      op.stream = stream;
+      op.ranks = b.holders_box(p0);
+      op.group = layout.replicate_dims();
+      op.root = b.mesh().group_index(owner, layout.replicate_dims());
+      op.params = ps;
+      op.deps = last;
+      op.label = "broadcast " + param_label(b, params);
+      last = {b.emit(std::move(op))};
+    }
+    return last;
+  }
+};
+
+// PyTorch full_tensor(): every holder all-gathers the whole update (over the shard dims).
+class AllGatherEverywhere final : public GatherPolicy {
+ public:
+  std::string name() const override { return "all_gather"; }
+  std::vector<int> emit(PlanBuilder& b, std::span<const int> params, int stream,
+                        std::vector<int> deps) const override {
+    std::vector<int> done;
+    for (int p : params) {
+      const auto& layout = b.param(p).layout;
+      if (layout.shard_dims().empty()) continue;
+      Op op;
+      op.kind = OpKind::all_gather;
+      op.stream = stream;
+      op.ranks = b.holders_box(p);
+      op.group = layout.shard_dims();
+      op.params = {p};
+      op.deps = deps;
+      op.label = "all_gather " + b.param(p).name;
+      done.push_back(b.emit(std::move(op)));
+    }
+    return done.empty() ? deps : done;
+  }
+};
+
+// Nothing to gather: the owner holds the full momentum (DDP / ZeRO-1 layouts of owner_allgather).
+class NoGather final : public GatherPolicy {
+ public:
+  std::string name() const override { return "none"; }
+  std::vector<int> emit(PlanBuilder&, std::span<const int>, int,
+                        std::vector<int> deps) const override {
+    return deps;
+  }
+};
+
+class NoRedistribute final : public RedistributePolicy {
+ public:
+  std::string name() const override { return "none"; }
+  std::vector<int> emit(PlanBuilder&, std::span<const int>, int,
+                        std::vector<int> deps) const override {
+    return deps;
+  }
+};
+
+// KellerJordan/Megatron: each owner contributes the full updates it computed; everyone ends
+// with all of them.
+class OwnedAllGather final : public RedistributePolicy {
+ public:
+  std::string name() const override { return "all_gather_owned"; }
+  std::vector<int> emit(PlanBuilder& b, std::span<const int> params, int stream,
+                        std::vector<int> deps) const override {
+    const int p0 = params[0];
+    const RankBox box = b.holders_box(p0);
+    if (box.free_dims().empty()) return deps;
+    Op op;
+    op.kind = OpKind::all_gather;
+    op.stream = stream;
+    op.ranks = box;
+    op.group = box.free_dims();
+    op.owned_only = true;
+    op.params.assign(params.begin(), params.end());
+    op.deps = deps;
+    op.label = "all_gather results " + param_label(b, params);
+    return {b.emit(std::move(op))};
+  }
+};
+
+std::map<std::string, GatherPolicyFactory>& gather_registry() {
+  static std::map<std::string, GatherPolicyFactory> r = {
+      {"hierarchical", [] { return std::unique_ptr<GatherPolicy>(new StagedGather(false)); }},
+      {"flat", [] { return std::unique_ptr<GatherPolicy>(new StagedGather(true)); }},
+      {"all_to_all", [] { return std::unique_ptr<GatherPolicy>(new AllToAllGather()); }},
+      {"all_gather", [] { return std::unique_ptr<GatherPolicy>(new AllGatherEverywhere()); }},
+      {"none", [] { return std::unique_ptr<GatherPolicy>(new NoGather()); }},
+  };
+  return r;
+}
+
+std::map<std::string, RedistributePolicyFactory>& redistribute_registry() {
+  static std::map<std::string, RedistributePolicyFactory> r = {
+      {"hierarchical",
+       [] { return std::unique_ptr<RedistributePolicy>(new StagedRedistribute(false)); }},
+      {"flat", [] { return std::unique_ptr<RedistributePolicy>(new StagedRedistribute(true)); }},
+      {"all_to_all", [] { return std::unique_ptr<RedistributePolicy>(new AllToAllRedistribute()); }},
+      {"all_gather_owned",
+       [] { return std::unique_ptr<RedistributePolicy>(new OwnedAllGather()); }},
+      {"none", [] { return std::unique_ptr<RedistributePolicy>(new NoRedistribute()); }},
+  };
+  return r;
+}
+
+template <typename Map>
+std::string known_names(const Map& map) {
+  std::string s;
+  for (const auto& [name, f] : map) s += (s.empty() ? "" : ", ") + name;
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<GatherPolicy> make_gather_policy(const std::string& name) {
+  const auto it = gather_registry().find(name);
+  if (it == gather_registry().end())
+    throw PlanError("unknown gather policy '" + name + "'; known: " +
+                    known_names(gather_registry()));
+  return it->second();
+}
+
+std::unique_ptr<RedistributePolicy> make_redistribute_policy(const std::string& name) {
+  const auto it = redistribute_registry().find(name);
+  if (it == redistribute_registry().end())
+    throw PlanError("unknown redistribute policy '" + name + "'; known: " +
+                    known_names(redistribute_registry()));
+  return it->second();
+}
+
+void register_gather_policy(const std::string& name, GatherPolicyFactory factory) {
+  gather_registry()[name] = factory;
+}
+void register_redistribute_policy(const std::string& name, RedistributePolicyFactory factory) {
+  redistribute_registry()[name] = factory;
+}
+
+std::vector<std::string> strategy_names() {
+  return {"sequential", "replicated", "owner", "all_to_all", "owner_allgather"};
+}
+
+std::string StrategyOptions::to_json_text() const {
+  nlohmann::ordered_json j;
+  j["name"] = name;
+  j["assign"] = assign;
+  if (!explicit_owners.empty()) j["explicit_owners"] = explicit_owners;
+  j["async_gpu_parallelism"] = async_gpu_parallelism;
+  j["prefetch_count"] = prefetch_count;
+  j["gather"] = gather;
+  j["chunk_size"] = chunk_size;
+  j["max_chunks_in_flight"] = max_chunks_in_flight;
+  j["small_param_threshold"] = small_param_threshold;
+  j["grad_sync"] = {{"enabled", grad_sync.enabled}, {"level_periods", grad_sync.level_periods}};
+  return j.dump();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The schedule
+
+namespace {
+
+enum class NsPlacement { owner, owners_of_chunk, every_holder };
+
+struct Composition {
+  std::unique_ptr<GatherPolicy> gather;
+  std::unique_ptr<RedistributePolicy> redistribute;
+  NsPlacement ns = NsPlacement::owner;
+  bool chunked = false;          // units are chunks of same-group matrices
+  bool lane_per_owner = true;    // otherwise one lane per group
+  bool barrier_per_unit = false; // sequential
+  bool barrier_per_lane = false; // owner without async_gpu_parallelism
+  int depth = 0;                 // rounds of lookahead (prefetch)
+};
+
+struct Unit {
+  std::vector<int> params;
+  std::vector<int> lane_key;
+};
+
+class Scheduler {
+ public:
+  Scheduler(PlanBuilder& b, const Composition& c, int ns_steps)
+      : b_(b), c_(c), ns_steps_(ns_steps) {
+    compute_ = b_.stream("compute");
+    gather_stream_ = b_.stream("comm");
+    scatter_stream_ = c_.depth > 0 ? b_.stream("comm_scatter") : gather_stream_;
+  }
+
+  // Runs the pipeline over `units` (grouped into lanes by lane_key, in first-seen order).
+  // Returns the op ids after which every update of these units is in place.
+  std::vector<int> run(const std::vector<Unit>& units, const std::vector<int>& start_deps) {
+    classify_ranks(units);
+    std::vector<std::vector<int>> lanes_order;
+    std::map<std::vector<int>, std::vector<const Unit*>> lanes;
+    for (const auto& u : units) {
+      if (!lanes.count(u.lane_key)) lanes_order.push_back(u.lane_key);
+      lanes[u.lane_key].push_back(&u);
+    }
+    std::vector<int> finished;
+    std::vector<int> deps = start_deps;
+    if (c_.barrier_per_lane || c_.barrier_per_unit) {
+      // One block at a time, each closed by a barrier; prefetch stays inside a block.
+      for (const auto& key : lanes_order) {
+        if (c_.barrier_per_unit) {
+          for (const Unit* u : lanes[key]) {
+            auto done = pipeline({{u}}, deps);
+            deps = {barrier(done)};
+            finished.push_back(deps.back());
+          }
+        } else {
+          std::vector<std::vector<const Unit*>> rounds;
+          for (const Unit* u : lanes[key]) rounds.push_back({u});
+          auto done = pipeline(rounds, deps);
+          deps = {barrier(done)};
+          finished.push_back(deps.back());
+        }
+      }
+      return finished;
+    }
+    std::vector<std::vector<const Unit*>> rounds;
+    for (const auto& key : lanes_order) {
+      const auto& lane = lanes[key];
+      for (std::size_t j = 0; j < lane.size(); ++j) {
+        if (rounds.size() <= j) rounds.emplace_back();
+        rounds[j].push_back(lane[j]);
+      }
+    }
+    return pipeline(rounds, deps);
+  }
+
+ private:
+  struct InFlight {
+    const Unit* unit = nullptr;
+    int buffer = -1;
+    RankBox buffer_box;
+    std::vector<int> gathered;  // completion of the gather
+  };
+
+  int barrier(const std::vector<int>& deps) {
+    Op op;
+    op.kind = OpKind::barrier;
+    op.stream = gather_stream_;
+    op.ranks = RankBox::everyone(b_.mesh());
+    op.group = DimSet::all(b_.mesh().ndims());
+    op.deps = deps;
+    op.label = "barrier";
+    return b_.emit(std::move(op));
+  }
+
+  // Where a unit's full updates live while it is processed.
+  RankBox result_box(const Unit& u) const {
+    const int p0 = u.params[0];
+    switch (c_.ns) {
+      case NsPlacement::owner:
+        return RankBox::single(b_.mesh(), b_.owner(p0));
+      case NsPlacement::owners_of_chunk:
+        return c_.gather->name() == "none"
+                   ? b_.holders_box(p0)
+                   : b_.box_through(p0, b_.owner(p0), b_.param(p0).layout.replicate_dims());
+      case NsPlacement::every_holder:
+        return b_.holders_box(p0);
+    }
+    return b_.holders_box(p0);
+  }
+
+  InFlight start_gather(const Unit& u, std::vector<int> deps) {
+    InFlight f;
+    f.unit = &u;
+    f.buffer_box = result_box(u);
+    const bool owned_only = c_.ns != NsPlacement::every_holder;
+    f.buffer = b_.add_buffer("full updates " + param_label(b_, u.params), u.params,
+                             DimSet::all(b_.mesh().ndims()), owned_only);
+    // Each class of ranks inside the box waits for the release of its own unit `depth`+1 back.
+    for (int cls : classes_in(f.buffer_box)) {
+      const auto& history = releases_[cls];
+      if (static_cast<int>(history.size()) > c_.depth)
+        deps.push_back(history[history.size() - 1 - c_.depth]);
+    }
+    Op alloc;
+    alloc.kind = OpKind::alloc;
+    alloc.stream = gather_stream_;
+    alloc.ranks = f.buffer_box;
+    alloc.buffer = f.buffer;
+    alloc.deps = deps;
+    alloc.label = "alloc full updates " + param_label(b_, u.params);
+    const int alloc_id = b_.emit(std::move(alloc));
+    deps.push_back(alloc_id);
+    f.gathered = c_.gather->emit(b_, u.params, gather_stream_, deps);
+    return f;
+  }
+
+  std::vector<int> orthogonalize(const InFlight& f) {
+    const Unit& u = *f.unit;
+    std::vector<int> ids;
+    if (c_.ns == NsPlacement::owner) {
+      for (int p : u.params) {
+        Op op;
+        op.kind = OpKind::newton_schulz;
+        op.stream = compute_;
+        op.ranks = RankBox::single(b_.mesh(), b_.owner(p));
+        op.params = {p};
+        op.ns_steps = ns_steps_;
+        op.deps = f.gathered;
+        op.label = "NS " + b_.param(p).name;
+        ids.push_back(b_.emit(std::move(op)));
+      }
+      return ids;
+    }
+    Op op;
+    op.kind = OpKind::newton_schulz;
+    op.stream = compute_;
+    op.ranks = result_box(u);
+    op.params = u.params;
+    op.owned_only = c_.ns == NsPlacement::owners_of_chunk;
+    op.ns_steps = ns_steps_;
+    op.deps = f.gathered;
+    op.label = "NS " + param_label(b_, u.params);
+    return {b_.emit(std::move(op))};
+  }
+
+  std::vector<int> finish_unit(const InFlight& f, const std::vector<int>& ns_ids) {
+    auto done = c_.redistribute->emit(b_, f.unit->params, scatter_stream_, ns_ids);
+    Op release;
+    release.kind = OpKind::release;
+    release.stream = scatter_stream_;
+    release.ranks = f.buffer_box;
+    release.buffer = f.buffer;
+    release.deps = done;
+    release.label = "release full updates " + param_label(b_, f.unit->params);
+    const int release_id = b_.emit(std::move(release));
+    for (int cls : classes_in(f.buffer_box)) releases_[cls].push_back(release_id);
+    done.push_back(release_id);
+    return done;
+  }
+
+  // Emits units in round order. A unit's gathers are emitted as early as its classes allow
+  // (at most depth+1 units of a class in flight), so prefetching is counted per rank class,
+  // and every gate it waits for has already been emitted.
+  std::vector<int> pipeline(const std::vector<std::vector<const Unit*>>& rounds,
+                            const std::vector<int>& deps) {
+    std::vector<const Unit*> order;
+    for (const auto& round : rounds) order.insert(order.end(), round.begin(), round.end());
+    std::vector<InFlight> started;
+    started.reserve(order.size());
+    std::map<int, int> in_flight;  // class -> units started and not yet released
+    auto can_start = [&](const Unit& u) {
+      for (int cls : classes_in(result_box(u)))
+        if (in_flight[cls] > c_.depth) return false;
+      return true;
+    };
+    auto start_more = [&] {
+      while (started.size() < order.size() && can_start(*order[started.size()])) {
+        const Unit& u = *order[started.size()];
+        for (int cls : classes_in(result_box(u))) ++in_flight[cls];
+        started.push_back(start_gather(u, deps));
+      }
+    };
+    std::vector<int> finished;
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      start_more();
+      if (i >= started.size()) throw PlanError("internal: pipeline cannot start a unit");
+      const auto ns = orthogonalize(started[i]);
+      auto done = finish_unit(started[i], ns);
+      for (int cls : classes_in(started[i].buffer_box)) --in_flight[cls];
+      finished.insert(finished.end(), done.begin(), done.end());
+    }
+    return finished;
+  }
+
+  // Ranks that lie in exactly the same result boxes form a class; a deps list can then gate
+  // every class separately (deps apply only on ranks that take part in them), which bounds the
+  // transient memory of each rank even when it holds matrices of several lanes (EP: dense and
+  // expert matrices).
+  void classify_ranks(const std::vector<Unit>& units) {
+    boxes_.clear();
+    for (const auto& u : units) {
+      const RankBox box = result_box(u);
+      if (std::find(boxes_.begin(), boxes_.end(), box) == boxes_.end()) boxes_.push_back(box);
+    }
+    std::vector<std::vector<int>> signature(b_.mesh().world_size());
+    for (int i = 0; i < static_cast<int>(boxes_.size()); ++i)
+      for (int r : boxes_[i].ranks(b_.mesh())) signature[r].push_back(i);
+    std::map<std::vector<int>, int> ids;
+    class_of_rank_.assign(signature.size(), -1);
+    classes_of_box_.assign(boxes_.size(), {});
+    for (int r = 0; r < static_cast<int>(signature.size()); ++r) {
+      if (signature[r].empty()) continue;
+      const auto [it, added] = ids.emplace(signature[r], static_cast<int>(ids.size()));
+      class_of_rank_[r] = it->second;
+      if (added)
+        for (int box : signature[r]) classes_of_box_[box].push_back(it->second);
+    }
+  }
+
+  const std::vector<int>& classes_in(const RankBox& box) const {
+    const auto it = std::find(boxes_.begin(), boxes_.end(), box);
+    return classes_of_box_.at(it - boxes_.begin());
+  }
+
+  PlanBuilder& b_;
+  const Composition& c_;
+  int ns_steps_;
+  int compute_ = 0, gather_stream_ = 0, scatter_stream_ = 0;
+  std::vector<RankBox> boxes_;
+  std::vector<int> class_of_rank_;
+  std::vector<std::vector<int>> classes_of_box_;
+  std::map<int, std::vector<int>> releases_;  // class -> release ops of its units, in order
+};
+
+// The group a matrix's collectives run in: independent coords, shard and replicate dims.
+std::vector<int> group_key(const PlanBuilder& b, int p) {
+  const auto& layout = b.param(p).layout;
+  std::vector<int> key = b.holders_box(p).coord;
+  key.push_back(static_cast<int>(layout.shard_dims().bits));
+  key.push_back(static_cast<int>(layout.replicate_dims().bits));
+  return key;
+}
+
+std::vector<Unit> make_units(const PlanBuilder& b, const std::vector<int>& params,
+                             const Composition& c, int chunk_size) {
+  std::vector<Unit> units;
+  if (!c.chunked) {
+    for (int p : params) {
+      Unit u;
+      u.params = {p};
+      if (c.barrier_per_unit) {
+        u.lane_key = {0};
+      } else if (c.ns == NsPlacement::every_holder) {
+        u.lane_key = group_key(b, p);
+      } else {
+        u.lane_key = {b.owner(p)};
+      }
+      units.push_back(std::move(u));
+    }
+    return units;
+  }
+  // Chunks: same group, and for all_to_all the owners in the same replica.
+  std::map<std::vector<int>, std::vector<int>> groups;
+  std::vector<std::vector<int>> order;
+  for (int p : params) {
+    auto key = group_key(b, p);
+    if (c.gather->name() != "none") {
+      const auto& layout = b.param(p).layout;
+      for (int d = 0; d < b.mesh().ndims(); ++d)
+        if (layout.replicate_dims().contains(d)) key.push_back(b.mesh().coord(b.owner(p), d));
+    }
+    if (!groups.count(key)) order.push_back(key);
+    groups[key].push_back(p);
+  }
+  for (const auto& key : order) {
+    const auto& ps = groups[key];
+    for (std::size_t i = 0; i < ps.size(); i += chunk_size) {
+      Unit u;
+      u.params.assign(ps.begin() + i, ps.begin() + std::min(ps.size(), i + chunk_size));
+      u.lane_key = key;
+      units.push_back(std::move(u));
+    }
+  }
+  return units;
+}
+
+Composition compose(const StrategyOptions& o) {
+  Composition c;
+  c.depth = o.prefetch_count;
+  if (o.name == "sequential") {
+    c.gather = make_gather_policy(o.gather);
+    c.redistribute = make_redistribute_policy(o.gather);
+    c.barrier_per_unit = true;
+    c.depth = 0;
+  } else if (o.name == "replicated") {
+    c.gather = make_gather_policy("all_gather");
+    c.redistribute = make_redistribute_policy("none");
+    c.ns = NsPlacement::every_holder;
+  } else if (o.name == "owner") {
+    c.gather = make_gather_policy(o.gather);
+    c.redistribute = make_redistribute_policy(o.gather);
+    c.barrier_per_lane = !o.async_gpu_parallelism;
+  } else if (o.name == "all_to_all") {
+    c.gather = make_gather_policy("all_to_all");
+    c.redistribute = make_redistribute_policy("all_to_all");
+    c.ns = NsPlacement::owners_of_chunk;
+    c.chunked = true;
+    c.depth = o.max_chunks_in_flight - 1;
+  } else if (o.name == "owner_allgather") {
+    c.gather = make_gather_policy("none");
+    c.redistribute = make_redistribute_policy("all_gather_owned");
+    c.ns = NsPlacement::owners_of_chunk;
+    c.chunked = true;
+  } else {
+    std::string known;
+    for (const auto& n : strategy_names()) known += (known.empty() ? "" : ", ") + n;
+    throw PlanError("unknown strategy '" + o.name + "'; known strategies: " + known);
+  }
+  return c;
+}
+
+void check_options(const StrategyOptions& o) {
+  if (o.prefetch_count < 0)
+    throw PlanError("strategy.prefetch_count must be >= 0 (0 disables prefetching)");
+  if (o.chunk_size < 1) throw PlanError("strategy.chunk_size must be >= 1");
+  if (o.max_chunks_in_flight < 1) throw PlanError("strategy.max_chunks_in_flight must be >= 1");
+  if (o.small_param_threshold < 0) throw PlanError("strategy.small_param_threshold must be >= 0");
+  if (o.grad_sync.level_periods.empty())
+    throw PlanError("strategy.grad_sync.level_periods needs at least one period (e.g. [1])");
+  for (int period : o.grad_sync.level_periods)
+    if (period < 1) throw PlanError("strategy.grad_sync.level_periods must all be >= 1");
+}
+
+// Seed 002's level-scheduled synchronization, bucketed per level and group. FSDP-style layouts
+// reduce-scatter over their shard dims, then all-reduce over replicate dims; owner_allgather
+// keeps full gradients (ZeRO-1), so it all-reduces over every dim.
+std::vector<int> emit_grad_sync(PlanBuilder& b, const StrategyOptions& o) {
+  const auto& periods = o.grad_sync.level_periods;
+  const int levels = static_cast<int>(periods.size());
+  int num_layers = 0;
+  for (const auto& dp : b.model().params) num_layers = std::max(num_layers, dp.layer + 1);
+  const int stream = b.stream("comm");
+  const bool full_gradients = o.name == "owner_allgather";
+  std::map<std::pair<int, std::vector<int>>, std::vector<int>> buckets;
+  std::vector<std::pair<int, std::vector<int>>> order;
+  for (const auto& dp : b.model().params) {
+    const int level =
+        dp.layer < 0 || num_layers == 0 ? 0 : static_cast<int>((dp.layer * levels) / num_layers);
+    auto key = std::make_pair(level, group_key(b, dp.index));
+    if (!buckets.count(key)) order.push_back(key);
+    buckets[key].push_back(dp.index);
+  }
+  std::vector<int> done;
+  for (const auto& key : order) {
+    const auto& ps = buckets[key];
+    const auto& layout = b.param(ps[0]).layout;
+    const int period = periods[key.first];
+    const std::string what = "level " + std::to_string(key.first) + " gradients (" +
+                             std::to_string(ps.size()) + " params from " + b.param(ps[0]).name +
+                             ")";
+    std::vector<int> last;
+    if (full_gradients || layout.shard_dims().empty()) {
+      const DimSet group = layout.shard_dims() | layout.replicate_dims();
+      if (group.empty()) continue;
+      Op op;
+      op.kind = OpKind::all_reduce;
+      op.stream = stream;
+      op.ranks = b.holders_box(ps[0]);
+      op.group = group;
+      op.params = ps;
+      op.gathered = layout.shard_dims();
+      op.period = period;
+      op.label = "all_reduce " + what;
+      done.push_back(b.emit(std::move(op)));
+      continue;
+    }
+    Op rs;
+    rs.kind = OpKind::reduce_scatter;
+    rs.stream = stream;
+    rs.ranks = b.holders_box(ps[0]);
+    rs.group = layout.shard_dims();
+    rs.params = ps;
+    rs.period = period;
+    rs.label = "reduce_scatter " + what;
+    int id = b.emit(std::move(rs));
+    if (!layout.replicate_dims().empty()) {
+      Op ar;
+      ar.kind = OpKind::all_reduce;
+      ar.stream = stream;
+      ar.ranks = b.holders_box(ps[0]);
+      ar.group = layout.replicate_dims();
+      ar.params = ps;
+      ar.period = period;
+      ar.deps = {id};
+      ar.label = "all_reduce " + what;
+      id = b.emit(std::move(ar));
+    }
+    done.push_back(id);
+  }
+  return done;
+}
+
+}  // namespace
+
+StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
+                    const PlanSettings& settings) {
+  check_options(options);
+  Composition main = compose(options);
+
+  Assignment assignment;
+  if (options.name == "replicated") {
+    assignment.owner.assign(model.params.size(), Assignment::kNoOwner);
+  } else {
+    auto policy = options.assign == "explicit"
+                      ? make_explicit_assign_policy(options.explicit_owners)
+                      : make_assign_policy(options.assign);
+    assignment = policy->assign(model, settings.ns_steps);
+    validate_assignment(model, assignment);
+  }
+  summarize(model, settings.ns_steps, assignment);
+
+  PlanBuilder b(model, assignment, settings);
+  const int compute = b.stream("compute");
+  b.stream("comm");
+
+  std::vector<int> start;
+  if (options.grad_sync.enabled) start = emit_grad_sync(b, options);
+
+  // Momentum on the pieces each rank holds (owner_allgather: the owner's full matrices).
+  const auto muon = b.model().muon_params();
+  if (!muon.empty()) {
+    Op op;
+    op.kind = OpKind::momentum;
+    op.stream = compute;
+    op.params = muon;
+    if (options.name == "owner_allgather") {
+      op.owned_only = true;
+      op.gathered = DimSet::all(b.mesh().ndims());
+    }
+    op.deps = start;
+    op.label = "momentum";
+    start = {b.emit(std::move(op))};
+  }
+  const auto adamw = b.model().adamw_params();
+  if (!adamw.empty()) {
+    Op op;
+    op.kind = OpKind::adamw;
+    op.stream = compute;
+    op.params = adamw;
+    op.deps = start;
+    op.label = "adamw";
+    b.emit(std::move(op));
+  }
+
+  std::vector<int> small, large;
+  for (int p : muon) {
+    const bool is_small = options.small_param_threshold > 0 &&
+                          b.param(p).numel() < options.small_param_threshold &&
+                          options.name != "replicated";
+    (is_small ? small : large).push_back(p);
+  }
+  std::vector<int> finished;
+  if (!small.empty()) {
+    StrategyOptions r = options;
+    r.name = "replicated";
+    Composition small_path = compose(r);
+    Scheduler scheduler(b, small_path, settings.ns_steps);
+    auto done = scheduler.run(make_units(b, small, small_path, options.chunk_size), start);
+    finished.insert(finished.end(), done.begin(), done.end());
+  }
+  if (!large.empty()) {
+    Scheduler scheduler(b, main, settings.ns_steps);
+    auto done = scheduler.run(make_units(b, large, main, options.chunk_size), start);
+    finished.insert(finished.end(), done.begin(), done.end());
+  }
+  if (!muon.empty()) {
+    Op op;
+    op.kind = OpKind::apply_update;
+    op.stream = compute;
+    op.params = muon;
+    op.deps = finished;
+    op.label = "apply Muon updates";
+    b.emit(std::move(op));
+  }
+  return b.finish(options.name, options.to_json_text());
+}
+
+}  // namespace muonbed

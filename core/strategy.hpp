@@ -1,0 +1,117 @@
+// Strategies build step plans. A strategy is the seeds' three-function interface carried into
+// C++: an assign policy (core/assignment.hpp), a gather policy and a redistribute policy, plus a
+// schedule (pipelining, prefetching). Built-in strategies are compositions of these; a user adds a
+// policy in one file and registers it (see experiments/custom_policy_example.cpp), without
+// touching any backend.
+//
+//   sequential       seed 000's naive baseline: one matrix at a time, gather, NS, redistribute,
+//                    barrier.
+//   replicated       every rank gathers the full update and runs NS itself (PyTorch full_tensor,
+//                    Motif's small-parameter path): the redundancy baseline.
+//   owner            seeds 000/003/004: gather to the owner, NS once, redistribute, in rounds;
+//                    async_gpu_parallelism and prefetch_count with the seeds' meanings.
+//   all_to_all       Motif/dion/torchtitan: matrices in chunks; one all-to-all brings shards to
+//                    owners, NS, one all-to-all sends results back; bounded chunks in flight.
+//   owner_allgather  KellerJordan/Megatron layer-wise: full updates are replicated (DDP, ZeRO-1:
+//                    gradients all-reduced, momentum kept whole by the owner); each rank
+//                    orthogonalizes its share, then one all-gather of the results.
+// small_param_threshold sends matrices below that many elements to `replicated` in any strategy.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/plan.hpp"
+
+namespace muonbed {
+
+// Seed 002: gradient synchronization levels. Parameters are split into levels by layer
+// (contiguous blocks of layers, level 0 = the first block plus non-layer parameters); level i
+// syncs only in steps k with k % periods[i] == 0. One level with period 1 is plain sync.
+struct GradSyncOptions {
+  bool enabled = false;
+  std::vector<int> level_periods = {1};
+};
+
+struct StrategyOptions {
+  std::string name = "owner";
+  std::string assign = "flop_balanced";
+  std::map<std::string, int> explicit_owners;  // assign == "explicit": param name -> rank
+  bool async_gpu_parallelism = true;
+  int prefetch_count = 1;
+  std::string gather = "hierarchical";  // owner: "hierarchical" (TP, then FSDP) or "flat"
+  int chunk_size = 8;                   // all_to_all: matrices per chunk
+  int max_chunks_in_flight = 2;         // all_to_all
+  std::int64_t small_param_threshold = 0;  // elements; 0 = off
+  GradSyncOptions grad_sync;
+  std::string to_json_text() const;
+};
+
+class PlanBuilder;
+
+// Emits the ops that bring the full update of each param to its owner. Returns, per param, the
+// op ids whose completion means the owner holds the full update.
+class GatherPolicy {
+ public:
+  virtual ~GatherPolicy() = default;
+  virtual std::string name() const = 0;
+  virtual std::vector<int> emit(PlanBuilder& builder, std::span<const int> params, int stream,
+                                std::vector<int> deps) const = 0;
+};
+
+// Emits the ops that bring the owner's orthogonalized update back to every holder's piece.
+class RedistributePolicy {
+ public:
+  virtual ~RedistributePolicy() = default;
+  virtual std::string name() const = 0;
+  virtual std::vector<int> emit(PlanBuilder& builder, std::span<const int> params, int stream,
+                                std::vector<int> deps) const = 0;
+};
+
+// Helper for policies and schedules: owns the plan under construction.
+class PlanBuilder {
+ public:
+  PlanBuilder(ShardedModel model, Assignment assignment, PlanSettings settings);
+
+  const ShardedModel& model() const { return plan_.model; }
+  const DeviceMesh& mesh() const { return plan_.model.mesh; }
+  const Assignment& assignment() const { return plan_.assignment; }
+  const DistributedParam& param(int index) const { return plan_.model.params.at(index); }
+  int owner(int param) const { return plan_.assignment.owner.at(param); }
+
+  int stream(const std::string& name);  // index of the named stream, added on first use
+  int add_buffer(std::string name, std::vector<int> params, DimSet gathered, bool owned_only);
+  // Appends op (its id is set here) and returns the id. Deps must be earlier ops.
+  int emit(Op op);
+
+  // The ranks that hold a param: every coordinate except the param's independent ones.
+  RankBox holders_box(int param) const;
+  // holders_box with the coords of `fixed` dims set to those of `rank`.
+  RankBox box_through(int param, int rank, DimSet fixed) const;
+
+  StepPlan finish(std::string strategy_name, std::string options_json);
+
+ private:
+  StepPlan plan_;
+};
+
+// Policies by name. Gather: "hierarchical" (one stage per sharding mesh dim, innermost first:
+// TP before FSDP, seed 004), "flat" (one gather over all sharding dims). Redistribute: the
+// reverse of each, followed by broadcasts along replicate dims ("hierarchical", "flat").
+std::unique_ptr<GatherPolicy> make_gather_policy(const std::string& name);
+std::unique_ptr<RedistributePolicy> make_redistribute_policy(const std::string& name);
+using GatherPolicyFactory = std::unique_ptr<GatherPolicy> (*)();
+using RedistributePolicyFactory = std::unique_ptr<RedistributePolicy> (*)();
+void register_gather_policy(const std::string& name, GatherPolicyFactory factory);
+void register_redistribute_policy(const std::string& name, RedistributePolicyFactory factory);
+
+std::vector<std::string> strategy_names();
+// Builds the plan of one optimizer step. Throws PlanError when the strategy cannot apply (the
+// message says which option or layout to change).
+StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
+                    const PlanSettings& settings);
+
+}  // namespace muonbed

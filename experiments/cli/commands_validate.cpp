@@ -1,0 +1,86 @@
+// `muonbed validate EXP.yaml`: parses an experiment file strictly, expands its sweep, lays every
+// point's model out on its mesh, and prints one OK line per point with the model size, the mesh
+// and the strategy. --params lists the parameters (names for tp_dim_per_param, force_adamw and
+// explicit_owners); --resolved prints each point's complete resolved configuration.
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "core/experiment.hpp"
+#include "experiments/cli/commands.hpp"
+#include "experiments/cli/format.hpp"
+
+namespace muonbed::cli {
+
+namespace {
+
+struct ValidateOptions {
+  std::string file;
+  bool params = false;
+  bool resolved = false;
+};
+
+void print_params(const ShardedModel& model) {
+  Table table({"#", "name", "shape", "role", "optimizer", "layout"});
+  for (const DistributedParam& p : model.params) {
+    std::string shape;
+    for (std::int64_t s : p.shape) shape += (shape.empty() ? "" : "x") + std::to_string(s);
+    std::string layout;
+    for (int d = 0; d < model.mesh.ndims(); ++d)
+      layout += (layout.empty() ? "" : " ") + model.mesh.dim(d).name + ":" +
+                p.layout.placements()[d].to_string();
+    table.add({std::to_string(p.index), p.name, shape, std::string(to_string(p.role)),
+               p.optimizer == OptimizerKind::muon ? "muon" : "adamw", layout});
+  }
+  table.print(std::cout);
+}
+
+int run_validate(const ValidateOptions& o) {
+  const std::vector<Experiment> points = load_experiment(o.file);
+  std::cout << fmt::format("{}: {} point{}\n", o.file, points.size(), points.size() == 1 ? "" : "s");
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const Experiment& e = points[i];
+    const ShardedModel sharded = shard_model(e);
+    const std::vector<int> muon = sharded.muon_params();
+    std::int64_t matrices = 0;
+    for (int p : muon) matrices += sharded.params[p].batch();
+    std::cout << fmt::format("OK  {}\n", e.point_label.empty() ? e.name : point_text(e, i, points.size()));
+    std::cout << fmt::format("    model     {}: {} parameters, {} Muon tensors ({} matrices), {} AdamW\n",
+                             e.model.name, human_count(static_cast<double>(e.model.numel())),
+                             muon.size(), matrices, sharded.adamw_params().size());
+    std::cout << fmt::format("    mesh      {} on {}\n", mesh_text(e.mesh), e.cluster.name);
+    std::cout << fmt::format("    strategy  {}; ns_steps {}, comm {}\n", strategy_text(e.strategy),
+                             e.optimizer.ns_steps, to_string(e.optimizer.comm_dtype));
+    std::string backends;
+    for (const std::string& b : e.backends) backends += (backends.empty() ? "" : ", ") + b;
+    std::cout << fmt::format("    backends  {} (steps {}, repeats {}, output {})\n", backends,
+                             e.steps, e.repeats, e.output_dir);
+    if (o.resolved) std::cout << e.resolved_yaml << "\n";
+    if (o.params && i == 0) print_params(sharded);
+  }
+  std::cout << "next: muonbed plan " << o.file << "\n";
+  return 0;
+}
+
+}  // namespace
+
+void add_validate_command(CLI::App& app, int& exit_code) {
+  auto options = std::make_shared<ValidateOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "validate", "Check an experiment file: every key, type and value, and every sweep point");
+  cmd->add_option("experiment", options->file, "experiment YAML file")->required();
+  cmd->add_flag("--params", options->params,
+                "list the parameters of the (first point's) model with their layouts");
+  cmd->add_flag("--resolved", options->resolved,
+                "print each point's complete resolved configuration (YAML)");
+  cmd->footer(R"(Examples:
+  muonbed validate experiments/quickstart.yaml
+  muonbed validate experiments/fsdp_tp.yaml --params     parameter names for tp_dim_per_param
+  muonbed validate my.yaml --resolved                   what every default resolved to
+An error names FILE:LINE:COLUMN, the offending value and the fix. Then: muonbed plan FILE.)");
+  cmd->callback([options, &exit_code] { exit_code = run_validate(*options); });
+}
+
+}  // namespace muonbed::cli

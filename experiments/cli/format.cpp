@@ -1,0 +1,92 @@
+// Number, size and time formatting and the table printer of the CLI (see format.hpp).
+#include "experiments/cli/format.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <ostream>
+
+#include <fmt/format.h>
+
+namespace muonbed::cli {
+
+std::string human_count(double n) {
+  const double a = std::fabs(n);
+  if (a >= 1e12) return fmt::format("{:.2f} T", n / 1e12);
+  if (a >= 1e9) return fmt::format("{:.2f} B", n / 1e9);
+  if (a >= 1e6) return fmt::format("{:.1f} M", n / 1e6);
+  if (a >= 1e4) return fmt::format("{:.1f} k", n / 1e3);
+  return fmt::format("{:.0f}", n);
+}
+
+std::string human_seconds(double s) {
+  const double a = std::fabs(s);
+  if (a >= 1) return fmt::format("{:.3f} s", s);
+  if (a >= 1e-3) return fmt::format("{:.3f} ms", s * 1e3);
+  return fmt::format("{:.1f} us", s * 1e6);
+}
+
+std::string mib(double bytes) { return fmt::format("{:.1f}", bytes / (1024.0 * 1024.0)); }
+std::string gib(double bytes) { return fmt::format("{:.2f}", bytes / (1024.0 * 1024.0 * 1024.0)); }
+
+void Table::print(std::ostream& out, const std::string& indent) const {
+  std::vector<std::size_t> width(header_.size(), 0);
+  for (std::size_t c = 0; c < header_.size(); ++c) width[c] = header_[c].size();
+  for (const auto& row : rows_)
+    for (std::size_t c = 0; c < row.size() && c < width.size(); ++c)
+      width[c] = std::max(width[c], row[c].size());
+  auto line = [&](const std::vector<std::string>& row) {
+    std::string text = indent;
+    for (std::size_t c = 0; c < width.size(); ++c) {
+      const std::string cell = c < row.size() ? row[c] : "";
+      if (c > 0) text += "  ";
+      text += c == 0 ? fmt::format("{:<{}}", cell, width[c]) : fmt::format("{:>{}}", cell, width[c]);
+    }
+    while (!text.empty() && text.back() == ' ') text.pop_back();
+    out << text << "\n";
+  };
+  line(header_);
+  std::size_t total = 0;
+  for (std::size_t w : width) total += w + 2;
+  const std::string rule = indent + std::string(total > 2 ? total - 2 : 0, '-');
+  out << rule << "\n";
+  for (const auto& row : rows_) {
+    if (row.empty())
+      out << rule << "\n";
+    else
+      line(row);
+  }
+}
+
+std::string mesh_text(const DeviceMesh& mesh) {
+  std::string dims;
+  for (const MeshDim& d : mesh.dims())
+    dims += (dims.empty() ? "" : " x ") + d.name + "=" + std::to_string(d.size);
+  return fmt::format("{} ({} ranks, {} per node, {} node{})", dims, mesh.world_size(),
+                     mesh.gpus_per_node(), mesh.num_nodes(), mesh.num_nodes() == 1 ? "" : "s");
+}
+
+std::string strategy_text(const StrategyOptions& s) {
+  std::string text = s.name + " (assign " + s.assign;
+  if (s.name == "owner" || s.name == "sequential") text += ", gather " + s.gather;
+  if (s.name == "owner")
+    text += fmt::format(", prefetch {}, {}", s.prefetch_count,
+                        s.async_gpu_parallelism ? "async" : "synchronous rounds");
+  if (s.name == "all_to_all" || s.name == "owner_allgather")
+    text += fmt::format(", chunks of {}", s.chunk_size);
+  if (s.name == "all_to_all") text += fmt::format(", {} in flight", s.max_chunks_in_flight);
+  if (s.small_param_threshold > 0)
+    text += ", replicate below " + human_count(static_cast<double>(s.small_param_threshold));
+  if (s.grad_sync.enabled) {
+    std::string periods;
+    for (int p : s.grad_sync.level_periods) periods += (periods.empty() ? "" : ",") + std::to_string(p);
+    text += ", grad sync periods [" + periods + "]";
+  }
+  return text + ")";
+}
+
+std::string point_text(const Experiment& e, std::size_t index, std::size_t count) {
+  if (e.point_label.empty()) return "";
+  return fmt::format("[{}/{}] {}", index + 1, count, e.point_label);
+}
+
+}  // namespace muonbed::cli

@@ -1,0 +1,39 @@
+// Text formatting shared by the CLI commands: human-readable counts, sizes and times, and a
+// small right-aligned table printer, so every command's output reads the same way.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "core/experiment.hpp"
+
+namespace muonbed::cli {
+
+std::string human_count(double n);     // 6.74 B, 124.4 M, 8.19 k, 12
+std::string human_seconds(double s);   // 12.3 ms, 45.6 us, 1.23 s
+std::string mib(double bytes);         // "123.4" (MiB, one decimal)
+std::string gib(double bytes);         // "12.34" (GiB, two decimals)
+
+// A table printed with right-aligned columns (the first column left-aligned).
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) : header_(std::move(header)) {}
+  void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  void add_separator() { rows_.push_back({}); }
+  void print(std::ostream& out, const std::string& indent = "  ") const;
+
+ private:
+  std::vector<std::string> header_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// "pp=4 x dp_shard=8 (32 ranks, 8 per node, 4 nodes)".
+std::string mesh_text(const DeviceMesh& mesh);
+// "owner (assign flop_balanced, gather hierarchical, prefetch 1, async)".
+std::string strategy_text(const StrategyOptions& s);
+// "[1/5] strategy.name=owner" or "" for an experiment without a sweep.
+std::string point_text(const Experiment& e, std::size_t index, std::size_t count);
+
+}  // namespace muonbed::cli

@@ -1,0 +1,48 @@
+// The Newton-Schulz benchmark behind `muonbed bench ns`. Each kernel is first validated against
+// the CPU reference on a small input (a wrong kernel is reported, never timed as if right), then
+// timed: warm-ups, then the median of many runs on random data, inputs rotated and (GPU) the L2
+// flushed before each run. Reports time, TFLOP/s counted as batch * steps * (4 m^2 n + 2 m^3),
+// and that rate as a fraction of a large GEMM's rate measured in the same run (bf16 cuBLAS GEMM
+// on the GPU, cblas_sgemm or the blocked loop on the CPU).
+//
+// With a CUDA device: 1024^2, 2048^2, 4096^2, 8192^2, 4096x11008, 8192x28672 and the whole
+// Muon parameter set of a preset (llama-7b), batched by shape. Without one: the CPU fp32 path
+// on 256^2, 512^2, 1024^2, 512x1376, saying so plainly.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "core/model.hpp"
+#include "kernels/newton_schulz.hpp"
+
+namespace muonbed {
+
+struct NsBenchOptions {
+  std::string device = "auto";  // auto (GPU if one is usable, else CPU) | gpu | cpu
+  std::vector<MatrixShape> shapes;  // empty: the device's default list (above)
+  std::string model_preset = "llama-7b";  // GPU only: its Muon set batched by shape; "" = none
+  std::string coefficients = "keller_jordan";  // keller_jordan | polar_express
+  int steps = 5;
+  int version = 1;     // GPU NS kernel version (ns_kernel_versions())
+  int warmup = -1;     // runs before timing; -1: 5 on GPU, 1 on CPU
+  int repeats = -1;    // timed runs (the median is reported); -1: 30 on GPU, 5 on CPU
+  std::uint64_t seed = 1;
+  bool validate = true;  // check each kernel against the CPU reference before timing it
+  std::string json_path;  // if set, also write the results there as JSON
+};
+
+// Runs the benchmark and prints a table to `out`. Returns 0 on success, 1 if a validation
+// failed, 2 if the options are invalid or a GPU was demanded (device "gpu") but none is usable.
+int run_ns_benchmark(const NsBenchOptions& options, std::ostream& out);
+
+// The default shape lists.
+std::vector<MatrixShape> default_gpu_bench_shapes();
+std::vector<MatrixShape> default_cpu_bench_shapes();
+
+// A model's Muon parameters grouped by NS shape: {batch = how many, rows, cols}, largest first.
+std::vector<MatrixShape> muon_shape_groups(const Model& model);
+
+}  // namespace muonbed

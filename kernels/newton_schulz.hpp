@@ -1,0 +1,91 @@
+// Newton-Schulz orthogonalization, the heart of Muon: maps a matrix G = U S V^T to roughly
+// U S' V^T with S' near 1, using only matrix products. This header holds the coefficient sets
+// (Keller Jordan's quintic, Polar Express, custom per-step lists) and the CPU reference in three
+// precisions: fp64 (the reference every other path is judged against), fp32, and bf16 emulation
+// (bf16 storage, fp32 accumulation: what the GPU kernels compute).
+//
+// One iteration with coefficients (a, b, c), on the wide orientation X (rows <= cols):
+//   A = X X^T;  B = b A + c A A;  X = a X + B X         i.e. X <- a X + b (XX^T)X + c (XX^T)^2 X
+// which applies the odd polynomial p(s) = a s + b s^3 + c s^5 to every singular value. The input
+// is first scaled to X0 = G / (||G||_F * norm_scale + eps) so that every singular value is <= 1.
+// Tall matrices are transposed, iterated, and transposed back (fewer FLOPs, same result).
+//
+// Plain C++17 (no <span>, no C++20): the CUDA sources include it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace muonbed {
+
+// A stack of `batch` row-major rows x cols matrices, stored one after another.
+struct MatrixShape {
+  std::int64_t batch = 1;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+
+  std::int64_t numel() const { return batch * rows * cols; }
+  std::int64_t small_dim() const { return rows < cols ? rows : cols; }
+  std::int64_t large_dim() const { return rows < cols ? cols : rows; }
+  bool is_tall() const { return rows > cols; }
+  std::string to_string() const;  // "4096x11008" or "64x4096x11008"
+};
+
+// FLOPs of one NS run: batch * steps * (4 m^2 n + 2 m^3), m = small dim, n = large dim
+// (X X^T: 2m^2n, A A: 2m^3, B X: 2m^2n; the additions are not counted).
+double ns_flops(const MatrixShape& shape, int steps);
+
+struct NsStepCoefficients {
+  double a = 0.0, b = 0.0, c = 0.0;
+};
+
+// The iteration to run: one (a, b, c) per step, plus the normalization.
+struct NsConfig {
+  std::string name = "keller_jordan";  // for reports: keller_jordan, polar_express, custom
+  std::vector<NsStepCoefficients> steps;
+  double eps = 1e-7;
+  double norm_scale = 1.0;  // X0 = G / (||G||_F * norm_scale + eps)
+
+  int num_steps() const { return static_cast<int>(steps.size()); }
+
+  // (3.4445, -4.7750, 2.0315) repeated: Keller Jordan's Muon and torch.optim.Muon's default.
+  static NsConfig keller_jordan(int num_steps = 5);
+  // Polar Express (Amsel, Persson, Musco, Gower 2025, arXiv:2505.16932, Algorithm 1): eight
+  // per-step minimax-optimal quintics, all but the last divided by the safety factor 1.01
+  // (a/1.01, b/1.01^3, c/1.01^5); steps beyond eight repeat the last; norm_scale 1.01.
+  static NsConfig polar_express(int num_steps = 5);
+  static NsConfig custom(std::vector<NsStepCoefficients> steps, double eps = 1e-7,
+                         double norm_scale = 1.0);
+};
+
+// What an experiment file names: set = keller_jordan | polar_express | custom. For the named
+// sets `num_steps` is the iteration count; for custom it must be 0 or custom_steps.size().
+// Throws Error listing the valid names.
+NsConfig make_ns_config(std::string_view set, int num_steps,
+                        const std::vector<NsStepCoefficients>& custom_steps = {});
+// Throws Error when the config cannot run (no steps, non-finite coefficients, eps < 0, ...).
+void validate(const NsConfig& config);
+
+enum class NsPrecision {
+  fp64,  // reference
+  fp32,  // fp32 storage and accumulation
+  bf16,  // bf16 storage (X, A, B rounded after every product), fp32 accumulation
+};
+std::string_view to_string(NsPrecision precision);
+NsPrecision ns_precision_from_string(std::string_view text);  // throws Error listing names
+
+// The fp64 reference. Never uses BLAS: plain loops, fp64 accumulation. `out` may equal `in`.
+void newton_schulz(const double* in, double* out, const MatrixShape& shape,
+                   const NsConfig& config);
+// fp32 (precision fp32) or bf16 emulation (precision bf16); uses cblas_sgemm when the build
+// found BLAS, else blocked loops. The Frobenius norm is accumulated in fp64. `out` may equal `in`.
+// precision fp64 is an error here.
+void newton_schulz(const float* in, float* out, const MatrixShape& shape, const NsConfig& config,
+                   NsPrecision precision = NsPrecision::fp32);
+
+// "OpenBLAS cblas_sgemm" or "blocked loops": what the fp32 CPU path multiplies with.
+std::string cpu_gemm_backend();
+
+}  // namespace muonbed

@@ -1,0 +1,121 @@
+// The single-device reference optimizer step over a whole core::Model: the Muon group (matrices
+// route() sends to Muon: momentum, Newton-Schulz, scaled update with decoupled weight decay,
+// optional QK-clip) and the AdamW group (everything else). Every distributed execution of the
+// same step, whatever its plan, must reproduce what this class computes.
+//
+// Tensors are plain row-major buffers, one per Model::params entry, in the model's order.
+// Deterministic data: random_params / random_grads fill them from the counter-based generator
+// of kernels/random.hpp, so a distributed rank can generate exactly its own shard of the same
+// values (generate_shard).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/layout.hpp"
+#include "core/model.hpp"
+#include "kernels/newton_schulz.hpp"
+#include "kernels/optimizer_math.hpp"
+
+namespace muonbed {
+
+template <typename T>
+using ModelTensors = std::vector<std::vector<T>>;
+
+// Defaults are torch.optim.Muon's (lr 1e-3, weight decay 0.1, momentum 0.95 lerp form with
+// Nesterov, Keller Jordan's coefficients x5, eps 1e-7, adjust_lr_fn "original").
+struct MuonParams {
+  double lr = 1e-3;
+  double weight_decay = 0.1;
+  MomentumParams momentum;
+  LrScaleRule lr_scale = LrScaleRule::original;
+  NsConfig ns = NsConfig::keller_jordan();
+  NsPrecision precision = NsPrecision::fp64;  // precision of the Newton-Schulz iteration
+};
+
+struct QkClipParams {
+  bool enabled = false;
+  double tau = 100.0;
+  std::int64_t head_dim = 0;  // rows per head of attn_q / attn_k; the Model does not record it
+};
+
+struct OptimizerConfig {
+  MuonParams muon;
+  AdamWParams adamw;  // torch.optim.AdamW's defaults
+  QkClipParams qk_clip;
+  RoutingRules routing;
+};
+
+// The largest attention logit each query head produced in the step's forward pass:
+// per_layer[layer][q_head]. QK-clip needs it; the testbed makes it up (random_max_logits).
+struct QkLogits {
+  std::vector<std::vector<double>> per_layer;
+};
+
+template <typename T>
+class ReferenceOptimizer {
+ public:
+  // Throws Error for an invalid config (bad NS config, QK-clip without head_dim, ...).
+  ReferenceOptimizer(Model model, OptimizerConfig config);
+
+  // One step: params[i] -= update(grads[i]) for every parameter, state advanced. Sizes must
+  // match the model (throws Error). `logits` is required when QK-clip is enabled.
+  void step(ModelTensors<T>& params, const ModelTensors<T>& grads,
+            const QkLogits* logits = nullptr);
+
+  const Model& model() const { return model_; }
+  const OptimizerConfig& config() const { return config_; }
+  std::int64_t steps_taken() const { return steps_; }
+  OptimizerKind kind(std::size_t param) const { return kinds_.at(param); }
+  // State; empty vectors for parameters of the other group.
+  const std::vector<T>& momentum_buffer(std::size_t param) const { return momentum_.at(param); }
+  const std::vector<T>& adam_m(std::size_t param) const { return adam_m_.at(param); }
+  const std::vector<T>& adam_v(std::size_t param) const { return adam_v_.at(param); }
+
+ private:
+  Model model_;
+  OptimizerConfig config_;
+  std::vector<OptimizerKind> kinds_;
+  ModelTensors<T> momentum_, adam_m_, adam_v_;
+  std::int64_t steps_ = 0;
+};
+
+extern template class ReferenceOptimizer<float>;
+extern template class ReferenceOptimizer<double>;
+
+// Orthogonalizes `n = shape.numel()` values of type T with the given NS precision (converting
+// to fp64 or fp32 as needed). `out` may equal `in`.
+template <typename T>
+void orthogonalize(const T* in, T* out, const MatrixShape& shape, const NsConfig& config,
+                   NsPrecision precision);
+
+// The matrix shape NS sees for a parameter: [batch, rows, cols] (batch 1 for 2-D).
+MatrixShape ns_shape(const Parameter& param);
+
+// Random streams: parameter i's initial values use stream 2i, its gradient at step t (from 1)
+// uses stream 2 * num_params * t + 2i + 1; distinct for every (tensor, step).
+std::uint64_t param_stream(std::size_t param_index);
+std::uint64_t grad_stream(std::size_t num_params, std::size_t param_index, std::int64_t step);
+
+// Initial values: matrices uniform on [-1, 1) / sqrt(cols); norm weights 1 + 0.1 u; biases 0.1 u.
+double init_scale(const Parameter& param);
+double init_offset(const Parameter& param);
+template <typename T>
+ModelTensors<T> random_params(const Model& model, std::uint64_t seed);
+// Gradients: uniform on [-scale, scale), never all zero.
+template <typename T>
+ModelTensors<T> random_grads(const Model& model, std::uint64_t seed, std::int64_t step,
+                             double scale = 1e-2);
+// The elements of `set` (row-major order of the full tensor, as pack_shard) of the tensor
+// offset + scale * counter_uniform(seed, stream, full_index): a rank's shard of random_params /
+// random_grads without generating the rest.
+template <typename T>
+std::vector<T> generate_shard(const ShardIndexSet& set, const std::vector<std::int64_t>& shape,
+                              std::uint64_t seed, std::uint64_t stream, double scale,
+                              double offset = 0.0);
+
+// Made-up max logits for QK-clip tests: per layer, `heads` values uniform on [0, 2 * tau).
+QkLogits random_max_logits(std::int64_t layers, std::int64_t heads, double tau,
+                           std::uint64_t seed, std::int64_t step);
+
+}  // namespace muonbed

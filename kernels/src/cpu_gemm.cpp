@@ -1,0 +1,73 @@
+// Row-major CPU GEMMs for the Newton-Schulz reference: portable loops (the fp64 reference) and
+// cblas_sgemm when the build found BLAS (the fp32 path's speed).
+#include "kernels/src/cpu_gemm.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <string>
+#include <vector>
+
+#include "core/errors.hpp"
+
+#if MUONBED_KERNELS_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
+namespace muonbed::detail {
+
+template <typename T>
+void gemm_loops(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+                std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+  std::vector<T> acc(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < m; ++i) {
+    const T* a_row = a + i * lda;
+    T* c_row = c + i * ldc;
+    if (trans_b) {
+      // C[i][j] = sum_p A[i][p] * B[j][p]: dot products of contiguous rows.
+      for (std::int64_t j = 0; j < n; ++j) {
+        const T* b_row = b + j * ldb;
+        T sum = 0;
+        for (std::int64_t p = 0; p < k; ++p) sum += a_row[p] * b_row[p];
+        acc[j] = sum;
+      }
+    } else {
+      // Row i of A times B, streaming B's rows (i-k-j order keeps every access contiguous).
+      std::fill(acc.begin(), acc.end(), T(0));
+      for (std::int64_t p = 0; p < k; ++p) {
+        const T aip = a_row[p];
+        const T* b_row = b + p * ldb;
+        for (std::int64_t j = 0; j < n; ++j) acc[j] += aip * b_row[j];
+      }
+    }
+    // beta == 0 must not read C (it may hold NaN poison), as in BLAS.
+    for (std::int64_t j = 0; j < n; ++j) {
+      c_row[j] = beta == T(0) ? alpha * acc[j] : alpha * acc[j] + beta * c_row[j];
+    }
+  }
+}
+
+template void gemm_loops<float>(bool, std::int64_t, std::int64_t, std::int64_t, float,
+                                const float*, std::int64_t, const float*, std::int64_t, float,
+                                float*, std::int64_t);
+template void gemm_loops<double>(bool, std::int64_t, std::int64_t, std::int64_t, double,
+                                 const double*, std::int64_t, const double*, std::int64_t,
+                                 double, double*, std::int64_t);
+
+bool have_cblas() { return MUONBED_KERNELS_HAVE_CBLAS != 0; }
+
+void sgemm(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+           float* c, std::int64_t ldc) {
+#if MUONBED_KERNELS_HAVE_CBLAS
+  for (std::int64_t v : {m, n, k, lda, ldb, ldc}) {
+    if (v > INT_MAX) throw Error("sgemm: dimension " + std::to_string(v) + " exceeds BLAS's int");
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+#else
+  gemm_loops<float>(trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
+}
+
+}  // namespace muonbed::detail

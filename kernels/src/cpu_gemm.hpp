@@ -1,0 +1,23 @@
+// Row-major GEMM for the CPU reference: C = alpha * A * op(B) + beta * C, with A [M, K] and
+// op(B) [K, N] (B^T when trans_b). Accumulates in T and applies alpha and beta once to the
+// finished sum, as cuBLAS does, so the bf16 emulation rounds where the GPU rounds. The fp64
+// reference always uses the loops; fp32 uses cblas_sgemm when the build found BLAS.
+// Internal to muonbed_kernels.
+#pragma once
+
+#include <cstdint>
+
+namespace muonbed::detail {
+
+template <typename T>
+void gemm_loops(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+                std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc);
+
+// cblas_sgemm when available, else gemm_loops<float>.
+void sgemm(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+           float* c, std::int64_t ldc);
+
+bool have_cblas();
+
+}  // namespace muonbed::detail

@@ -1,0 +1,394 @@
+// Invariants of every built-in strategy on every topology, checked by interpreting the plan on
+// the host: a data-flow replay tracks which elements of each matrix every rank holds (momentum
+// and orthogonalized update), so gather -> NS -> redistribute is verified element by element;
+// a progress replay proves the per-rank programs cannot deadlock; byte counts and memory bounds
+// are checked against independent recomputation.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "core/plan.hpp"
+#include "core/strategy.hpp"
+
+using namespace muonbed;
+
+namespace {
+
+struct Topology {
+  std::string name;
+  std::vector<MeshDim> dims;
+  std::string model;
+};
+
+std::vector<Topology> topologies() {
+  return {
+      {"DDP", {{"dp_replicate", 4, DimRole::replicate}}, "tiny-dense"},
+      {"FSDP", {{"dp_shard", 4, DimRole::fsdp}}, "tiny-dense"},
+      {"HSDP", {{"dp_replicate", 2, DimRole::replicate}, {"dp_shard", 2, DimRole::fsdp}},
+       "tiny-dense"},
+      {"TP", {{"tp", 4, DimRole::tp}}, "tiny-dense"},
+      {"FSDP+TP", {{"dp_shard", 2, DimRole::fsdp}, {"tp", 2, DimRole::tp}}, "tiny-dense"},
+      {"EP", {{"dp_shard", 2, DimRole::fsdp}, {"ep", 2, DimRole::ep}}, "tiny-moe"},
+      {"CP", {{"dp_shard", 2, DimRole::fsdp}, {"cp", 2, DimRole::replicate}}, "tiny-dense"},
+      {"PP", {{"pp", 2, DimRole::pp}, {"dp_shard", 2, DimRole::fsdp}}, "tiny-dense"},
+      {"4-D",
+       {{"pp", 2, DimRole::pp},
+        {"dp_replicate", 2, DimRole::replicate},
+        {"dp_shard", 2, DimRole::fsdp},
+        {"tp", 2, DimRole::tp}},
+       "tiny-dense"},
+  };
+}
+
+std::vector<StrategyOptions> strategies() {
+  std::vector<StrategyOptions> list;
+  auto add = [&](std::string name, auto&& tweak) {
+    StrategyOptions o;
+    o.name = name;
+    tweak(o);
+    list.push_back(o);
+  };
+  add("sequential", [](StrategyOptions&) {});
+  add("replicated", [](StrategyOptions&) {});
+  add("owner", [](StrategyOptions& o) { o.prefetch_count = 0; });
+  add("owner", [](StrategyOptions& o) { o.prefetch_count = 2; });
+  add("owner", [](StrategyOptions& o) {
+    o.async_gpu_parallelism = false;
+    o.assign = "round_robin";
+  });
+  add("owner", [](StrategyOptions& o) {
+    o.gather = "flat";
+    o.assign = "size_balanced";
+  });
+  add("owner", [](StrategyOptions& o) {
+    o.small_param_threshold = 5000;
+    o.grad_sync.enabled = true;
+    o.grad_sync.level_periods = {1, 2};
+  });
+  add("all_to_all", [](StrategyOptions& o) {
+    o.chunk_size = 3;
+    o.max_chunks_in_flight = 2;
+  });
+  add("all_to_all", [](StrategyOptions& o) {
+    o.chunk_size = 1;
+    o.max_chunks_in_flight = 1;
+    o.grad_sync.enabled = true;
+  });
+  add("owner_allgather", [](StrategyOptions& o) { o.chunk_size = 4; });
+  add("owner_allgather", [](StrategyOptions& o) {
+    o.grad_sync.enabled = true;
+    o.assign = "expert_local";
+  });
+  return list;
+}
+
+ShardedModel make_model(const Topology& t) {
+  DeviceMesh mesh(t.dims, 4);
+  return parallelize(*find_preset(t.model), mesh, ParallelRules{});
+}
+
+using ElementSet = std::vector<char>;  // one flag per element of the full tensor
+
+ElementSet elements_of(const DistributedParam& dp, const ShardIndexSet& set) {
+  ElementSet e(static_cast<std::size_t>(dp.numel()), 0);
+  for_each_element(set, dp.shape, [&](std::int64_t f, std::int64_t) { e[f] = 1; });
+  return e;
+}
+
+bool subset(const ElementSet& a, const ElementSet& b) {
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i] && !b[i]) return false;
+  return true;
+}
+
+void unite(ElementSet& into, const ElementSet& from) {
+  for (std::size_t i = 0; i < into.size(); ++i) into[i] |= from[i];
+}
+
+bool full(const ElementSet& e) {
+  return std::all_of(e.begin(), e.end(), [](char c) { return c != 0; });
+}
+
+// Replays the plan's data movement (plan.hpp's piece rules) for the Muon matrices and returns,
+// per param, how many ranks orthogonalized it. Fails the test at the first op whose sender does
+// not hold what it must send, or an NS whose rank does not hold the full momentum.
+std::vector<int> replay_data_flow(const StepPlan& plan) {
+  const auto& mesh = plan.mesh();
+  const int world = mesh.world_size();
+  const auto& params = plan.model.params;
+  // momentum[p][rank], update[p][rank]
+  std::vector<std::vector<ElementSet>> momentum(params.size()), update(params.size());
+  std::vector<int> ns_count(params.size(), 0);
+  for (const auto& dp : params) {
+    if (dp.optimizer != OptimizerKind::muon) continue;
+    momentum[dp.index].resize(world);
+    update[dp.index].resize(world, ElementSet(dp.numel(), 0));
+    const bool replicated_gradients = plan.strategy == "owner_allgather";
+    for (int r = 0; r < world; ++r) {
+      const auto set = replicated_gradients && dp.layout.holds(mesh, r)
+                           ? dp.layout.index_set(mesh, r, DimSet::all(mesh.ndims()))
+                           : dp.layout.index_set(mesh, r);
+      momentum[dp.index][r] = elements_of(dp, set);
+    }
+  }
+  auto piece = [&](int p, int r, DimSet gathered) {
+    return elements_of(params[p], params[p].layout.index_set(mesh, r, gathered));
+  };
+  for (const Op& op : plan.ops) {
+    const bool data_op = op.kind == OpKind::gather || op.kind == OpKind::scatter ||
+                         op.kind == OpKind::broadcast || op.kind == OpKind::all_gather ||
+                         op.kind == OpKind::all_to_all || op.kind == OpKind::newton_schulz;
+    if (!data_op) continue;
+    for (int p : op.params) {
+      if (params[p].optimizer != OptimizerKind::muon) continue;
+      const int owner = plan.assignment.owner[p];
+      // Which state moves: gathers move momentum, redistribution moves the update.
+      const bool moves_update = op.kind == OpKind::scatter || op.kind == OpKind::broadcast ||
+                                (op.kind == OpKind::all_to_all &&
+                                 op.direction == AllToAllDirection::from_owners) ||
+                                (op.kind == OpKind::all_gather && op.owned_only);
+      auto& state = moves_update ? update[p] : momentum[p];
+      if (op.kind == OpKind::newton_schulz) {
+        for (int r : op.ranks.ranks(mesh)) {
+          if (op.owned_only && owner != r) continue;
+          if (!params[p].layout.holds(mesh, r)) continue;
+          INFO("NS of " << params[p].name << " on rank " << r << ", op " << op.label);
+          REQUIRE(full(momentum[p][r]));
+          std::fill(update[p][r].begin(), update[p][r].end(), 1);
+          ++ns_count[p];
+        }
+        continue;
+      }
+      std::set<int> leaders;
+      for (int r : op.ranks.ranks(mesh)) leaders.insert(mesh.group_leader(r, op.group));
+      for (int leader : leaders) {
+        const auto members = mesh.group_members(leader, op.group);
+        const int n = static_cast<int>(members.size());
+        auto next = state;  // collectives read before anyone writes
+        INFO("op " << op.id << " " << op.label << " instance led by " << leader);
+        switch (op.kind) {
+          case OpKind::gather: {
+            const int root = members[op.root];
+            for (int m : members) {
+              const auto sent = piece(p, m, op.gathered);
+              REQUIRE(subset(sent, state[m]));
+              unite(next[root], sent);
+            }
+            REQUIRE(subset(piece(p, root, op.gathered | op.group), next[root]));
+            break;
+          }
+          case OpKind::scatter: {
+            const int root = members[op.root];
+            REQUIRE(subset(piece(p, root, op.gathered | op.group), state[root]));
+            for (int m : members) unite(next[m], piece(p, m, op.gathered));
+            break;
+          }
+          case OpKind::broadcast: {
+            const int root = members[op.root];
+            const auto sent = piece(p, root, op.gathered);
+            REQUIRE(subset(sent, state[root]));
+            for (int m : members) unite(next[m], sent);
+            break;
+          }
+          case OpKind::all_gather: {
+            for (int m : members) {
+              if (op.owned_only && owner != m) continue;
+              const auto sent = op.owned_only ? ElementSet(params[p].numel(), 1)
+                                              : piece(p, m, op.gathered);
+              REQUIRE(subset(sent, state[m]));
+              for (int k = 0; k < n; ++k) unite(next[members[k]], sent);
+            }
+            break;
+          }
+          case OpKind::all_to_all: {
+            REQUIRE(std::find(members.begin(), members.end(), owner) != members.end());
+            for (int m : members) {
+              const auto mine = piece(p, m, op.gathered);
+              if (op.direction == AllToAllDirection::to_owners) {
+                REQUIRE(subset(mine, state[m]));
+                unite(next[owner], mine);
+              } else {
+                REQUIRE(subset(mine, state[owner]));
+                unite(next[m], mine);
+              }
+            }
+            break;
+          }
+          default:
+            break;
+        }
+        state = std::move(next);
+      }
+    }
+  }
+  // Every holder ends with the orthogonalized update of its own piece.
+  for (const auto& dp : params) {
+    if (dp.optimizer != OptimizerKind::muon) continue;
+    for (int r = 0; r < world; ++r) {
+      INFO(dp.name << " on rank " << r);
+      REQUIRE(subset(piece(dp.index, r, DimSet{}), update[dp.index][r]));
+    }
+  }
+  return ns_count;
+}
+
+// Executes the per-rank programs without timing: an op runs once every earlier op of its
+// stream and every dep has run on each rank that takes part in it; a collective instance runs
+// when all its members reach it. Returns false if progress stops with ops left (a deadlock).
+bool replay_progress(const StepPlan& plan) {
+  const auto& mesh = plan.mesh();
+  const int world = mesh.world_size();
+  const int streams = static_cast<int>(plan.streams.size());
+  // queue[rank][stream] = op ids in order
+  std::vector<std::vector<std::vector<int>>> queue(world, std::vector<std::vector<int>>(streams));
+  for (int r = 0; r < world; ++r)
+    for (int id : plan.ops_of_rank(r)) queue[r][plan.ops[id].stream].push_back(id);
+  std::vector<std::vector<std::size_t>> head(world, std::vector<std::size_t>(streams, 0));
+  std::vector<std::set<int>> done(world);
+  std::size_t remaining = 0;
+  for (int r = 0; r < world; ++r)
+    for (int s = 0; s < streams; ++s) remaining += queue[r][s].size();
+  auto ready_on = [&](int r, const Op& op) {
+    const auto& q = queue[r][op.stream];
+    if (head[r][op.stream] >= q.size() || q[head[r][op.stream]] != op.id) return false;
+    for (int dep : op.deps)
+      if (plan.ops[dep].ranks.contains(mesh, r) && !done[r].count(dep)) return false;
+    return true;
+  };
+  bool progress = true;
+  while (remaining > 0 && progress) {
+    progress = false;
+    for (int r = 0; r < world; ++r) {
+      for (int s = 0; s < streams; ++s) {
+        if (head[r][s] >= queue[r][s].size()) continue;
+        const Op& op = plan.ops[queue[r][s][head[r][s]]];
+        std::vector<int> members = {r};
+        if (is_collective(op.kind)) members = mesh.group_members(r, op.group);
+        bool all_ready = true;
+        for (int m : members) all_ready = all_ready && ready_on(m, op);
+        if (!all_ready) continue;
+        for (int m : members) {
+          ++head[m][op.stream];
+          done[m].insert(op.id);
+          --remaining;
+        }
+        progress = true;
+      }
+    }
+  }
+  return remaining == 0;
+}
+
+std::int64_t max_full_bytes(const StepPlan& plan) {
+  std::int64_t m = 0;
+  for (const auto& dp : plan.model.params)
+    if (dp.optimizer == OptimizerKind::muon) m = std::max(m, dp.numel());
+  return m * bytes_of(plan.settings.comm_dtype);
+}
+
+}  // namespace
+
+TEST_CASE("every strategy on every topology keeps the step's invariants", "[strategy]") {
+  for (const auto& topology : topologies()) {
+    const ShardedModel model = make_model(topology);
+    for (const auto& options : strategies()) {
+      INFO("topology " << topology.name << ", strategy " << options.to_json_text());
+      PlanSettings settings;
+      const StepPlan plan = build_plan(model, options, settings);
+
+      // Exactly once per step (replicated: once per holder), with the data in place.
+      const auto ns_count = replay_data_flow(plan);
+      for (const auto& dp : plan.model.params) {
+        if (dp.optimizer != OptimizerKind::muon) continue;
+        INFO(dp.name);
+        const bool redundant = options.name == "replicated" ||
+                               (options.small_param_threshold > 0 &&
+                                dp.numel() < options.small_param_threshold);
+        if (redundant) {
+          int holders = 0;
+          for (int r = 0; r < model.mesh.world_size(); ++r)
+            holders += dp.layout.holds(model.mesh, r) ? 1 : 0;
+          CHECK(ns_count[dp.index] == holders);
+        } else {
+          CHECK(ns_count[dp.index] == 1);
+        }
+      }
+
+      // Bytes sent equal bytes received, pair by pair, in every collective instance.
+      for (const Op& op : plan.ops) {
+        if (!is_collective(op.kind)) continue;
+        for (int r : op.ranks.ranks(model.mesh)) {
+          const auto sent = bytes_sent(plan, op, r);
+          for (int i = 0; i < static_cast<int>(sent.size()); ++i) {
+            const int peer = model.mesh.group_member(r, op.group, i);
+            const auto received = bytes_received(plan, op, peer);
+            const int me = model.mesh.group_index(r, op.group);
+            INFO("op " << op.id << " " << op.label << " from " << r << " to " << peer);
+            CHECK(sent[i] == received[me]);
+          }
+        }
+      }
+
+      CHECK(replay_progress(plan));
+
+      // Transient memory within seed 000's bound: prefetch+1 full updates in flight (chunks
+      // count as chunk_size matrices), plus the pieces of one staged gather.
+      const int depth = options.name == "all_to_all" ? options.max_chunks_in_flight - 1
+                        : options.name == "sequential" ? 0
+                                                       : options.prefetch_count;
+      const int unit = options.name == "all_to_all" || options.name == "owner_allgather"
+                           ? options.chunk_size
+                           : 1;
+      const std::int64_t bound = (static_cast<std::int64_t>(depth) + 1) * unit *
+                                     max_full_bytes(plan) +
+                                 max_full_bytes(plan);
+      for (int r = 0; r < model.mesh.world_size(); ++r) {
+        INFO("rank " << r);
+        CHECK(rank_memory(plan, r).peak_transient_bytes <= bound);
+      }
+    }
+  }
+}
+
+TEST_CASE("owner without prefetch holds exactly one full update at a time", "[strategy]") {
+  const ShardedModel model = make_model(topologies()[1]);  // FSDP over 4 ranks
+  StrategyOptions options;
+  options.prefetch_count = 0;
+  const StepPlan plan = build_plan(model, options, PlanSettings{});
+  for (int r = 0; r < model.mesh.world_size(); ++r) {
+    std::int64_t largest_owned = 0;
+    for (int p : plan.assignment.owned_by(r))
+      largest_owned = std::max(largest_owned, plan.model.params[p].numel() * 2);
+    CHECK(rank_memory(plan, r).peak_transient_bytes == largest_owned);
+  }
+}
+
+TEST_CASE("FSDP gather moves (n-1)/n of each matrix to its owner", "[strategy]") {
+  const ShardedModel model = make_model(topologies()[1]);  // FSDP over 4 ranks, bf16
+  const StepPlan plan = build_plan(model, StrategyOptions{}, PlanSettings{});
+  for (const Op& op : plan.ops) {
+    if (op.kind != OpKind::gather) continue;
+    const auto& dp = plan.model.params[op.params[0]];
+    const int owner = plan.assignment.owner[dp.index];
+    std::int64_t received = 0;
+    for (auto b : bytes_received(plan, op, owner)) received += b;
+    // tiny-dense matrices have rows divisible by 4: every shard is a quarter.
+    CHECK(received == dp.numel() * 2 * 3 / 4);
+  }
+}
+
+TEST_CASE("plans name unknown strategies and bad options", "[strategy]") {
+  const ShardedModel model = make_model(topologies()[1]);
+  StrategyOptions o;
+  o.name = "magic";
+  REQUIRE_THROWS_WITH(build_plan(model, o, PlanSettings{}), Catch::Contains("all_to_all"));
+  o = StrategyOptions{};
+  o.prefetch_count = -1;
+  REQUIRE_THROWS_WITH(build_plan(model, o, PlanSettings{}), Catch::Contains("prefetch_count"));
+  o = StrategyOptions{};
+  o.assign = "explicit";
+  o.explicit_owners = {{"layers.0.attn.q", 0}};
+  REQUIRE_THROWS_WITH(build_plan(model, o, PlanSettings{}), Catch::Contains("no owner"));
+}
