@@ -37,10 +37,10 @@ LinkParams link_for_group(const ClusterSpec& cluster, const DeviceMesh& mesh,
 double collective_time(OpKind kind, int group_size, double total_bytes, const LinkParams& link);
 
 struct RankTimes {
-  double compute_s = 0;       // busy time on compute streams
-  double communication_s = 0; // busy time on communication streams
-  double exposed_comm_s = 0;  // communication time not overlapped by compute
-  double idle_s = 0;          // step time minus the union of busy time
+  double compute_s = 0;        // busy time on compute streams
+  double communication_s = 0;  // busy time on communication streams
+  double exposed_comm_s = 0;   // communication time not overlapped by compute
+  double idle_s = 0;           // step time minus the union of busy time
   double finish_s = 0;
 };
 

@@ -32,12 +32,13 @@ struct OptimizerConfig {
   double lr = 0.02;
   double momentum = 0.95;
   bool nesterov = true;
-  std::string momentum_form = "ema";   // "ema": buf = beta*buf + g; "lerp": buf = lerp(buf, g, 1-beta)
+  std::string momentum_form =
+      "ema";  // "ema": buf = beta*buf + g; "lerp": buf = lerp(buf, g, 1-beta)
   double weight_decay = 0.0;
   int ns_steps = 5;
-  std::string coefficients = "keller";  // keller | polar_express | custom
+  std::string coefficients = "keller";                     // keller | polar_express | custom
   std::vector<std::array<double, 3>> custom_coefficients;  // per step (a, b, c) when custom
-  std::string update_scale = "original";  // original | match_rms_adamw
+  std::string update_scale = "original";                   // original | match_rms_adamw
   double ns_epsilon = 1e-7;
   double adamw_lr = 3e-4, adamw_beta1 = 0.9, adamw_beta2 = 0.95, adamw_eps = 1e-8;
   DType comm_dtype = DType::bf16;
@@ -45,8 +46,8 @@ struct OptimizerConfig {
 
 struct Experiment {
   std::string name;
-  std::string file;          // the YAML it came from
-  std::string point_label;   // "strategy.name=owner,mesh.dp_shard=8" ("" without sweep)
+  std::string file;         // the YAML it came from
+  std::string point_label;  // "strategy.name=owner,mesh.dp_shard=8" ("" without sweep)
   std::map<std::string, std::string> overrides;  // this point's sweep values
   ClusterSpec cluster;
   DeviceMesh mesh;

@@ -137,8 +137,8 @@ void pack_shard(const ShardIndexSet& set, const std::vector<std::int64_t>& shape
   for_each_element(set, shape, [&](std::int64_t f, std::int64_t p) { packed[p] = full[f]; });
 }
 template <typename T>
-void unpack_shard(const ShardIndexSet& set, const std::vector<std::int64_t>& shape,
-                  const T* packed, T* full) {
+void unpack_shard(const ShardIndexSet& set, const std::vector<std::int64_t>& shape, const T* packed,
+                  T* full) {
   for_each_element(set, shape, [&](std::int64_t f, std::int64_t p) { full[f] = packed[p]; });
 }
 

@@ -19,12 +19,22 @@ DType dtype_from_string(std::string_view text);  // throws Error listing valid n
 
 // What a parameter is in the network; drives routing (Muon or AdamW) and TP placement.
 enum class ParamRole {
-  attn_q, attn_k, attn_v, attn_o,    // attention projections
-  mlp_up, mlp_gate, mlp_down,        // dense MLP (and shared experts)
-  expert_up, expert_gate, expert_down,  // routed experts (3-D stacks)
-  router,                            // MoE gate
-  embedding, lm_head, norm, bias,
-  other_matrix,                      // any other 2-D weight (user lists)
+  attn_q,
+  attn_k,
+  attn_v,
+  attn_o,  // attention projections
+  mlp_up,
+  mlp_gate,
+  mlp_down,  // dense MLP (and shared experts)
+  expert_up,
+  expert_gate,
+  expert_down,  // routed experts (3-D stacks)
+  router,       // MoE gate
+  embedding,
+  lm_head,
+  norm,
+  bias,
+  other_matrix,  // any other 2-D weight (user lists)
 };
 std::string_view to_string(ParamRole role);
 ParamRole param_role_from_string(std::string_view text);  // throws Error listing valid names
@@ -61,13 +71,13 @@ struct DenseSpec {
   bool layernorm_bias = false;
   DType dtype = DType::bf16;
   // Additions (at the end, so existing designated initializers stay valid):
-  bool linear_bias = false;         // biases on attn.o and the dense MLP linears (GPT-2)
-  std::int64_t max_positions = 0;   // > 0: learned position embedding "pos_embed" [max, hidden]
+  bool linear_bias = false;        // biases on attn.o and the dense MLP linears (GPT-2)
+  std::int64_t max_positions = 0;  // > 0: learned position embedding "pos_embed" [max, hidden]
 };
 
 struct MoeSpec {
-  DenseSpec base;              // attention and dense-layer dimensions
-  std::int64_t experts = 0;    // routed experts per MoE layer
+  DenseSpec base;            // attention and dense-layer dimensions
+  std::int64_t experts = 0;  // routed experts per MoE layer
   std::int64_t expert_ffn = 0;
   std::int64_t shared_experts = 0;  // each of width expert_ffn
   std::int64_t dense_layers = 0;    // the first dense_layers blocks use a dense MLP of base.ffn

@@ -9,7 +9,8 @@
 //              (seed 004's tp_dim_per_param); embeddings shard the vocab (dim 0); norms replicate;
 //   ep         expert stacks are split into `ep` slices, slice c Independent(c); other
 //              parameters replicate over ep;
-//   pp         layers are split into contiguous stages; a block's parameters are Independent(stage);
+//   pp         layers are split into contiguous stages; a block's parameters are
+//   Independent(stage);
 //              the embedding lives on the first stage, final norm and head on the last;
 //   replicate  Replicate (DDP, CP, HSDP's replicate dimension).
 #pragma once
@@ -56,7 +57,7 @@ struct ShardedModel {
   std::string model_name;
   std::vector<DistributedParam> params;
 
-  std::vector<int> muon_params() const;   // indices with optimizer == muon
+  std::vector<int> muon_params() const;  // indices with optimizer == muon
   std::vector<int> adamw_params() const;
   // Bytes of all parameter shards `rank` holds (one copy, the parameters' dtype).
   std::int64_t shard_bytes(int rank) const;

@@ -50,10 +50,24 @@
 namespace muonbed {
 
 enum class OpKind {
-  alloc, release,                                                // memory
-  momentum, newton_schulz, apply_update, adamw, pack, unpack,    // compute
-  all_gather, gather, scatter, broadcast, all_to_all,            // communication
-  reduce_scatter, all_reduce, send, recv, barrier,
+  alloc,
+  release,  // memory
+  momentum,
+  newton_schulz,
+  apply_update,
+  adamw,
+  pack,
+  unpack,  // compute
+  all_gather,
+  gather,
+  scatter,
+  broadcast,
+  all_to_all,  // communication
+  reduce_scatter,
+  all_reduce,
+  send,
+  recv,
+  barrier,
 };
 std::string_view to_string(OpKind kind);
 OpKind op_kind_from_string(std::string_view text);
@@ -92,17 +106,17 @@ struct Op {
   OpKind kind = OpKind::barrier;
   int stream = 0;
   RankBox ranks;
-  DimSet group;       // collectives: a group instance = ranks of the box differing only here
-  int root = -1;      // gather/scatter/broadcast: group-local index of the root
-  int peer = -1;      // send/recv: group-local index of the other side
+  DimSet group;             // collectives: a group instance = ranks of the box differing only here
+  int root = -1;            // gather/scatter/broadcast: group-local index of the root
+  int peer = -1;            // send/recv: group-local index of the other side
   std::vector<int> params;  // DistributedParam indices this op computes on or moves
-  DimSet gathered;    // see the piece rule above; for compute ops, the piece computed on
+  DimSet gathered;          // see the piece rule above; for compute ops, the piece computed on
   // all_gather: members contribute the full tensors they own; compute ops: a rank computes only
   // on the params it owns (newton_schulz without it: every rank of the box computes every param)
   bool owned_only = false;
   AllToAllDirection direction = AllToAllDirection::to_owners;
-  int buffer = -1;    // alloc/release
-  int ns_steps = 0;   // newton_schulz
+  int buffer = -1;   // alloc/release
+  int ns_steps = 0;  // newton_schulz
   int period = 1;
   std::vector<int> deps;
   std::string label;  // human-readable, for tables and traces
@@ -116,8 +130,8 @@ struct PlanSettings {
 };
 
 struct StepPlan {
-  std::string strategy;             // name of the strategy that built it
-  std::string strategy_options;     // resolved options, for provenance (JSON text)
+  std::string strategy;          // name of the strategy that built it
+  std::string strategy_options;  // resolved options, for provenance (JSON text)
   ShardedModel model;
   Assignment assignment;
   PlanSettings settings;

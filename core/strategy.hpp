@@ -42,9 +42,9 @@ struct StrategyOptions {
   std::map<std::string, int> explicit_owners;  // assign == "explicit": param name -> rank
   bool async_gpu_parallelism = true;
   int prefetch_count = 1;
-  std::string gather = "hierarchical";  // owner: "hierarchical" (TP, then FSDP) or "flat"
-  int chunk_size = 8;                   // all_to_all: matrices per chunk
-  int max_chunks_in_flight = 2;         // all_to_all
+  std::string gather = "hierarchical";     // owner: "hierarchical" (TP, then FSDP) or "flat"
+  int chunk_size = 8;                      // all_to_all: matrices per chunk
+  int max_chunks_in_flight = 2;            // all_to_all
   std::int64_t small_param_threshold = 0;  // elements; 0 = off
   GradSyncOptions grad_sync;
   std::string to_json_text() const;

@@ -21,16 +21,16 @@
 namespace muonbed {
 
 struct NsBenchOptions {
-  std::string device = "auto";  // auto (GPU if one is usable, else CPU) | gpu | cpu
-  std::vector<MatrixShape> shapes;  // empty: the device's default list (above)
-  std::string model_preset = "llama-7b";  // GPU only: its Muon set batched by shape; "" = none
+  std::string device = "auto";                 // auto (GPU if one is usable, else CPU) | gpu | cpu
+  std::vector<MatrixShape> shapes;             // empty: the device's default list (above)
+  std::string model_preset = "llama-7b";       // GPU only: its Muon set batched by shape; "" = none
   std::string coefficients = "keller_jordan";  // keller_jordan | polar_express
   int steps = 5;
-  int version = 1;     // GPU NS kernel version (ns_kernel_versions())
-  int warmup = -1;     // runs before timing; -1: 5 on GPU, 1 on CPU
-  int repeats = -1;    // timed runs (the median is reported); -1: 30 on GPU, 5 on CPU
+  int version = 1;   // GPU NS kernel version (ns_kernel_versions())
+  int warmup = -1;   // runs before timing; -1: 5 on GPU, 1 on CPU
+  int repeats = -1;  // timed runs (the median is reported); -1: 30 on GPU, 5 on CPU
   std::uint64_t seed = 1;
-  bool validate = true;  // check each kernel against the CPU reference before timing it
+  bool validate = true;   // check each kernel against the CPU reference before timing it
   std::string json_path;  // if set, also write the results there as JSON
 };
 

@@ -77,8 +77,7 @@ std::string_view to_string(NsPrecision precision);
 NsPrecision ns_precision_from_string(std::string_view text);  // throws Error listing names
 
 // The fp64 reference. Never uses BLAS: plain loops, fp64 accumulation. `out` may equal `in`.
-void newton_schulz(const double* in, double* out, const MatrixShape& shape,
-                   const NsConfig& config);
+void newton_schulz(const double* in, double* out, const MatrixShape& shape, const NsConfig& config);
 // fp32 (precision fp32) or bf16 emulation (precision bf16); uses cblas_sgemm when the build
 // found BLAS, else blocked loops. The Frobenius norm is accumulated in fp64. `out` may equal `in`.
 // precision fp64 is an error here.

@@ -28,7 +28,8 @@ MUONBED_HD inline T torch_lerp(T start, T end, T weight) {
 enum class MomentumForm {
   classic,  // buf = beta * buf + g;          Nesterov update: g + beta * buf
   lerp,     // buf = lerp(buf, g, 1 - beta);  Nesterov update: lerp(g, buf, beta)
-            // (torch.optim.Muon and Keller Jordan's Muon: an EMA, 1 - beta times smaller)
+            // (the code of torch.optim.Muon, whose docs' pseudo-code shows the classic form,
+            // and of Keller Jordan's Muon: an EMA, 1 - beta times smaller)
 };
 std::string_view to_string(MomentumForm form);
 MomentumForm momentum_form_from_string(std::string_view text);  // throws Error listing names
@@ -77,14 +78,14 @@ struct AdamWParams {
 };
 // The scalars of step t, computed once in fp64 so CPU and GPU use identical values.
 struct AdamWStepScalars {
-  double decay = 1.0;          // 1 - lr * wd
-  double step_size = 0.0;      // lr / (1 - beta1^t)
-  double bias2_sqrt = 1.0;     // sqrt(1 - beta2^t)
+  double decay = 1.0;       // 1 - lr * wd
+  double step_size = 0.0;   // lr / (1 - beta1^t)
+  double bias2_sqrt = 1.0;  // sqrt(1 - beta2^t)
 };
 AdamWStepScalars adamw_step_scalars(const AdamWParams& params, std::int64_t step);
 template <typename T>
-void adamw_update(const AdamWParams& params, std::int64_t step, T* param, const T* grad, T* m,
-                  T* v, std::int64_t n);
+void adamw_update(const AdamWParams& params, std::int64_t step, T* param, const T* grad, T* m, T* v,
+                  std::int64_t n);
 
 // QK-clip (MuonClip, Kimi K2): when head h's largest attention logit S_h exceeds tau, its query
 // and key rows are scaled by sqrt(tau / S_h), so the logit q.k shrinks by tau / S_h.
@@ -99,6 +100,7 @@ std::vector<double> kv_group_max_logits(const std::vector<double>& q_head_max_lo
 // global_row / head_dim. Works for strided shards whose rows interleave heads.
 template <typename T>
 void qk_clip_rows(T* weight, std::int64_t rows, std::int64_t cols, std::int64_t head_dim,
-                  const std::vector<double>& head_scales, const std::int64_t* global_rows = nullptr);
+                  const std::vector<double>& head_scales,
+                  const std::int64_t* global_rows = nullptr);
 
 }  // namespace muonbed

@@ -5,8 +5,9 @@
 //
 // Definition (frozen: golden outputs depend on it):
 //   splitmix64(x): x += 0x9e3779b97f4a7c15; z = x;
-//                  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9; z = (z ^ (z >> 27)) * 0x94d049bb133111eb;
-//                  return z ^ (z >> 31)                       (Steele, Lea, Flood 2014)
+//                  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9; z = (z ^ (z >> 27)) *
+//                  0x94d049bb133111eb; return z ^ (z >> 31)                       (Steele, Lea,
+//                  Flood 2014)
 //   key  = splitmix64(seed ^ splitmix64(stream))
 //   bits = splitmix64(key + index * 0x9e3779b97f4a7c15)
 //   u    = (bits >> 11) * 2^-53                               uniform on [0, 1), exact in fp64
@@ -48,7 +49,8 @@ void fill_uniform(T* out, std::int64_t n, std::uint64_t seed, std::uint64_t stre
                   std::int64_t first_index = 0) {
   const std::uint64_t key = counter_key(seed, stream);
   for (std::int64_t i = 0; i < n; ++i) {
-    out[i] = static_cast<T>(scale * keyed_uniform(key, static_cast<std::uint64_t>(first_index + i)));
+    out[i] =
+        static_cast<T>(scale * keyed_uniform(key, static_cast<std::uint64_t>(first_index + i)));
   }
 }
 

@@ -115,7 +115,7 @@ std::vector<T> generate_shard(const ShardIndexSet& set, const std::vector<std::i
                               double offset = 0.0);
 
 // Made-up max logits for QK-clip tests: per layer, `heads` values uniform on [0, 2 * tau).
-QkLogits random_max_logits(std::int64_t layers, std::int64_t heads, double tau,
-                           std::uint64_t seed, std::int64_t step);
+QkLogits random_max_logits(std::int64_t layers, std::int64_t heads, double tau, std::uint64_t seed,
+                           std::int64_t step);
 
 }  // namespace muonbed

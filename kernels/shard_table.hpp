@@ -24,9 +24,7 @@ struct ShardOffsetTable {
   std::vector<std::int64_t> cols;
   std::int64_t full_numel = 0;  // elements of the full tensor (bounds for checks)
 
-  std::int64_t numel() const {
-    return static_cast<std::int64_t>(row_offsets.size() * cols.size());
-  }
+  std::int64_t numel() const { return static_cast<std::int64_t>(row_offsets.size() * cols.size()); }
 };
 
 // Throws LayoutError when set.dims.size() != shape.size() or an index is out of range.

@@ -230,13 +230,11 @@ void validate_assignment(const ShardedModel& model, const Assignment& assignment
                       "' has no owner; every matrix must be assigned exactly once");
     }
     if (owner < 0 || owner >= world) {
-      throw PlanError("Muon matrix '" + dp.name + "' is assigned to rank " +
-                      std::to_string(owner) + ", outside the mesh's ranks 0.." +
-                      std::to_string(world - 1));
+      throw PlanError("Muon matrix '" + dp.name + "' is assigned to rank " + std::to_string(owner) +
+                      ", outside the mesh's ranks 0.." + std::to_string(world - 1));
     }
     if (!dp.layout.holds(model.mesh, owner) || dp.layout.shard_numel(model.mesh, owner) == 0) {
-      throw PlanError("Muon matrix '" + dp.name + "' is assigned to rank " +
-                      std::to_string(owner) +
+      throw PlanError("Muon matrix '" + dp.name + "' is assigned to rank " + std::to_string(owner) +
                       ", which holds no piece of it; choose one of the ranks that hold it "
                       "(its placements: " +
                       dp.layout.describe(model.mesh) + ")");

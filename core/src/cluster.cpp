@@ -38,8 +38,8 @@ namespace yaml_util {
 
 namespace {
 
-const std::vector<std::string> kClusterKeys = {"name",    "source", "gpus_per_node", "nodes",
-                                               "gpu",     "intra_node", "nic",      "network"};
+const std::vector<std::string> kClusterKeys = {"name", "source",     "gpus_per_node", "nodes",
+                                               "gpu",  "intra_node", "nic",           "network"};
 const std::vector<std::string> kGpuKeys = {"name", "peak_tflops", "hbm_GBps", "memory_GiB",
                                            "gemm_efficiency"};
 const std::vector<std::string> kIntraKeys = {"kind", "bandwidth_GBps", "latency_us",
@@ -175,10 +175,11 @@ void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::str
          "set nic.count_per_node: " + std::to_string(spec.gpus_per_node) +
              " or rail_optimized: false");
   if (spec.nic.count_per_node == 0 && spec.nodes != 1)
-    fail(ctx, at("nic", "count_per_node"),
-         "a cluster without NICs (nic.count_per_node: 0) must have exactly one node, but nodes is " +
-             std::to_string(spec.nodes) + (spec.nodes == 0 ? " (as many as the mesh needs)" : ""),
-         "set nodes: 1 or give each node at least one NIC");
+    fail(
+        ctx, at("nic", "count_per_node"),
+        "a cluster without NICs (nic.count_per_node: 0) must have exactly one node, but nodes is " +
+            std::to_string(spec.nodes) + (spec.nodes == 0 ? " (as many as the mesh needs)" : ""),
+        "set nodes: 1 or give each node at least one NIC");
   if (spec.intra.kind == IntraNodeKind::nvswitch && spec.intra.pcie_switch_GBps > 0)
     fail(ctx, at("intra_node", "pcie_switch_GBps"),
          "pcie_switch_GBps applies only to intra_node.kind: pcie, but the kind is nvswitch",
@@ -199,8 +200,10 @@ std::string resolve_cluster_file(const std::string& name_or_path, const std::str
       if (fs::is_regular_file(candidate, ec)) return candidate.lexically_normal().string();
     return "";
   }
+  // A bare name is looked up in clusters/ folders only (never beside the experiment, where a
+  // name could match another experiment file).
   for (const fs::path& dir :
-       {base / "clusters", base, fs::path(MUONBED_SOURCE_DIR) / "experiments" / "clusters"}) {
+       {base / "clusters", fs::path(MUONBED_SOURCE_DIR) / "experiments" / "clusters"}) {
     const fs::path candidate = dir / (name_or_path + ".yaml");
     if (fs::is_regular_file(candidate, ec)) return candidate.lexically_normal().string();
   }
@@ -213,8 +216,8 @@ std::vector<std::string> cluster_names(const std::string& relative_to) {
   if (!fs::is_directory(base, ec)) base = base.parent_path();
   if (base.empty()) base = ".";
   std::vector<std::string> names;
-  for (const fs::path& dir : {base / "clusters", fs::path(MUONBED_SOURCE_DIR) / "experiments" /
-                                                     "clusters"}) {
+  for (const fs::path& dir :
+       {base / "clusters", fs::path(MUONBED_SOURCE_DIR) / "experiments" / "clusters"}) {
     if (!fs::is_directory(dir, ec)) continue;
     for (const auto& entry : fs::directory_iterator(dir, ec))
       if (entry.path().extension() == ".yaml") names.push_back(entry.path().stem().string());
@@ -301,11 +304,11 @@ ClusterSpec load_cluster_file(const std::string& path) {
 std::string find_cluster_file(const std::string& name_or_path, const std::string& relative_to) {
   std::string found = resolve_cluster_file(name_or_path, relative_to);
   if (!found.empty()) return found;
-  throw ConfigError(SourceLocation{relative_to, 0, 0},
-                    "cluster '" + name_or_path + "' not found" +
-                        did_you_mean(name_or_path, cluster_names(relative_to)),
-                    "use one of: " + join(cluster_names(relative_to)) +
-                        ", or a path to a cluster YAML file");
+  throw ConfigError(
+      SourceLocation{relative_to, 0, 0},
+      "cluster '" + name_or_path + "' not found" +
+          did_you_mean(name_or_path, cluster_names(relative_to)),
+      "use one of: " + join(cluster_names(relative_to)) + ", or a path to a cluster YAML file");
 }
 
 }  // namespace muonbed

@@ -3,7 +3,7 @@
 // (or HBM bandwidth for memory-bound ops), and an event-driven replay of a plan that yields each
 // rank's finish time and its busy, exposed-communication and idle time. The replay iterates
 // boxes and groups arithmetically and keeps only bounded per-rank state, so a 16,384-rank plan
-// with thousands of ops replays in seconds (see estimate_step below for the rules).
+// with thousands of ops replays in seconds (see "The replay" below for the rules).
 #include "core/cost_model.hpp"
 
 #include <algorithm>
@@ -320,11 +320,13 @@ double compute_time(const StepPlan& plan, const Op& op, int rank, const ClusterS
 //   finish_s = completion of the rank's last op. So compute_s + exposed_comm_s + idle_s equals
 //   the step time on every rank.
 // Scale: boxes and groups are walked with odometers (no member vectors); sizes and compute
-// durations are evaluated once per distinct value of the coordinates they depend on (the mesh
-// dims that shard or pin the op's params), except for owner-dependent ops (owned_only,
-// all_to_all), which are evaluated per rank or instance. Busy intervals are folded into the
-// per-rank sums as soon as no later op can overlap them (before the earliest free time of the
-// rank's streams that still have ops), so memory stays bounded by the ops in flight.
+// durations are evaluated once per distinct value of the coordinates they can depend on (see
+// varying_dims), except for owner-dependent ops (owned_only, all_to_all), which are evaluated
+// per rank or instance. Per rank, busy intervals are kept only until no later op can overlap
+// them (they end before the earliest free time of the rank's streams that still have ops), then
+// folded into the sums; back-to-back intervals of one class merge on arrival. Completion times
+// are kept per op only until its last dependent has run. Measured on one core of this 2-core
+// machine: a synthetic 16,384-rank plan of 4,900 ops (48.7 M rank-op pairs) replays in ~2.5-4 s.
 namespace {
 
 // Mesh dims to walk, outermost first (the last one varies fastest: ascending ranks).
@@ -398,13 +400,43 @@ struct Event {
   int d_comm = 0;
 };
 
-constexpr std::size_t kFoldMin = 64;
+constexpr std::size_t kFoldMin = 8;
 
 struct RankState {
   std::vector<Interval> pending;
   std::size_t fold_at = kFoldMin;
   double busy = 0, compute = 0, comm = 0, exposed = 0, finish = 0;
 };
+
+// The mesh dims along which `layout`'s pieces may differ in size (for any set of gathered
+// dims): independent dims (a rank holds the tensor or nothing) and the shard dims of a tensor
+// dim that the shards do not split evenly. A tensor dim of size n sharded by mesh dims of sizes
+// k1, k2, ... (strided ones with split factors f) is split evenly at every stage, whatever the
+// gathered subset, when n is a multiple of the product of all the k and f: then every chunk of
+// torch.chunk has the same size. Other dims never change a piece's size.
+DimSet varying_dims(const DeviceMesh& mesh, const TensorLayout& layout) {
+  const auto& placements = layout.placements();
+  const auto& shape = layout.shape();
+  if (static_cast<int>(placements.size()) != mesh.ndims()) return DimSet::all(mesh.ndims());
+  std::vector<std::int64_t> product(shape.size(), 1);
+  DimSet out;
+  for (int d = 0; d < mesh.ndims(); ++d) {
+    const Placement& pl = placements[d];
+    if (pl.kind == PlacementKind::independent) out = out.with(d);
+    if (!pl.is_shard()) continue;
+    if (pl.tensor_dim < 0 || pl.tensor_dim >= static_cast<int>(shape.size()))
+      return DimSet::all(mesh.ndims());
+    product[pl.tensor_dim] *= static_cast<std::int64_t>(mesh.size(d)) *
+                              (pl.kind == PlacementKind::strided_shard ? pl.split_factor : 1);
+  }
+  for (int d = 0; d < mesh.ndims(); ++d) {
+    const Placement& pl = placements[d];
+    if (pl.is_shard() &&
+        (product[pl.tensor_dim] <= 0 || shape[pl.tensor_dim] % product[pl.tensor_dim] != 0))
+      out = out.with(d);
+  }
+  return out;
+}
 
 class Replayer {
  public:
@@ -452,6 +484,8 @@ Replayer::Replayer(const StepPlan& plan, const ClusterSpec& cluster)
 
   const int nops = static_cast<int>(plan.ops.size());
   const int nparams = static_cast<int>(plan.model.params.size());
+  std::vector<DimSet> varying(nparams);
+  for (int p = 0; p < nparams; ++p) varying[p] = varying_dims(mesh_, plan.model.params[p].layout);
   info_.resize(nops);
   frees_at_.resize(nops);
   for (int i = 0; i < nops; ++i) {
@@ -512,15 +546,14 @@ Replayer::Replayer(const StepPlan& plan, const ClusterSpec& cluster)
       throw PlanError(where + ": peer " + std::to_string(op.peer) +
                       " is not another member of its group of " + std::to_string(info.group_size));
 
-    // Which coordinates sizes depend on: the mesh dims that shard or pin one of the op's params.
+    // Which coordinates sizes depend on: the mesh dims along which a param's pieces differ.
     // Owner-dependent ops are evaluated per rank (or per instance).
     DimSet relevant;
     for (int p : op.params) {
       if (p < 0 || p >= nparams)
         throw PlanError(where + ": parameter " + std::to_string(p) + " is outside the model's " +
                         std::to_string(nparams));
-      const TensorLayout& layout = plan.model.params[p].layout;
-      relevant = relevant | layout.shard_dims() | layout.independent_dims();
+      relevant = relevant | varying[p];
     }
     info.cacheable = !op.owned_only && op.kind != OpKind::all_to_all;
     if (info.cacheable) {
@@ -540,14 +573,14 @@ Replayer::Replayer(const StepPlan& plan, const ClusterSpec& cluster)
 }
 
 bool Replayer::contains(const OpInfo& info, int rank) const {
-  const int* c = &coords_[static_cast<std::size_t>(rank) * nd_];
+  const int* c = coords_.data() + static_cast<std::size_t>(rank) * nd_;
   for (const auto& [d, v] : info.fixed)
     if (c[d] != v) return false;
   return true;
 }
 
 std::int64_t Replayer::position(const OpInfo& info, int rank) const {
-  const int* c = &coords_[static_cast<std::size_t>(rank) * nd_];
+  const int* c = coords_.data() + static_cast<std::size_t>(rank) * nd_;
   std::int64_t pos = 0;
   for (int k = 0; k < info.free.n; ++k)
     pos += c[info.free.dim[k]] * info.position_mult[info.free.dim[k]];
@@ -555,7 +588,7 @@ std::int64_t Replayer::position(const OpInfo& info, int rank) const {
 }
 
 std::int64_t Replayer::key_of(const OpInfo& info, int rank) const {
-  const int* c = &coords_[static_cast<std::size_t>(rank) * nd_];
+  const int* c = coords_.data() + static_cast<std::size_t>(rank) * nd_;
   std::int64_t key = 0;
   for (int k = 0; k < info.key.n; ++k) key += c[info.key.dim[k]] * info.key_mult[info.key.dim[k]];
   return key;
@@ -573,7 +606,16 @@ double Replayer::ready_at(const Op& op, int rank) const {
 
 void Replayer::push(int rank, double start, double end, bool comm) {
   RankState& st = ranks_[rank];
-  if (end > start) st.pending.push_back({start, end, comm});
+  if (!(end > start)) return;
+  // Back-to-back work of one class (the common case on one stream) extends the last interval.
+  if (!st.pending.empty()) {
+    Interval& last = st.pending.back();
+    if (last.comm == comm && start >= last.start && start <= last.end) {
+      last.end = std::max(last.end, end);
+      return;
+    }
+  }
+  st.pending.push_back({start, end, comm});
   if (st.pending.size() < st.fold_at) return;
   // No later op of this rank starts before the free time of a stream that still has ops.
   double watermark = kInf;

@@ -32,32 +32,32 @@ constexpr const char* kDefaultCluster = "dgx-h100";
 constexpr std::size_t kMaxSweepPoints = 10000;
 constexpr std::int64_t kMaxWorld = 1 << 24;
 
-const std::vector<std::string> kTopKeys = {"name",     "cluster",   "mesh",    "model",
-                                           "parallel", "optimizer", "strategy", "backend",
-                                           "sim",      "steps",     "repeats", "output",
-                                           "sweep"};
+const std::vector<std::string> kTopKeys = {"name",      "cluster",  "mesh",    "model", "parallel",
+                                           "optimizer", "strategy", "backend", "sim",   "steps",
+                                           "repeats",   "output",   "sweep"};
 const std::vector<std::string> kMeshKeys = {"dims", "gpus_per_node", "world_size"};
 const std::vector<std::string> kDimKeys = {"name", "size", "role"};
 const std::vector<std::string> kDimValueKeys = {"size", "role"};
 const std::vector<std::string> kRoleNames = {"replicate", "fsdp", "tp", "ep", "pp"};
 const std::vector<std::string> kKnownDimNames = {"dp_shard", "dp_replicate", "dp", "cp",
                                                  "tp",       "ep",           "pp"};
-const std::vector<std::string> kModelKeys = {"preset", "name",   "layers",    "dtype",
-                                             "dense",  "moe",    "params",    "placements"};
+const std::vector<std::string> kModelKeys = {"preset", "name", "layers", "dtype",
+                                             "dense",  "moe",  "params", "placements"};
 const std::vector<std::string> kDenseKeys = {
-    "name",     "hidden",  "layers",   "heads",          "kv_heads",
-    "ffn",      "vocab",   "head_dim", "gated_mlp",      "qkv_bias",
-    "tied_embeddings", "layernorm_bias", "linear_bias", "max_positions", "dtype"};
+    "name",        "hidden",        "layers",    "heads",    "kv_heads",        "ffn",
+    "vocab",       "head_dim",      "gated_mlp", "qkv_bias", "tied_embeddings", "layernorm_bias",
+    "linear_bias", "max_positions", "dtype"};
 const std::vector<std::string> kMoeExtraKeys = {"experts", "expert_ffn", "shared_experts",
                                                 "dense_layers"};
-const std::vector<std::string> kParamKeys = {"name", "shape", "role", "dtype", "layer",
-                                             "placements"};
+const std::vector<std::string> kParamKeys = {"name",  "shape", "role",
+                                             "dtype", "layer", "placements"};
 const std::vector<std::string> kParallelKeys = {"fsdp_tensor_dim", "tp_dim_per_param",
                                                 "tp_shard_embeddings"};
 const std::vector<std::string> kOptimizerKeys = {
-    "lr",          "momentum",   "nesterov",  "momentum_form", "weight_decay",
-    "ns_steps",    "coefficients", "custom_coefficients", "update_scale", "ns_epsilon",
-    "adamw_lr",    "adamw_beta1", "adamw_beta2", "adamw_eps", "comm_dtype", "routing"};
+    "lr",           "momentum",   "nesterov",     "momentum_form",
+    "weight_decay", "ns_steps",   "coefficients", "custom_coefficients",
+    "update_scale", "ns_epsilon", "adamw_lr",     "adamw_beta1",
+    "adamw_beta2",  "adamw_eps",  "comm_dtype",   "routing"};
 const std::vector<std::string> kRoutingKeys = {"embeddings_to_adamw", "lm_head_to_adamw",
                                                "router_to_adamw", "force_adamw"};
 const std::vector<std::string> kStrategyKeys = {
@@ -109,7 +109,9 @@ std::vector<std::string> split(const std::string& text, char separator) {
 std::string value_text(const YAML::Node& node) {
   if (node.IsScalar()) return node.Scalar();
   YAML::Emitter out;
-  out << YAML::Flow << node;
+  out.SetMapFormat(YAML::Flow);
+  out.SetSeqFormat(YAML::Flow);
+  out << node;
   return out.c_str();
 }
 
@@ -142,7 +144,7 @@ std::string divisors_text(std::int64_t n, std::int64_t limit) {
 
 struct MeshSection {
   DeviceMesh mesh;
-  Field field;                   // the mesh map
+  Field field;  // the mesh map
   std::vector<Field> name_fields;
   std::vector<Field> size_fields;
   std::optional<int> world_size;  // as given
@@ -278,8 +280,8 @@ MeshSection read_mesh(const Context& ctx, const Field& field, const ClusterSpec&
     world *= d.size;
     product += (product.empty() ? "" : " x ") + d.name + "=" + std::to_string(d.size);
     if (world > kMaxWorld)
-      fail(ctx, dims, "the mesh has more than " + std::to_string(kMaxWorld) + " ranks (" + product +
-                          " x ...)",
+      fail(ctx, dims,
+           "the mesh has more than " + std::to_string(kMaxWorld) + " ranks (" + product + " x ...)",
            "use smaller dim sizes");
   }
 
@@ -291,8 +293,8 @@ MeshSection read_mesh(const Context& ctx, const Field& field, const ClusterSpec&
            "mesh.gpus_per_node is " + std::to_string(given) + " but cluster '" + cluster.name +
                "' has " + std::to_string(cluster.gpus_per_node) + " GPUs per node",
            "remove mesh.gpus_per_node (it comes from the cluster), or override the cluster: "
-           "cluster: {preset: " + cluster.name + ", gpus_per_node: " + std::to_string(given) +
-               "}");
+           "cluster: {preset: " +
+               cluster.name + ", gpus_per_node: " + std::to_string(given) + "}");
     out.gpus_per_node_given = true;
   }
   if (const Field* w = mesh.find("world_size")) {
@@ -301,8 +303,8 @@ MeshSection read_mesh(const Context& ctx, const Field& field, const ClusterSpec&
       fail(ctx, *w,
            "the mesh has " + std::to_string(world) + " ranks (" + product +
                ") but mesh.world_size is " + std::to_string(given),
-           "make the dim sizes multiply to " + std::to_string(given) + ", or set world_size: " +
-               std::to_string(world));
+           "make the dim sizes multiply to " + std::to_string(given) +
+               ", or set world_size: " + std::to_string(world));
     out.world_size = static_cast<int>(given);
   }
   if (cluster.nodes > 0 &&
@@ -352,8 +354,7 @@ std::optional<Placement> parse_placement(std::string text) {
       return std::nullopt;
     numbers.push_back(std::stoi(a));
   }
-  if ((head == "S" || head == "Shard") && numbers.size() == 1)
-    return Placement::shard(numbers[0]);
+  if ((head == "S" || head == "Shard") && numbers.size() == 1) return Placement::shard(numbers[0]);
   if ((head == "SS" || head == "StridedShard") && numbers.size() == 2)
     return Placement::strided_shard(numbers[0], numbers[1]);
   if ((head == "I" || head == "Independent") && numbers.size() == 1)
@@ -444,8 +445,7 @@ ModelSection read_model(const Context& ctx, const Field& field, const DeviceMesh
   const std::string kind = chosen->key.Scalar();
   for (const char* key : {"layers", "dtype"})
     if (kind != "preset" && m.has(key))
-      fail(ctx, m.find(key)->key,
-           "'model." + std::string(key) + "' applies only with model.preset",
+      fail(ctx, m.find(key)->key, "'model." + std::string(key) + "' applies only with model.preset",
            "put " + std::string(key) + " inside model." + kind);
   if (kind != "params" && m.has("placements"))
     fail(ctx, m.find("placements")->key, "'model.placements' applies only with model.params",
@@ -535,7 +535,8 @@ ModelSection read_model(const Context& ctx, const Field& field, const DeviceMesh
              "use 1 to 3 dims: [n] (vector), [rows, cols] (matrix), [batch, rows, cols] (stack)");
       for (const Field& e : extents) param.shape.push_back(to_int(ctx, e, 1));
       param.role = param.shape.size() == 1 ? ParamRole::norm : ParamRole::other_matrix;
-      if (const Field* r = p.find("role")) param.role = param_role_from_string(to_choice(ctx, *r, roles));
+      if (const Field* r = p.find("role"))
+        param.role = param_role_from_string(to_choice(ctx, *r, roles));
       if (const Field* dt = p.find("dtype")) param.dtype = read_dtype(ctx, *dt);
       p.read("layer", param.layer, -1, 100000);
       max_layer = std::max(max_layer, param.layer);
@@ -585,8 +586,8 @@ std::vector<std::string> param_names(const Model& model) {
   return names;
 }
 
-void require_param(const Context& ctx, const Field& at, const Model& model,
-                   const std::string& name, const std::string& what) {
+void require_param(const Context& ctx, const Field& at, const Model& model, const std::string& name,
+                   const std::string& what) {
   if (find_param(model, name)) return;
   const std::vector<std::string> names = param_names(model);
   fail(ctx, at,
@@ -645,8 +646,8 @@ void read_optimizer(const Context& ctx, const MapReader& top, const Model& model
   o.read_choice("update_scale", opt.update_scale, {"original", "match_rms_adamw"});
   o.read("ns_epsilon", opt.ns_epsilon, 0, kHuge, true);
   o.read("adamw_lr", opt.adamw_lr, 0, kHuge, true);
-  for (auto [key, value] : {std::pair{"adamw_beta1", &opt.adamw_beta1},
-                            std::pair{"adamw_beta2", &opt.adamw_beta2}})
+  for (auto [key, value] :
+       {std::pair{"adamw_beta1", &opt.adamw_beta1}, std::pair{"adamw_beta2", &opt.adamw_beta2}})
     if (const Field* f = o.find(key)) {
       *value = to_double(ctx, *f, 0, 1);
       if (*value >= 1)
@@ -677,8 +678,7 @@ void read_optimizer(const Context& ctx, const MapReader& top, const Model& model
     for (const Field& step : steps) {
       const std::vector<Field> abc = list_items(ctx, step);
       if (abc.size() != 3)
-        fail(ctx, step,
-             "'" + step.path + "' has " + std::to_string(abc.size()) + " numbers, not 3",
+        fail(ctx, step, "'" + step.path + "' has " + std::to_string(abc.size()) + " numbers, not 3",
              "write each step as [a, b, c]");
       std::array<double, 3> triple{};
       for (int i = 0; i < 3; ++i) triple[i] = to_double(ctx, abc[i], -kHuge, kHuge);
@@ -707,7 +707,10 @@ void read_strategy(const Context& ctx, const MapReader& top, const MeshSection& 
   if (!field) return;
   const MapReader st(ctx, *field, kStrategyKeys);
   st.read_choice("name", s.name, strategy_names());
-  st.read_choice("assign", s.assign, concat(assign_policy_names(), {"explicit"}));
+  std::vector<std::string> policies = assign_policy_names();
+  if (std::find(policies.begin(), policies.end(), "explicit") == policies.end())
+    policies.push_back("explicit");  // made by make_explicit_assign_policy, not the registry
+  st.read_choice("assign", s.assign, policies);
   st.read("async_gpu_parallelism", s.async_gpu_parallelism);
   st.read("prefetch_count", s.prefetch_count, 0, 1024);
   if (const Field* g = st.find("gather")) {
@@ -715,8 +718,9 @@ void read_strategy(const Context& ctx, const MapReader& top, const MeshSection& 
     try {
       make_gather_policy(s.gather);
     } catch (const Error& e) {
-      fail(ctx, *g, "unknown gather policy '" + s.gather + "'" +
-                        did_you_mean(s.gather, {"hierarchical", "flat"}),
+      fail(ctx, *g,
+           "unknown gather policy '" + s.gather + "'" +
+               did_you_mean(s.gather, {"hierarchical", "flat"}),
            std::string("use hierarchical or flat (") + e.what() + ")");
     }
   }
@@ -780,8 +784,9 @@ void check_model_on_mesh(const Context& ctx, const MeshSection& ms, const ModelS
     const int ep = mesh.size(d);
     std::set<std::int64_t> expert_counts;
     for (const Parameter& p : model.model.params)
-      if (p.shape.size() == 3 && (p.role == ParamRole::expert_up || p.role == ParamRole::expert_gate ||
-                                  p.role == ParamRole::expert_down))
+      if (p.shape.size() == 3 &&
+          (p.role == ParamRole::expert_up || p.role == ParamRole::expert_gate ||
+           p.role == ParamRole::expert_down))
         expert_counts.insert(p.shape[0]);
     if (expert_counts.empty() && ep > 1)
       fail(ctx, ms.size_fields[d],
@@ -862,8 +867,8 @@ std::string resolved_yaml(const Experiment& e, const MeshSection& ms, const Mode
   out << YAML::Key << "mesh" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "dims" << YAML::Value << YAML::BeginSeq;
   for (const MeshDim& d : e.mesh.dims())
-    out << YAML::Flow << YAML::BeginMap << YAML::Key << "name" << YAML::Value << d.name
-        << YAML::Key << "size" << YAML::Value << d.size << YAML::Key << "role" << YAML::Value
+    out << YAML::Flow << YAML::BeginMap << YAML::Key << "name" << YAML::Value << d.name << YAML::Key
+        << "size" << YAML::Value << d.size << YAML::Key << "role" << YAML::Value
         << std::string(to_string(d.role)) << YAML::EndMap;
   out << YAML::EndSeq;
   out << YAML::Key << "gpus_per_node" << YAML::Value << e.mesh.gpus_per_node();
@@ -1024,14 +1029,15 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root) {
   e.name = fs::path(ctx.file).stem().string();
   if (const Field* f = top.find("name")) {
     e.name = to_string_value(ctx, *f);
-    if (e.name.empty()) fail(ctx, *f, "'name' is empty", "name the experiment, e.g. name: quickstart");
+    if (e.name.empty())
+      fail(ctx, *f, "'name' is empty", "name the experiment, e.g. name: quickstart");
   }
   e.cluster = read_cluster(ctx, top);
-  const MeshSection ms = read_mesh(ctx, top.require("mesh", "mesh: {dims: {dp_shard: 8}}"),
-                                   e.cluster);
+  const MeshSection ms =
+      read_mesh(ctx, top.require("mesh", "mesh: {dims: {dp_shard: 8}}"), e.cluster);
   e.mesh = ms.mesh;
-  const ModelSection model = read_model(ctx, top.require("model", "model: {preset: llama-7b}"),
-                                        e.mesh);
+  const ModelSection model =
+      read_model(ctx, top.require("model", "model: {preset: llama-7b}"), e.mesh);
   e.model = model.model;
   read_parallel(ctx, top, e.model, e.parallel);
   read_optimizer(ctx, top, e.model, e.optimizer, e.parallel.routing);
@@ -1084,8 +1090,10 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root) {
                                      [&](const DistributedParam& p) { return p.name == name; });
         if (it == sharded.params.end() || it->optimizer != OptimizerKind::muon)
           fail(ctx, entry.first,
-               "explicit_owners names '" + name + "', which is not a Muon matrix of the sharded "
-                   "model" + did_you_mean(name, names),
+               "explicit_owners names '" + name +
+                   "', which is not a Muon matrix of the sharded "
+                   "model" +
+                   did_you_mean(name, names),
                names.empty() ? "the model has no Muon matrices"
                              : "use Muon matrix names such as '" + names.front() +
                                    "' (EP slices are named NAME[ep=i])");
@@ -1140,8 +1148,9 @@ bool is_mesh_dim_key(const std::string& key, const std::vector<std::string>& dim
 
 std::vector<SweepAxis> read_sweep(const Context& ctx, const Field& sweep, const YAML::Node& root) {
   if (!sweep.value.IsMap() || sweep.value.size() == 0)
-    fail(ctx, sweep, "'sweep' must be a non-empty map of key: [values], got " +
-                         kind_of(sweep.value) + " " + show(sweep.value),
+    fail(ctx, sweep,
+         "'sweep' must be a non-empty map of key: [values], got " + kind_of(sweep.value) + " " +
+             show(sweep.value),
          "write sweep: {strategy.name: [owner, all_to_all]}");
   const std::vector<std::string> schema = schema_paths();
   const std::vector<std::string> dims = mesh_dim_names(root);
@@ -1159,8 +1168,8 @@ std::vector<SweepAxis> read_sweep(const Context& ctx, const Field& sweep, const 
            "model.preset, cluster.nodes, or mesh.<dim name> for a mesh dim's size (dims here: " +
                join(dims) + ")");
     for (const SweepAxis& a : axes) {
-      const bool overlap = a.key == key || key.starts_with(a.key + ".") ||
-                           a.key.starts_with(key + ".");
+      const bool overlap =
+          a.key == key || key.starts_with(a.key + ".") || a.key.starts_with(key + ".");
       if (overlap)
         fail(ctx, entry.first, "sweep keys '" + a.key + "' and '" + key + "' overlap",
              "sweep each key once, and not a key together with one inside it");

@@ -34,7 +34,9 @@ constexpr std::pair<OpKind, std::string_view> kOpNames[] = {
     {OpKind::barrier, "barrier"},
 };
 
-std::int64_t comm_bytes(const StepPlan& plan) { return bytes_of(plan.settings.comm_dtype); }
+std::int64_t comm_bytes(const StepPlan& plan) {
+  return bytes_of(plan.settings.comm_dtype);
+}
 
 // Elements of param p that `rank` holds before the op (the piece rule of plan.hpp).
 std::int64_t piece_numel(const StepPlan& plan, int p, int rank, DimSet gathered) {
@@ -88,7 +90,9 @@ OpKind op_kind_from_string(std::string_view text) {
   throw PlanError("unknown op kind '" + std::string(text) + "'");
 }
 
-bool is_memory(OpKind kind) { return kind == OpKind::alloc || kind == OpKind::release; }
+bool is_memory(OpKind kind) {
+  return kind == OpKind::alloc || kind == OpKind::release;
+}
 bool is_compute(OpKind kind) {
   switch (kind) {
     case OpKind::momentum:
@@ -102,13 +106,17 @@ bool is_compute(OpKind kind) {
       return false;
   }
 }
-bool is_collective(OpKind kind) { return !is_memory(kind) && !is_compute(kind); }
+bool is_collective(OpKind kind) {
+  return !is_memory(kind) && !is_compute(kind);
+}
 
 RankBox RankBox::everyone(const DeviceMesh& mesh) {
   return RankBox{std::vector<int>(mesh.ndims(), kAll)};
 }
 
-RankBox RankBox::single(const DeviceMesh& mesh, int rank) { return RankBox{mesh.coords(rank)}; }
+RankBox RankBox::single(const DeviceMesh& mesh, int rank) {
+  return RankBox{mesh.coords(rank)};
+}
 
 bool RankBox::contains(const DeviceMesh& mesh, int rank) const {
   for (int d = 0; d < static_cast<int>(coord.size()); ++d)

@@ -49,7 +49,9 @@ double weighted(const std::vector<StepMeasurement>& steps, F value) {
   return weight > 0 ? sum / weight : 0;
 }
 
-double safe_div(double a, double b) { return b > 0 ? a / b : 0; }
+double safe_div(double a, double b) {
+  return b > 0 ? a / b : 0;
+}
 
 }  // namespace
 
@@ -330,7 +332,9 @@ InstanceTraffic closed_form_traffic(const StepPlan& plan, const Op& op,
     case OpKind::broadcast: {
       const double s = static_cast<double>(piece_bytes(plan, op, members[0]));
       split((n - 1) * s, nodes > 1 ? static_cast<double>(nodes - 1) / (n - 1) : 0.0);
-      for (int i = 0; i < n - 1; ++i) sent[members[i]] += s;  // every hop but the last sends
+      // A chain from the root along the ring: every member but the one before the root sends.
+      for (int i = 0; i < n; ++i)
+        if (i != (op.root + n - 1) % n) sent[members[i]] += s;
       break;
     }
     case OpKind::gather:
@@ -421,8 +425,7 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster) {
         if (pair) members = {members.at(op.root), members.at(op.peer)};
         const LinkParams link = link_for_group(cluster, mesh, members, op.kind);
         const double bytes = static_cast<double>(collective_bytes(plan, op, leader));
-        const double time =
-            collective_time(op.kind, static_cast<int>(members.size()), bytes, link);
+        const double time = collective_time(op.kind, static_cast<int>(members.size()), bytes, link);
         c.group_size = static_cast<int>(members.size());
         ++c.instances;
         c.bytes_sum += bytes;
@@ -453,7 +456,9 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster) {
 
 namespace {
 
-ojson aw(const AverageWorst& v) { return ojson{{"average", v.average}, {"worst", v.worst}}; }
+ojson aw(const AverageWorst& v) {
+  return ojson{{"average", v.average}, {"worst", v.worst}};
+}
 
 ojson breakdown(const TimeBreakdown& t) {
   return ojson{{"compute_s", t.compute_s},
@@ -495,11 +500,16 @@ std::string result_to_json(const ResultRecord& r) {
                           {"point", p.point},
                           {"resolved_config", p.resolved_config}};
   const SetupInfo& s = r.setup;
-  j["setup"] = ojson{{"strategy", s.strategy},         {"cluster", s.cluster},
-                     {"model", s.model},               {"mesh", s.mesh},
-                     {"world_size", s.world_size},     {"nodes", s.nodes},
-                     {"gpus_per_node", s.gpus_per_node}, {"params", s.params},
-                     {"muon_matrices", s.muon_matrices}, {"hyper_period", s.hyper_period}};
+  j["setup"] = ojson{{"strategy", s.strategy},
+                     {"cluster", s.cluster},
+                     {"model", s.model},
+                     {"mesh", s.mesh},
+                     {"world_size", s.world_size},
+                     {"nodes", s.nodes},
+                     {"gpus_per_node", s.gpus_per_node},
+                     {"params", s.params},
+                     {"muon_matrices", s.muon_matrices},
+                     {"hyper_period", s.hyper_period}};
   ojson patterns = ojson::array();
   for (const auto& pt : r.step.patterns)
     patterns.push_back(ojson{{"step", pt.step}, {"count", pt.count}, {"time_s", pt.time_s}});
@@ -508,16 +518,13 @@ std::string result_to_json(const ResultRecord& r) {
                     {"worst_step", r.step.worst_step},
                     {"patterns", patterns}};
   const ThroughputResult& t = r.throughput;
-  j["throughput"] = ojson{
-      {"params_per_s_per_gpu", aw(t.params_per_s_per_gpu)},
-      {"computation",
-       ojson{{"time_s", aw(t.compute_time_s)},
-             {"tflops_per_gpu", aw(t.compute_tflops_per_gpu)},
-             {"utilization", aw(t.compute_utilization)}}},
-      {"communication",
-       ojson{{"time_s", aw(t.comm_time_s)},
-             {"exposed_time_s", aw(t.comm_exposed_time_s)},
-             {"GBps_per_gpu", aw(t.comm_GBps_per_gpu)}}}};
+  j["throughput"] = ojson{{"params_per_s_per_gpu", aw(t.params_per_s_per_gpu)},
+                          {"computation", ojson{{"time_s", aw(t.compute_time_s)},
+                                                {"tflops_per_gpu", aw(t.compute_tflops_per_gpu)},
+                                                {"utilization", aw(t.compute_utilization)}}},
+                          {"communication", ojson{{"time_s", aw(t.comm_time_s)},
+                                                  {"exposed_time_s", aw(t.comm_exposed_time_s)},
+                                                  {"GBps_per_gpu", aw(t.comm_GBps_per_gpu)}}}};
   j["traffic"] = ojson{{"model", r.traffic.model},
                        {"intra_node_bytes", aw(r.traffic.intra_node_bytes)},
                        {"network_bytes", aw(r.traffic.network_bytes)}};
@@ -544,10 +551,9 @@ std::string result_to_json(const ResultRecord& r) {
                           {"worst", breakdown(rr.worst)},
                           {"bytes_sent", rr.bytes_sent},
                           {"bytes_received", rr.bytes_received},
-                          {"memory",
-                           ojson{{"static_bytes", rr.memory.static_bytes},
-                                 {"peak_transient_bytes", rr.memory.peak_transient_bytes},
-                                 {"peak_bytes", rr.memory.peak_bytes}}}});
+                          {"memory", ojson{{"static_bytes", rr.memory.static_bytes},
+                                           {"peak_transient_bytes", rr.memory.peak_transient_bytes},
+                                           {"peak_bytes", rr.memory.peak_bytes}}}});
   j["ranks"] = std::move(ranks);
   j["notes"] = r.notes;
   return j.dump(1) + "\n";
@@ -566,14 +572,11 @@ ResultRecord result_from_json(const std::string& text) {
     r.fidelity = j.at("fidelity").get<std::string>();
     r.timestamp = j.at("timestamp").get<std::string>();
     const auto& p = j.at("provenance");
-    r.provenance = {p.at("muonbed_version").get<std::string>(),
-                    p.at("git_hash").get<std::string>(),
-                    p.at("simgrid_version").get<std::string>(),
-                    p.at("host_name").get<std::string>(),
-                    p.at("experiment").get<std::string>(),
-                    p.at("experiment_file").get<std::string>(),
-                    p.at("point").get<std::string>(),
-                    p.at("resolved_config").get<std::string>()};
+    r.provenance = {
+        p.at("muonbed_version").get<std::string>(), p.at("git_hash").get<std::string>(),
+        p.at("simgrid_version").get<std::string>(), p.at("host_name").get<std::string>(),
+        p.at("experiment").get<std::string>(),      p.at("experiment_file").get<std::string>(),
+        p.at("point").get<std::string>(),           p.at("resolved_config").get<std::string>()};
     const auto& s = j.at("setup");
     r.setup.strategy = s.at("strategy").get<std::string>();
     r.setup.cluster = s.at("cluster").get<std::string>();
@@ -649,8 +652,8 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   if (target.has_parent_path()) {
     fs::create_directories(target.parent_path(), ec);
     if (ec)
-      throw Error("cannot create folder '" + target.parent_path().string() +
-                  "': " + ec.message() + "; fix: choose a writable output directory");
+      throw Error("cannot create folder '" + target.parent_path().string() + "': " + ec.message() +
+                  "; fix: choose a writable output directory");
   }
   // Same folder as the target, so rename() is atomic; pid keeps concurrent writers apart.
   const fs::path temp = target.string() + ".tmp." + std::to_string(getpid());
@@ -685,8 +688,8 @@ std::string point_slug(const std::string& point_label) {
   if (point_label.empty()) return "default";
   std::string out;
   for (char c : point_label) {
-    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
-                    c == '=' || c == '-';
+    const bool ok =
+        std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '=' || c == '-';
     out += ok ? c : '_';
   }
   return out;

@@ -451,7 +451,8 @@ std::map<std::string, RedistributePolicyFactory>& redistribute_registry() {
       {"hierarchical",
        [] { return std::unique_ptr<RedistributePolicy>(new StagedRedistribute(false)); }},
       {"flat", [] { return std::unique_ptr<RedistributePolicy>(new StagedRedistribute(true)); }},
-      {"all_to_all", [] { return std::unique_ptr<RedistributePolicy>(new AllToAllRedistribute()); }},
+      {"all_to_all",
+       [] { return std::unique_ptr<RedistributePolicy>(new AllToAllRedistribute()); }},
       {"all_gather_owned",
        [] { return std::unique_ptr<RedistributePolicy>(new OwnedAllGather()); }},
       {"none", [] { return std::unique_ptr<RedistributePolicy>(new NoRedistribute()); }},
@@ -471,16 +472,16 @@ std::string known_names(const Map& map) {
 std::unique_ptr<GatherPolicy> make_gather_policy(const std::string& name) {
   const auto it = gather_registry().find(name);
   if (it == gather_registry().end())
-    throw PlanError("unknown gather policy '" + name + "'; known: " +
-                    known_names(gather_registry()));
+    throw PlanError("unknown gather policy '" + name +
+                    "'; known: " + known_names(gather_registry()));
   return it->second();
 }
 
 std::unique_ptr<RedistributePolicy> make_redistribute_policy(const std::string& name) {
   const auto it = redistribute_registry().find(name);
   if (it == redistribute_registry().end())
-    throw PlanError("unknown redistribute policy '" + name + "'; known: " +
-                    known_names(redistribute_registry()));
+    throw PlanError("unknown redistribute policy '" + name +
+                    "'; known: " + known_names(redistribute_registry()));
   return it->second();
 }
 
@@ -521,11 +522,11 @@ struct Composition {
   std::unique_ptr<GatherPolicy> gather;
   std::unique_ptr<RedistributePolicy> redistribute;
   NsPlacement ns = NsPlacement::owner;
-  bool chunked = false;          // units are chunks of same-group matrices
-  bool lane_per_owner = true;    // otherwise one lane per group
-  bool barrier_per_unit = false; // sequential
-  bool barrier_per_lane = false; // owner without async_gpu_parallelism
-  int depth = 0;                 // rounds of lookahead (prefetch)
+  bool chunked = false;           // units are chunks of same-group matrices
+  bool lane_per_owner = true;     // otherwise one lane per group
+  bool barrier_per_unit = false;  // sequential
+  bool barrier_per_lane = false;  // owner without async_gpu_parallelism
+  int depth = 0;                  // rounds of lookahead (prefetch)
 };
 
 struct Unit {

@@ -19,7 +19,9 @@ std::string last_key(const std::string& path) {
   return dot == std::string::npos ? path : path.substr(dot + 1);
 }
 
-bool is_null(const YAML::Node& node) { return !node.IsDefined() || node.IsNull(); }
+bool is_null(const YAML::Node& node) {
+  return !node.IsDefined() || node.IsNull();
+}
 
 void require_scalar(const Context& ctx, const Field& field, const std::string& expected,
                     const std::string& example) {
@@ -91,7 +93,9 @@ std::string show(const YAML::Node& node) {
     text = "'" + node.Scalar() + "'";
   } else {
     YAML::Emitter out;
-    out << YAML::Flow << node;
+    out.SetMapFormat(YAML::Flow);
+    out.SetSeqFormat(YAML::Flow);
+    out << node;
     text = out.c_str();
   }
   constexpr std::size_t kMax = 80;
@@ -132,9 +136,9 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
   std::size_t best_distance = std::numeric_limits<std::size_t>::max();
   for (const std::string& candidate : candidates) {
     std::size_t distance = edit_distance(word, candidate);
-    // A prefix ("prefetch" for "prefetch_count") is a likely intent even when far in edits.
-    const bool prefix = word.size() >= 3 && (candidate.starts_with(word) ||
-                                             std::string_view(word).starts_with(candidate));
+    // A shortened key ("prefetch" for "prefetch_count") is a likely intent even when far in
+    // edits; the reverse ("strategy" for "strategy.nme") is not.
+    const bool prefix = word.size() >= 3 && candidate.starts_with(word);
     if (prefix) distance = std::min<std::size_t>(distance, 1);
     if (distance < best_distance) {
       best_distance = distance;
@@ -165,7 +169,22 @@ YAML::Node load_yaml(const std::string& text, const std::string& file) {
   } catch (const YAML::ParserException& e) {
     SourceLocation where{file, e.mark.line + 1, e.mark.column + 1};
     if (e.mark.is_null()) where = SourceLocation{file, 0, 0};
-    throw ConfigError(where, "YAML syntax error: " + e.msg,
+    // YAML forbids tabs in indentation, and yaml-cpp's message does not say so.
+    std::string hint;
+    int line = 1;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      if (text[i] == '\n') ++line;
+      const bool line_start = i == 0 || text[i - 1] == '\n';
+      if (line_start) {
+        std::size_t j = i;
+        while (j < text.size() && (text[j] == ' ' || text[j] == '\t')) ++j;
+        if (text.find('\t', i) < j) {
+          hint = " (line " + std::to_string(line) + " is indented with a tab; use spaces)";
+          break;
+        }
+      }
+    }
+    throw ConfigError(where, "YAML syntax error: " + e.msg + hint,
                       "fix the YAML at this line: check indentation (spaces, not tabs), "
                       "matching brackets and quotes, and a ': ' after each key");
   }
@@ -317,8 +336,8 @@ std::int64_t to_int(const Context& ctx, const Field& field, std::int64_t min, st
     // Integral values in exponent form (1e6) are accepted; fractions and words are not.
     double number = 0;
     auto [dptr, dec] = std::from_chars(begin, end, number);
-    if (dec == std::errc() && dptr == end && std::isfinite(number) && number == std::floor(number) &&
-        std::fabs(number) < 9.0e18) {
+    if (dec == std::errc() && dptr == end && std::isfinite(number) &&
+        number == std::floor(number) && std::fabs(number) < 9.0e18) {
       value = static_cast<std::int64_t>(number);
     } else {
       fail(ctx, field, "'" + field.path + "' must be an integer, got " + show(field.value),
@@ -336,7 +355,8 @@ std::int64_t to_int(const Context& ctx, const Field& field, std::int64_t min, st
 
 double to_double(const Context& ctx, const Field& field, double min, double max,
                  bool min_exclusive) {
-  const std::string example = last_key(field.path) + ": " + format_number(min_exclusive ? (min + 1) : min);
+  const double sample = min < -1e300 ? 1.0 : (min_exclusive ? min + 1 : min);
+  const std::string example = last_key(field.path) + ": " + format_number(sample);
   require_scalar(ctx, field, "a number", example);
   const std::string& text = field.value.Scalar();
   double value = 0;

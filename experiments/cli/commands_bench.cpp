@@ -34,7 +34,7 @@ MatrixShape parse_shape(const std::string& text) {
       used = 0;
     }
     if (part.empty() || used != part.size() || value < 1)
-      throw ConfigError(SourceLocation{"--shape", 0, 0}, "bad shape '" + text + "'",
+      throw ConfigError(SourceLocation{}, "bad shape '" + text + "'",
                         "write ROWSxCOLS or BATCHxROWSxCOLS with positive sizes, e.g. 4096x4096");
     dims.push_back(value);
     if (x == std::string::npos) break;
@@ -42,7 +42,7 @@ MatrixShape parse_shape(const std::string& text) {
   }
   if (dims.size() == 2) return {1, dims[0], dims[1]};
   if (dims.size() == 3) return {dims[0], dims[1], dims[2]};
-  throw ConfigError(SourceLocation{"--shape", 0, 0}, "bad shape '" + text + "'",
+  throw ConfigError(SourceLocation{}, "bad shape '" + text + "'",
                     "write ROWSxCOLS or BATCHxROWSxCOLS, e.g. 4096x4096 or 8x1024x4096");
 }
 
@@ -73,7 +73,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   ns->add_option("--coefficients", b.coefficients, "keller_jordan or polar_express")
       ->check(CLI::IsMember({"keller_jordan", "polar_express"}))
       ->capture_default_str();
-  ns->add_option("--steps", b.steps, "Newton-Schulz iterations")->check(CLI::PositiveNumber)
+  ns->add_option("--steps", b.steps, "Newton-Schulz iterations")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   ns->add_option("--kernel-version", b.version, "GPU NS kernel version")->capture_default_str();
   ns->add_option("--warmup", b.warmup, "untimed runs before timing (-1: 5 on GPU, 1 on CPU)");

@@ -39,7 +39,8 @@ bool matches(const Experiment& e, const std::string& filter) {
   std::size_t start = 0;
   while (start <= filter.size()) {
     const std::size_t comma = filter.find(',', start);
-    const std::string part = filter.substr(start, comma == std::string::npos ? comma : comma - start);
+    const std::string part =
+        filter.substr(start, comma == std::string::npos ? comma : comma - start);
     const std::size_t eq = part.find('=');
     if (eq == std::string::npos) return false;
     const auto it = e.overrides.find(part.substr(0, eq));
@@ -72,7 +73,9 @@ void write_json_atomically(const fs::path& path, const std::string& text) {
   }
   std::error_code ec;
   fs::rename(temp, path, ec);
-  if (ec) throw Error("cannot rename '" + temp.string() + "' to '" + path.string() + "': " + ec.message());
+  if (ec)
+    throw Error("cannot rename '" + temp.string() + "' to '" + path.string() +
+                "': " + ec.message());
 }
 
 std::vector<std::string> summary_row(const std::string& label, const std::string& node,
@@ -89,7 +92,8 @@ std::vector<std::string> summary_row(const std::string& label, const std::string
 
 void print_point(const Experiment& e, std::size_t index, std::size_t count, int show_ranks,
                  const std::string& json_dir) {
-  const std::string title = e.point_label.empty() ? e.name : e.name + " " + point_text(e, index, count);
+  const std::string title =
+      e.point_label.empty() ? e.name : e.name + " " + point_text(e, index, count);
   std::cout << "== " << title << " ==\n";
   const StepPlan plan = plan_experiment(e);
   const ShardedModel& model = plan.model;
@@ -99,10 +103,11 @@ void print_point(const Experiment& e, std::size_t index, std::size_t count, int 
     matrices += model.params[p].batch();
     muon_elements += model.params[p].numel();
   }
-  std::cout << fmt::format("model     {}: {} parameters; {} Muon matrices ({} elements) in {} tensors, {} AdamW tensors\n",
-                           e.model.name, human_count(static_cast<double>(e.model.numel())), matrices,
-                           human_count(static_cast<double>(muon_elements)), muon.size(),
-                           model.adamw_params().size());
+  std::cout << fmt::format(
+      "model     {}: {} parameters; {} Muon matrices ({} elements) in {} tensors, {} AdamW "
+      "tensors\n",
+      e.model.name, human_count(static_cast<double>(e.model.numel())), matrices,
+      human_count(static_cast<double>(muon_elements)), muon.size(), model.adamw_params().size());
   std::cout << fmt::format("mesh      {} on {} ({})\n", mesh_text(e.mesh), e.cluster.name,
                            e.cluster.gpu.name);
   std::cout << fmt::format("strategy  {}; ns_steps {}, comm {}\n", strategy_text(e.strategy),
@@ -146,15 +151,16 @@ void print_point(const Experiment& e, std::size_t index, std::size_t count, int 
     const auto recv = column([](const RankSummary& s) { return s.bytes_received; });
     const auto peak = column([](const RankSummary& s) { return s.memory.peak_bytes(); });
     table.add_separator();
-    for (const auto& [label, pick] :
-         {std::pair<std::string, std::size_t>{"min", 0}, {"median", ranks.size() / 2},
-          {"max", ranks.size() - 1}})
-      table.add(summary_row(label, "", owned[pick], flops[pick], sent[pick], recv[pick],
-                            peak[pick]));
+    for (const auto& [label, pick] : {std::pair<std::string, std::size_t>{"min", 0},
+                                      {"median", ranks.size() / 2},
+                                      {"max", ranks.size() - 1}})
+      table.add(
+          summary_row(label, "", owned[pick], flops[pick], sent[pick], recv[pick], peak[pick]));
   }
   table.print(std::cout);
-  if (!all) std::cout << fmt::format("  ({} of {} ranks shown; --ranks all shows every rank)\n",
-                                     show_ranks, world);
+  if (!all)
+    std::cout << fmt::format("  ({} of {} ranks shown; --ranks all shows every rank)\n", show_ranks,
+                             world);
   const double capacity = e.cluster.gpu.memory_GiB * 1024.0 * 1024.0 * 1024.0;
   int over = 0;
   std::int64_t peak = 0;
@@ -163,29 +169,30 @@ void print_point(const Experiment& e, std::size_t index, std::size_t count, int 
     if (static_cast<double>(s.memory.peak_bytes()) > capacity) ++over;
   }
   if (over > 0)
-    std::cout << fmt::format("warning   peak memory {} GiB exceeds the {:g} GiB of a {} on {} of {} "
-                             "ranks (shard more, or use a larger GPU)\n",
-                             gib(static_cast<double>(peak)), e.cluster.gpu.memory_GiB,
-                             e.cluster.gpu.name, over, world);
+    std::cout << fmt::format(
+        "warning   peak memory {} GiB exceeds the {:g} GiB of a {} on {} of {} "
+        "ranks (shard more, or use a larger GPU)\n",
+        gib(static_cast<double>(peak)), e.cluster.gpu.memory_GiB, e.cluster.gpu.name, over, world);
   std::cout << fmt::format("imbalance {:.3f} (max / mean NS FLOPs over ranks, assignment {})\n",
                            plan.assignment.imbalance, e.strategy.assign);
 
   const EstimateSummary est = estimate(plan, e.cluster);
-  std::cout << fmt::format("estimate  average step {}, worst step {} (step {} of hyper-period {}; "
-                           "analytic, {})\n",
-                           human_seconds(est.average_step_s), human_seconds(est.worst_step_s),
-                           est.worst.step, plan.hyper_period(), e.cluster.name);
+  std::cout << fmt::format(
+      "estimate  average step {}, worst step {} (step {} of hyper-period {}; "
+      "analytic, {})\n",
+      human_seconds(est.average_step_s), human_seconds(est.worst_step_s), est.worst.step,
+      plan.hyper_period(), e.cluster.name);
   if (!est.worst.ranks.empty()) {
     const auto worst = std::max_element(
         est.worst.ranks.begin(), est.worst.ranks.end(),
         [](const RankTimes& a, const RankTimes& b) { return a.finish_s < b.finish_s; });
     const int r = static_cast<int>(worst - est.worst.ranks.begin());
-    std::cout << fmt::format("          worst rank {} (node {}): compute {}, communication {}, "
-                             "exposed communication {}, idle {}, finish {}\n",
-                             r, e.mesh.node_of(r), human_seconds(worst->compute_s),
-                             human_seconds(worst->communication_s),
-                             human_seconds(worst->exposed_comm_s), human_seconds(worst->idle_s),
-                             human_seconds(worst->finish_s));
+    std::cout << fmt::format(
+        "          worst rank {} (node {}): compute {}, communication {}, "
+        "exposed communication {}, idle {}, finish {}\n",
+        r, e.mesh.node_of(r), human_seconds(worst->compute_s),
+        human_seconds(worst->communication_s), human_seconds(worst->exposed_comm_s),
+        human_seconds(worst->idle_s), human_seconds(worst->finish_s));
   }
   if (!json_dir.empty()) {
     fs::create_directories(json_dir);
@@ -206,7 +213,8 @@ int run_plan(const PlanOptions& o) {
       show_ranks = std::stoi(o.ranks, &used);
       if (used != o.ranks.size() || show_ranks < 1) throw std::invalid_argument(o.ranks);
     } catch (const std::exception&) {
-      throw ConfigError(SourceLocation{"--ranks", 0, 0}, "--ranks must be 'all' or a positive number, got '" + o.ranks + "'",
+      throw ConfigError(SourceLocation{},
+                        "--ranks must be 'all' or a positive number, got '" + o.ranks + "'",
                         "use --ranks all or e.g. --ranks 16");
     }
   }
@@ -234,8 +242,8 @@ int run_plan(const PlanOptions& o) {
       ++failures;
       std::cout << "\n";
       std::cerr << "muonbed: error: " << points[i].name
-                << (points[i].point_label.empty() ? "" : " [" + points[i].point_label + "]")
-                << ": " << err.what() << "\n";
+                << (points[i].point_label.empty() ? "" : " [" + points[i].point_label + "]") << ": "
+                << err.what() << "\n";
     }
   }
   if (failures > 0)
@@ -249,17 +257,22 @@ int run_plan(const PlanOptions& o) {
 void add_plan_command(CLI::App& app, int& exit_code) {
   auto options = std::make_shared<PlanOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "plan", "Build each sweep point's step plan; print per-rank work, traffic, memory and the "
-              "analytic step time");
-  cmd->add_option("experiment", options->file, "experiment YAML file")->required();
-  cmd->add_option("--json", options->json_dir,
-                  "write each plan as DIR/<name>[-<point>].plan.json");
+      "plan",
+      "Build each sweep point's step plan; print per-rank work, traffic, memory and the "
+      "analytic step time");
+  cmd->add_option("experiment", options->file, "experiment YAML file")
+      ->required()
+      ->type_name("EXP.yaml");
+  cmd->add_option("--json", options->json_dir, "write each plan as DIR/<name>[-<point>].plan.json")
+      ->type_name("DIR");
   cmd->add_option("--point", options->points,
                   "only points whose label is LABEL or includes every key=value of it "
-                  "(repeatable)");
+                  "(repeatable)")
+      ->type_name("LABEL");
   cmd->add_option("--ranks", options->ranks,
                   "rows of the rank table: 'all', or N (first N/2 and last N/2 ranks plus "
                   "min/median/max)")
+      ->type_name("all|N")
       ->capture_default_str();
   cmd->footer(R"(Examples:
   muonbed plan experiments/quickstart.yaml

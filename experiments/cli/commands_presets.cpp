@@ -45,10 +45,12 @@ int run_presets() {
   }
   models.print(std::cout);
 
-  std::cout << "\nClusters (cluster: NAME; files in " MUONBED_SOURCE_DIR "/experiments/clusters):\n";
-  Table clusters({"name", "GPUs/node", "GPU", "bf16 TFLOP/s", "HBM GB/s", "intra-node GB/s",
-                  "NICs x GB/s"});
-  const std::filesystem::path dir = std::filesystem::path(MUONBED_SOURCE_DIR) / "experiments" / "clusters";
+  std::cout << "\nClusters (cluster: NAME; files in " MUONBED_SOURCE_DIR
+               "/experiments/clusters):\n";
+  Table clusters(
+      {"name", "GPUs/node", "GPU", "bf16 TFLOP/s", "HBM GB/s", "intra-node GB/s", "NICs x GB/s"});
+  const std::filesystem::path dir =
+      std::filesystem::path(MUONBED_SOURCE_DIR) / "experiments" / "clusters";
   std::vector<std::filesystem::path> files;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
@@ -66,8 +68,9 @@ int run_presets() {
 
   std::cout << "\nStrategies (strategy: {name: ...}):   " << join(strategy_names()) << "\n";
   std::cout << "Assign policies (strategy: {assign: ...}): " << join(assign_policy_names()) << "\n";
-  std::cout << "Backends (backend: ...):             sim" << (MUONBED_HAVE_SIMGRID ? "" : " (not built)")
-            << ", analytic, mpi" << (MUONBED_HAVE_MPI ? "" : " (not built)") << ", nccl"
+  std::cout << "Backends (backend: ...):             sim"
+            << (MUONBED_HAVE_SIMGRID ? "" : " (not built)") << ", analytic, mpi"
+            << (MUONBED_HAVE_MPI ? "" : " (not built)") << ", nccl"
             << (MUONBED_HAVE_CUDA ? "" : " (not built)") << "\n";
   std::cout << "\nnext: muonbed validate experiments/quickstart.yaml\n";
   return 0;

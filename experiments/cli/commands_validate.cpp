@@ -23,7 +23,7 @@ struct ValidateOptions {
 };
 
 void print_params(const ShardedModel& model) {
-  Table table({"#", "name", "shape", "role", "optimizer", "layout"});
+  Table table({"#", "name", "shape", "role", "optimizer", "layout"}, 6);
   for (const DistributedParam& p : model.params) {
     std::string shape;
     for (std::int64_t s : p.shape) shape += (shape.empty() ? "" : "x") + std::to_string(s);
@@ -39,17 +39,20 @@ void print_params(const ShardedModel& model) {
 
 int run_validate(const ValidateOptions& o) {
   const std::vector<Experiment> points = load_experiment(o.file);
-  std::cout << fmt::format("{}: {} point{}\n", o.file, points.size(), points.size() == 1 ? "" : "s");
+  std::cout << fmt::format("{}: {} point{}\n", o.file, points.size(),
+                           points.size() == 1 ? "" : "s");
   for (std::size_t i = 0; i < points.size(); ++i) {
     const Experiment& e = points[i];
     const ShardedModel sharded = shard_model(e);
     const std::vector<int> muon = sharded.muon_params();
     std::int64_t matrices = 0;
     for (int p : muon) matrices += sharded.params[p].batch();
-    std::cout << fmt::format("OK  {}\n", e.point_label.empty() ? e.name : point_text(e, i, points.size()));
-    std::cout << fmt::format("    model     {}: {} parameters, {} Muon tensors ({} matrices), {} AdamW\n",
-                             e.model.name, human_count(static_cast<double>(e.model.numel())),
-                             muon.size(), matrices, sharded.adamw_params().size());
+    std::cout << fmt::format("OK  {}\n",
+                             e.point_label.empty() ? e.name : point_text(e, i, points.size()));
+    std::cout << fmt::format(
+        "    model     {}: {} parameters, {} Muon tensors ({} matrices), {} AdamW\n", e.model.name,
+        human_count(static_cast<double>(e.model.numel())), muon.size(), matrices,
+        sharded.adamw_params().size());
     std::cout << fmt::format("    mesh      {} on {}\n", mesh_text(e.mesh), e.cluster.name);
     std::cout << fmt::format("    strategy  {}; ns_steps {}, comm {}\n", strategy_text(e.strategy),
                              e.optimizer.ns_steps, to_string(e.optimizer.comm_dtype));
@@ -70,7 +73,9 @@ void add_validate_command(CLI::App& app, int& exit_code) {
   auto options = std::make_shared<ValidateOptions>();
   CLI::App* cmd = app.add_subcommand(
       "validate", "Check an experiment file: every key, type and value, and every sweep point");
-  cmd->add_option("experiment", options->file, "experiment YAML file")->required();
+  cmd->add_option("experiment", options->file, "experiment YAML file")
+      ->required()
+      ->type_name("EXP.yaml");
   cmd->add_flag("--params", options->params,
                 "list the parameters of the (first point's) model with their layouts");
   cmd->add_flag("--resolved", options->resolved,

@@ -25,8 +25,12 @@ std::string human_seconds(double s) {
   return fmt::format("{:.1f} us", s * 1e6);
 }
 
-std::string mib(double bytes) { return fmt::format("{:.1f}", bytes / (1024.0 * 1024.0)); }
-std::string gib(double bytes) { return fmt::format("{:.2f}", bytes / (1024.0 * 1024.0 * 1024.0)); }
+std::string mib(double bytes) {
+  return fmt::format("{:.1f}", bytes / (1024.0 * 1024.0));
+}
+std::string gib(double bytes) {
+  return fmt::format("{:.2f}", bytes / (1024.0 * 1024.0 * 1024.0));
+}
 
 void Table::print(std::ostream& out, const std::string& indent) const {
   std::vector<std::size_t> width(header_.size(), 0);
@@ -39,7 +43,8 @@ void Table::print(std::ostream& out, const std::string& indent) const {
     for (std::size_t c = 0; c < width.size(); ++c) {
       const std::string cell = c < row.size() ? row[c] : "";
       if (c > 0) text += "  ";
-      text += c == 0 ? fmt::format("{:<{}}", cell, width[c]) : fmt::format("{:>{}}", cell, width[c]);
+      text += c < left_columns_ ? fmt::format("{:<{}}", cell, width[c])
+                                : fmt::format("{:>{}}", cell, width[c]);
     }
     while (!text.empty() && text.back() == ' ') text.pop_back();
     out << text << "\n";
@@ -78,7 +83,8 @@ std::string strategy_text(const StrategyOptions& s) {
     text += ", replicate below " + human_count(static_cast<double>(s.small_param_threshold));
   if (s.grad_sync.enabled) {
     std::string periods;
-    for (int p : s.grad_sync.level_periods) periods += (periods.empty() ? "" : ",") + std::to_string(p);
+    for (int p : s.grad_sync.level_periods)
+      periods += (periods.empty() ? "" : ",") + std::to_string(p);
     text += ", grad sync periods [" + periods + "]";
   }
   return text + ")";

@@ -11,21 +11,23 @@
 
 namespace muonbed::cli {
 
-std::string human_count(double n);     // 6.74 B, 124.4 M, 8.19 k, 12
-std::string human_seconds(double s);   // 12.3 ms, 45.6 us, 1.23 s
-std::string mib(double bytes);         // "123.4" (MiB, one decimal)
-std::string gib(double bytes);         // "12.34" (GiB, two decimals)
+std::string human_count(double n);    // 6.74 B, 124.4 M, 8.19 k, 12
+std::string human_seconds(double s);  // 12.3 ms, 45.6 us, 1.23 s
+std::string mib(double bytes);        // "123.4" (MiB, one decimal)
+std::string gib(double bytes);        // "12.34" (GiB, two decimals)
 
-// A table printed with right-aligned columns (the first column left-aligned).
+// A table printed with right-aligned columns, except the first `left_columns` (left-aligned).
 class Table {
  public:
-  explicit Table(std::vector<std::string> header) : header_(std::move(header)) {}
+  explicit Table(std::vector<std::string> header, std::size_t left_columns = 1)
+      : header_(std::move(header)), left_columns_(left_columns) {}
   void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
   void add_separator() { rows_.push_back({}); }
   void print(std::ostream& out, const std::string& indent = "  ") const;
 
  private:
   std::vector<std::string> header_;
+  std::size_t left_columns_ = 1;
   std::vector<std::vector<std::string>> rows_;
 };
 

@@ -2,9 +2,11 @@
 // analytic time estimate, list presets, and benchmark Newton-Schulz. Every failure ends as one
 // "muonbed: error: ..." message on stderr with exit code 2 for bad input (config files, command
 // line) and 1 for anything else; no exception escapes.
+#include <algorithm>
 #include <exception>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -33,6 +35,20 @@ std::string strip_error_prefix(const std::string& message) {
   return message.substr(0, at) + message.substr(at + marker.size());
 }
 
+// Levenshtein distance, for "did you mean" on a mistyped command.
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> previous(b.size() + 1), current(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) previous[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    current[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j)
+      current[j] = std::min(
+          {previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(previous, current);
+  }
+  return previous[b.size()];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -48,6 +64,27 @@ int main(int argc, char** argv) {
     muonbed::cli::add_plan_command(app, exit_code);
     muonbed::cli::add_presets_command(app, exit_code);
     muonbed::cli::add_bench_command(app, exit_code);
+    // An unknown first word would otherwise read "A subcommand is required".
+    const std::vector<CLI::App*> commands = app.get_subcommands({});
+    const bool known_command =
+        argc > 1 && std::any_of(commands.begin(), commands.end(),
+                                [&](const CLI::App* c) { return c->get_name() == argv[1]; });
+    if (argc > 1 && argv[1][0] != '-' && !known_command) {
+      std::string known, suggestion;
+      std::size_t best = 3;
+      for (const CLI::App* sub : commands) {
+        known += (known.empty() ? "" : ", ") + sub->get_name();
+        const std::size_t d = edit_distance(argv[1], sub->get_name());
+        if (d < best) {
+          best = d;
+          suggestion = sub->get_name();
+        }
+      }
+      std::cerr << "muonbed: error: unknown command '" << argv[1] << "'"
+                << (suggestion.empty() ? "" : "; did you mean '" + suggestion + "'?")
+                << "\n  fix: use one of: " << known << " (muonbed --help shows examples)\n";
+      return 2;
+    }
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

@@ -96,9 +96,9 @@ void print_table(std::ostream& out, const std::vector<Row>& rows, double yardsti
       continue;
     }
     const double tflops = r.flops / (r.timing.median_ms * 1e-3) / 1e12;
-    out << std::setw(12) << fmt(r.timing.median_ms, 3) << std::setw(12)
-        << fmt(r.timing.p95_ms, 3) << std::setw(11) << fmt(tflops, tflops < 1 ? 4 : 1)
-        << std::setw(9) << fmt(100.0 * tflops / yardstick_tflops, 1) << "%";
+    out << std::setw(12) << fmt(r.timing.median_ms, 3) << std::setw(12) << fmt(r.timing.p95_ms, 3)
+        << std::setw(11) << fmt(tflops, tflops < 1 ? 4 : 1) << std::setw(9)
+        << fmt(100.0 * tflops / yardstick_tflops, 1) << "%";
     if (!r.group.empty()) out << "  (" << r.group << ")";
     out << "\n";
   }
@@ -108,9 +108,8 @@ void write_json(const std::string& path, nlohmann::json header, const std::vecto
                 const std::vector<Validation>& checks, double yardstick_tflops) {
   nlohmann::json records = nlohmann::json::array();
   for (const Row& r : rows) {
-    nlohmann::json j = {{"batch", r.shape.batch}, {"rows", r.shape.rows},
-                        {"cols", r.shape.cols},   {"group", r.group},
-                        {"flops", r.flops},       {"skipped", r.note}};
+    nlohmann::json j = {{"batch", r.shape.batch}, {"rows", r.shape.rows}, {"cols", r.shape.cols},
+                        {"group", r.group},       {"flops", r.flops},     {"skipped", r.note}};
     if (r.note.empty()) {
       const double tflops = r.flops / (r.timing.median_ms * 1e-3) / 1e12;
       j["median_ms"] = r.timing.median_ms;
@@ -144,16 +143,19 @@ void print_validation(std::ostream& out, const std::vector<Validation>& checks) 
 // --- CPU -------------------------------------------------------------------------------------
 
 double cpu_gemm_tflops(int repeats) {
+  // 1024^3 takes tens of milliseconds: three warm-ups wake BLAS's threads, and at least nine
+  // timed runs keep one slow run (the machine may be shared) from setting the yardstick.
   const std::int64_t n = 1024;
+  const int warmup = 3, timed = std::max(repeats, 9);
   std::vector<float> a(n * n), b(n * n), c(n * n);
   fill_uniform(a.data(), n * n, 7, 1, 1.0);
   fill_uniform(b.data(), n * n, 7, 2, 1.0);
   std::vector<double> ms;
-  for (int r = 0; r < repeats + 1; ++r) {
+  for (int r = 0; r < warmup + timed; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     detail::sgemm(false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     const auto t1 = std::chrono::steady_clock::now();
-    if (r > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    if (r >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
   return 2.0 * n * n * n / (summarize(ms).median_ms * 1e-3) / 1e12;
 }
@@ -228,9 +230,9 @@ int run_gpu(const NsBenchOptions& o, const NsConfig& config, std::ostream& out) 
   const int repeats = o.repeats > 0 ? o.repeats : 30;
   CudaContext ctx;
   std::unique_ptr<NsKernel> kernel = make_ns_kernel(o.version);
-  out << "muonbed bench ns: GPU " << ctx.device_name() << ", kernel v" << kernel->version()
-      << " (" << kernel->name() << "); coefficients " << config.name << " x"
-      << config.num_steps() << "; median of " << repeats << " runs after " << warmup
+  out << "muonbed bench ns: GPU " << ctx.device_name() << ", kernel v" << kernel->version() << " ("
+      << kernel->name() << "); coefficients " << config.name << " x" << config.num_steps()
+      << "; median of " << repeats << " runs after " << warmup
       << " warm-ups, L2 flushed before each run, inputs rotated\n";
 
   std::vector<Validation> checks;
@@ -238,8 +240,7 @@ int run_gpu(const NsBenchOptions& o, const NsConfig& config, std::ostream& out) 
     Validation like{"GPU v" + std::to_string(kernel->version()) +
                         " vs CPU bf16 emulation on 96x160, 160x96, 3x64x80",
                     0, 2e-2};
-    Validation ref{"GPU v" + std::to_string(kernel->version()) + " vs CPU fp64 reference", 0,
-                   5e-2};
+    Validation ref{"GPU v" + std::to_string(kernel->version()) + " vs CPU fp64 reference", 0, 5e-2};
     for (const MatrixShape& s : validation_shapes()) {
       std::vector<float> in(s.numel()), emulated(s.numel());
       fill_uniform(in.data(), s.numel(), o.seed, 100, 1.0);
@@ -317,9 +318,9 @@ int run_gpu(const NsBenchOptions& o, const NsConfig& config, std::ostream& out) 
     total_flops += r.flops;
   }
   if (complete && total_ms > 0) {
-    out << "whole " << o.model_preset << " Muon set (sum of the group medians): "
-        << fmt(total_ms, 2) << " ms, " << fmt(total_flops / (total_ms * 1e-3) / 1e12, 1)
-        << " TFLOP/s\n";
+    out << "whole " << o.model_preset
+        << " Muon set (sum of the group medians): " << fmt(total_ms, 2) << " ms, "
+        << fmt(total_flops / (total_ms * 1e-3) / 1e12, 1) << " TFLOP/s\n";
   }
   out << "TFLOP/s counts batch * steps * (4 m^2 n + 2 m^3), m <= n; % is of the bf16 GEMM rate "
          "above.\n";
@@ -367,8 +368,9 @@ int run_ns_benchmark(const NsBenchOptions& options, std::ostream& out) {
   NsConfig config;
   try {
     if (options.coefficients == "custom") {
-      throw Error("bench ns: the custom coefficient set needs a list; use keller_jordan or "
-                  "polar_express");
+      throw Error(
+          "bench ns: the custom coefficient set needs a list; use keller_jordan or "
+          "polar_express");
     }
     config = make_ns_config(options.coefficients, options.steps);
     if (options.device != "auto" && options.device != "gpu" && options.device != "cpu") {

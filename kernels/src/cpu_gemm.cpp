@@ -46,25 +46,27 @@ void gemm_loops(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T 
   }
 }
 
-template void gemm_loops<float>(bool, std::int64_t, std::int64_t, std::int64_t, float,
-                                const float*, std::int64_t, const float*, std::int64_t, float,
-                                float*, std::int64_t);
+template void gemm_loops<float>(bool, std::int64_t, std::int64_t, std::int64_t, float, const float*,
+                                std::int64_t, const float*, std::int64_t, float, float*,
+                                std::int64_t);
 template void gemm_loops<double>(bool, std::int64_t, std::int64_t, std::int64_t, double,
-                                 const double*, std::int64_t, const double*, std::int64_t,
-                                 double, double*, std::int64_t);
+                                 const double*, std::int64_t, const double*, std::int64_t, double,
+                                 double*, std::int64_t);
 
-bool have_cblas() { return MUONBED_KERNELS_HAVE_CBLAS != 0; }
+bool have_cblas() {
+  return MUONBED_KERNELS_HAVE_CBLAS != 0;
+}
 
 void sgemm(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-           float* c, std::int64_t ldc) {
+           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+           std::int64_t ldc) {
 #if MUONBED_KERNELS_HAVE_CBLAS
   for (std::int64_t v : {m, n, k, lda, ldb, ldc}) {
     if (v > INT_MAX) throw Error("sgemm: dimension " + std::to_string(v) + " exceeds BLAS's int");
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
+              static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 #else
   gemm_loops<float>(trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #endif

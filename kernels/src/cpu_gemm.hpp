@@ -15,8 +15,8 @@ void gemm_loops(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T 
 
 // cblas_sgemm when available, else gemm_loops<float>.
 void sgemm(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-           float* c, std::int64_t ldc);
+           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+           std::int64_t ldc);
 
 bool have_cblas();
 

@@ -24,13 +24,25 @@ bool cuda_device_available(std::string* why) {
 }
 
 struct CudaContext::Impl {};
-CudaContext::CudaContext(int) { no_cuda("CudaContext"); }
+CudaContext::CudaContext(int) {
+  no_cuda("CudaContext");
+}
 CudaContext::~CudaContext() = default;
-int CudaContext::device() const { return -1; }
-std::string CudaContext::device_name() const { return "none"; }
-CUstream_st* CudaContext::stream() const { return nullptr; }
-void* CudaContext::cublas_handle() const { return nullptr; }
-std::size_t CudaContext::l2_cache_bytes() const { return 0; }
+int CudaContext::device() const {
+  return -1;
+}
+std::string CudaContext::device_name() const {
+  return "none";
+}
+CUstream_st* CudaContext::stream() const {
+  return nullptr;
+}
+void* CudaContext::cublas_handle() const {
+  return nullptr;
+}
+std::size_t CudaContext::l2_cache_bytes() const {
+  return 0;
+}
 void CudaContext::synchronize() const {}
 
 DeviceBuffer::DeviceBuffer(std::size_t bytes) {
@@ -44,15 +56,23 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   bytes_ = std::exchange(other.bytes_, 0);
   return *this;
 }
-void DeviceBuffer::upload(const void*, std::size_t) { no_cuda("DeviceBuffer::upload"); }
-void DeviceBuffer::download(void*, std::size_t) const { no_cuda("DeviceBuffer::download"); }
-void DeviceBuffer::fill_bytes(int) { no_cuda("DeviceBuffer::fill_bytes"); }
+void DeviceBuffer::upload(const void*, std::size_t) {
+  no_cuda("DeviceBuffer::upload");
+}
+void DeviceBuffer::download(void*, std::size_t) const {
+  no_cuda("DeviceBuffer::download");
+}
+void DeviceBuffer::fill_bytes(int) {
+  no_cuda("DeviceBuffer::fill_bytes");
+}
 
 const std::vector<NsKernelVersion>& ns_kernel_versions() {
   static const std::vector<NsKernelVersion> none;
   return none;
 }
-std::unique_ptr<NsKernel> make_ns_kernel(int) { no_cuda("make_ns_kernel"); }
+std::unique_ptr<NsKernel> make_ns_kernel(int) {
+  no_cuda("make_ns_kernel");
+}
 void newton_schulz_cuda(CudaContext&, const float*, float*, const MatrixShape&, const NsConfig&,
                         int) {
   no_cuda("newton_schulz_cuda");
@@ -65,8 +85,8 @@ void momentum_update_cuda(CudaContext&, const MomentumParams&, const float*, flo
 void apply_update_cuda(CudaContext&, const ApplyParams&, float*, const float*, std::int64_t) {
   no_cuda("apply_update_cuda");
 }
-void adamw_update_cuda(CudaContext&, const AdamWParams&, std::int64_t, float*, const float*,
-                       float*, float*, std::int64_t) {
+void adamw_update_cuda(CudaContext&, const AdamWParams&, std::int64_t, float*, const float*, float*,
+                       float*, std::int64_t) {
   no_cuda("adamw_update_cuda");
 }
 void fill_uniform_cuda(CudaContext&, float*, std::int64_t, std::uint64_t, std::uint64_t, double,
@@ -74,7 +94,9 @@ void fill_uniform_cuda(CudaContext&, float*, std::int64_t, std::uint64_t, std::u
   no_cuda("fill_uniform_cuda");
 }
 
-DeviceShardTable::DeviceShardTable(const ShardOffsetTable&) { no_cuda("DeviceShardTable"); }
+DeviceShardTable::DeviceShardTable(const ShardOffsetTable&) {
+  no_cuda("DeviceShardTable");
+}
 void pack_shard_cuda(CudaContext&, const DeviceShardTable&, const void*, void*, int) {
   no_cuda("pack_shard_cuda");
 }
@@ -85,7 +107,9 @@ void unpack_shard_cuda(CudaContext&, const DeviceShardTable&, const void*, void*
 double time_on_stream_ms(CudaContext&, const std::function<void()>&) {
   no_cuda("time_on_stream_ms");
 }
-void flush_l2(CudaContext&) { no_cuda("flush_l2"); }
+void flush_l2(CudaContext&) {
+  no_cuda("flush_l2");
+}
 double bf16_gemm_tflops(CudaContext&, std::int64_t, std::int64_t, std::int64_t, int, int) {
   no_cuda("bf16_gemm_tflops");
 }

@@ -48,9 +48,9 @@ void gemm(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double a
           double* c, std::int64_t ldc) {
   detail::gemm_loops<double>(trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
-void gemm(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-          float* c, std::int64_t ldc) {
+void gemm(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+          std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+          std::int64_t ldc) {
   detail::sgemm(trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -84,8 +84,7 @@ void ns_matrix(const T* g, T* out, std::int64_t rows, std::int64_t cols, const N
   // millions of squares would lose digits the kernels do not lose.
   double sum_squares = 0.0;
   for (T v : x) sum_squares += static_cast<double>(v) * static_cast<double>(v);
-  const T scale =
-      static_cast<T>(1.0 / (std::sqrt(sum_squares) * config.norm_scale + config.eps));
+  const T scale = static_cast<T>(1.0 / (std::sqrt(sum_squares) * config.norm_scale + config.eps));
   for (T& v : x) v *= scale;
   maybe_round(x, bf16);
 
@@ -182,9 +181,9 @@ NsConfig make_ns_config(std::string_view set, int num_steps,
     config = NsConfig::polar_express(num_steps);
   } else if (set == "custom") {
     if (num_steps != 0 && num_steps != static_cast<int>(custom_steps.size())) {
-      throw Error("newton_schulz: custom coefficients list " +
-                  std::to_string(custom_steps.size()) + " steps but steps = " +
-                  std::to_string(num_steps) + "; give one (a, b, c) per step or leave steps 0");
+      throw Error("newton_schulz: custom coefficients list " + std::to_string(custom_steps.size()) +
+                  " steps but steps = " + std::to_string(num_steps) +
+                  "; give one (a, b, c) per step or leave steps 0");
     }
     config = NsConfig::custom(custom_steps);
   } else {
@@ -246,8 +245,9 @@ void newton_schulz(const double* in, double* out, const MatrixShape& shape,
 void newton_schulz(const float* in, float* out, const MatrixShape& shape, const NsConfig& config,
                    NsPrecision precision) {
   if (precision == NsPrecision::fp64) {
-    throw Error("newton_schulz: the float overload runs fp32 or bf16; use the double overload "
-                "for fp64");
+    throw Error(
+        "newton_schulz: the float overload runs fp32 or bf16; use the double overload "
+        "for fp64");
   }
   ns_batch(in, out, shape, config, precision == NsPrecision::bf16);
 }

@@ -31,11 +31,11 @@ void momentum_update(const MomentumParams& params, const T* grad, T* buf, T* upd
     T b = buf[i];
     T u;
     if (params.form == MomentumForm::classic) {
-      b = beta * b + g;                       // buf.mul_(beta).add_(g)
+      b = beta * b + g;                        // buf.mul_(beta).add_(g)
       u = params.nesterov ? g + beta * b : b;  // g.add(buf, alpha=beta)
     } else {
-      b = torch_lerp(b, g, one_minus_beta);                // buf.lerp_(g, 1 - beta)
-      u = params.nesterov ? torch_lerp(g, b, beta) : b;    // g.lerp(buf, beta)
+      b = torch_lerp(b, g, one_minus_beta);              // buf.lerp_(g, 1 - beta)
+      u = params.nesterov ? torch_lerp(g, b, beta) : b;  // g.lerp(buf, beta)
     }
     buf[i] = b;
     update[i] = u;
@@ -81,7 +81,7 @@ void apply_update(const ApplyParams& params, T* param, const T* update, std::int
   const T decay = static_cast<T>(1.0 - params.lr * params.weight_decay);
   const T step = static_cast<T>(params.adjusted_lr);
   for (std::int64_t i = 0; i < n; ++i) {
-    const T decayed = param[i] * decay;  // param.mul_(1 - lr * wd)
+    const T decayed = param[i] * decay;     // param.mul_(1 - lr * wd)
     param[i] = decayed - step * update[i];  // param.add_(update, alpha=-adjusted_lr)
   }
 }
@@ -97,8 +97,8 @@ AdamWStepScalars adamw_step_scalars(const AdamWParams& params, std::int64_t step
 }
 
 template <typename T>
-void adamw_update(const AdamWParams& params, std::int64_t step, T* param, const T* grad, T* m,
-                  T* v, std::int64_t n) {
+void adamw_update(const AdamWParams& params, std::int64_t step, T* param, const T* grad, T* m, T* v,
+                  std::int64_t n) {
   const AdamWStepScalars s = adamw_step_scalars(params, step);
   const T decay = static_cast<T>(s.decay);
   const T one_minus_beta1 = static_cast<T>(1.0 - params.beta1);
@@ -155,9 +155,8 @@ void qk_clip_rows(T* weight, std::int64_t rows, std::int64_t cols, std::int64_t 
     const std::int64_t global = global_rows ? global_rows[r] : r;
     const std::int64_t head = global / head_dim;
     if (head < 0 || head >= heads) {
-      throw Error("qk_clip: row " + std::to_string(global) + " is in head " +
-                  std::to_string(head) + " but only " + std::to_string(heads) +
-                  " head scales were given");
+      throw Error("qk_clip: row " + std::to_string(global) + " is in head " + std::to_string(head) +
+                  " but only " + std::to_string(heads) + " head scales were given");
     }
     const double scale = head_scales[static_cast<std::size_t>(head)];
     if (scale == 1.0) continue;
@@ -167,12 +166,12 @@ void qk_clip_rows(T* weight, std::int64_t rows, std::int64_t cols, std::int64_t 
   }
 }
 
-#define MUONBED_INSTANTIATE(T)                                                                  \
-  template void momentum_update<T>(const MomentumParams&, const T*, T*, T*, std::int64_t);      \
-  template void apply_update<T>(const ApplyParams&, T*, const T*, std::int64_t);                \
-  template void adamw_update<T>(const AdamWParams&, std::int64_t, T*, const T*, T*, T*,         \
-                                std::int64_t);                                                  \
-  template void qk_clip_rows<T>(T*, std::int64_t, std::int64_t, std::int64_t,                   \
+#define MUONBED_INSTANTIATE(T)                                                             \
+  template void momentum_update<T>(const MomentumParams&, const T*, T*, T*, std::int64_t); \
+  template void apply_update<T>(const ApplyParams&, T*, const T*, std::int64_t);           \
+  template void adamw_update<T>(const AdamWParams&, std::int64_t, T*, const T*, T*, T*,    \
+                                std::int64_t);                                             \
+  template void qk_clip_rows<T>(T*, std::int64_t, std::int64_t, std::int64_t,              \
                                 const std::vector<double>&, const std::int64_t*);
 MUONBED_INSTANTIATE(float)
 MUONBED_INSTANTIATE(double)

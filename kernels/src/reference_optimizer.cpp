@@ -19,7 +19,8 @@ std::vector<To> convert(const From* in, std::int64_t n) {
 }
 
 void check_finite(double value, const char* what) {
-  if (!std::isfinite(value)) throw Error(std::string("optimizer config: ") + what + " is not finite");
+  if (!std::isfinite(value))
+    throw Error(std::string("optimizer config: ") + what + " is not finite");
 }
 
 }  // namespace
@@ -165,10 +166,12 @@ template class ReferenceOptimizer<float>;
 template class ReferenceOptimizer<double>;
 template void orthogonalize<float>(const float*, float*, const MatrixShape&, const NsConfig&,
                                    NsPrecision);
-template void orthogonalize<double>(const double*, double*, const MatrixShape&,
-                                    const NsConfig&, NsPrecision);
+template void orthogonalize<double>(const double*, double*, const MatrixShape&, const NsConfig&,
+                                    NsPrecision);
 
-std::uint64_t param_stream(std::size_t param_index) { return 2 * param_index; }
+std::uint64_t param_stream(std::size_t param_index) {
+  return 2 * param_index;
+}
 
 std::uint64_t grad_stream(std::size_t num_params, std::size_t param_index, std::int64_t step) {
   return 2 * num_params * static_cast<std::uint64_t>(step) + 2 * param_index + 1;
@@ -179,7 +182,9 @@ double init_scale(const Parameter& param) {
   return 0.1;
 }
 
-double init_offset(const Parameter& param) { return param.role == ParamRole::norm ? 1.0 : 0.0; }
+double init_offset(const Parameter& param) {
+  return param.role == ParamRole::norm ? 1.0 : 0.0;
+}
 
 template <typename T>
 ModelTensors<T> random_params(const Model& model, std::uint64_t seed) {
@@ -225,19 +230,18 @@ std::vector<T> generate_shard(const ShardIndexSet& set, const std::vector<std::i
 
 template ModelTensors<float> random_params<float>(const Model&, std::uint64_t);
 template ModelTensors<double> random_params<double>(const Model&, std::uint64_t);
-template ModelTensors<float> random_grads<float>(const Model&, std::uint64_t, std::int64_t,
-                                                 double);
+template ModelTensors<float> random_grads<float>(const Model&, std::uint64_t, std::int64_t, double);
 template ModelTensors<double> random_grads<double>(const Model&, std::uint64_t, std::int64_t,
                                                    double);
 template std::vector<float> generate_shard<float>(const ShardIndexSet&,
                                                   const std::vector<std::int64_t>&, std::uint64_t,
                                                   std::uint64_t, double, double);
 template std::vector<double> generate_shard<double>(const ShardIndexSet&,
-                                                    const std::vector<std::int64_t>&,
-                                                    std::uint64_t, std::uint64_t, double, double);
+                                                    const std::vector<std::int64_t>&, std::uint64_t,
+                                                    std::uint64_t, double, double);
 
-QkLogits random_max_logits(std::int64_t layers, std::int64_t heads, double tau,
-                           std::uint64_t seed, std::int64_t step) {
+QkLogits random_max_logits(std::int64_t layers, std::int64_t heads, double tau, std::uint64_t seed,
+                           std::int64_t step) {
   // A stream far above any parameter or gradient stream.
   const std::uint64_t key =
       counter_key(seed, 0x51c0000000000000ull + static_cast<std::uint64_t>(step));

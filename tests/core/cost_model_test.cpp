@@ -239,7 +239,12 @@ StepPlan synthetic_plan(int ranks, int nparams) {
   const DeviceMesh mesh({{"dp_shard", ranks / tp, DimRole::fsdp}, {"tp", tp, DimRole::tp}}, 8);
   std::vector<DistributedParam> params(nparams);
   for (int i = 0; i < nparams; ++i) {
-    const std::int64_t rows = 1024 * (1 + i % 4), cols = 2048 + 512 * (i % 3);
+    // Mostly even splits; every fifth matrix splits unevenly over both dims.
+    std::int64_t rows = 1024 * (1 + i % 4), cols = 2048 + 512 * (i % 3);
+    if (i % 5 == 4) {
+      rows = 1000 + i % 7;
+      cols = 2050 + i % 3;
+    }
     params[i].name = "w" + std::to_string(i);
     params[i].shape = {rows, cols};
     params[i].layout =
@@ -641,4 +646,25 @@ TEST_CASE("estimate_step scales to 16,384 ranks", "[.][perf][cost_model]") {
             << participation << " rank-op pairs: " << secs(t1, t2) << " s (plan built in "
             << secs(t0, t1) << " s); step time " << e.step_time_s * 1e3 << " ms\n";
   check_accounting(e);
+}
+
+TEST_CASE("estimate on an empty plan and a mesh without dims", "[cost_model]") {
+  const StepPlan empty;
+  const StepEstimate e = estimate_step(empty, test_cluster());
+  CHECK(e.step_time_s == 0.0);
+  REQUIRE(e.ranks.size() == 1);
+  CHECK(e.ranks[0].idle_s == 0.0);
+  const EstimateSummary s = estimate(empty, test_cluster());
+  CHECK(s.average_step_s == 0.0);
+  CHECK(s.worst_step_s == 0.0);
+  CHECK_THROWS_AS(estimate_step(empty, test_cluster(), -1), PlanError);
+}
+
+TEST_CASE("estimate rejects malformed plans with the op named", "[cost_model]") {
+  StepPlan plan = tiny_plan(2, 2);
+  add(plan, ns_op(plan, 0, 0, 0, {3}));  // a dep on a later op
+  CHECK_THROWS_WITH(estimate_step(plan, test_cluster()), Catch::Contains("op 0"));
+  plan.ops[0].deps = {};
+  plan.ops[0].period = 0;
+  CHECK_THROWS_AS(estimate(plan, test_cluster()), PlanError);
 }

@@ -396,7 +396,8 @@ TEST_CASE("plan JSON round trip is exact on every built-in strategy's plans", "[
       const StepPlan plan = build_plan(model, options, PlanSettings{});
       check_round_trip(plan);
       // Compactness: no op repeats a default field.
-      for (const json& op : plan_to_json(plan).at("ops")) {
+      const json written = plan_to_json(plan);
+      for (const json& op : written.at("ops")) {
         CHECK_FALSE(op.contains("id"));
         if (op.contains("period")) CHECK(op.at("period") != 1);
         if (op.contains("stream")) CHECK(op.at("stream") != 0);
@@ -404,4 +405,11 @@ TEST_CASE("plan JSON round trip is exact on every built-in strategy's plans", "[
       }
     }
   }
+}
+
+TEST_CASE("plan JSON round trip of a default plan", "[plan_json]") {
+  const StepPlan plan;
+  check_round_trip(plan);
+  // An empty object is a default plan too.
+  require_same(plan, plan_from_json(json::object()));
 }

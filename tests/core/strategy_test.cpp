@@ -26,7 +26,8 @@ std::vector<Topology> topologies() {
   return {
       {"DDP", {{"dp_replicate", 4, DimRole::replicate}}, "tiny-dense"},
       {"FSDP", {{"dp_shard", 4, DimRole::fsdp}}, "tiny-dense"},
-      {"HSDP", {{"dp_replicate", 2, DimRole::replicate}, {"dp_shard", 2, DimRole::fsdp}},
+      {"HSDP",
+       {{"dp_replicate", 2, DimRole::replicate}, {"dp_shard", 2, DimRole::fsdp}},
        "tiny-dense"},
       {"TP", {{"tp", 4, DimRole::tp}}, "tiny-dense"},
       {"FSDP+TP", {{"dp_shard", 2, DimRole::fsdp}, {"tp", 2, DimRole::tp}}, "tiny-dense"},
@@ -145,10 +146,10 @@ std::vector<int> replay_data_flow(const StepPlan& plan) {
       if (params[p].optimizer != OptimizerKind::muon) continue;
       const int owner = plan.assignment.owner[p];
       // Which state moves: gathers move momentum, redistribution moves the update.
-      const bool moves_update = op.kind == OpKind::scatter || op.kind == OpKind::broadcast ||
-                                (op.kind == OpKind::all_to_all &&
-                                 op.direction == AllToAllDirection::from_owners) ||
-                                (op.kind == OpKind::all_gather && op.owned_only);
+      const bool moves_update =
+          op.kind == OpKind::scatter || op.kind == OpKind::broadcast ||
+          (op.kind == OpKind::all_to_all && op.direction == AllToAllDirection::from_owners) ||
+          (op.kind == OpKind::all_gather && op.owned_only);
       auto& state = moves_update ? update[p] : momentum[p];
       if (op.kind == OpKind::newton_schulz) {
         for (int r : op.ranks.ranks(mesh)) {
@@ -195,8 +196,8 @@ std::vector<int> replay_data_flow(const StepPlan& plan) {
           case OpKind::all_gather: {
             for (int m : members) {
               if (op.owned_only && owner != m) continue;
-              const auto sent = op.owned_only ? ElementSet(params[p].numel(), 1)
-                                              : piece(p, m, op.gathered);
+              const auto sent =
+                  op.owned_only ? ElementSet(params[p].numel(), 1) : piece(p, m, op.gathered);
               REQUIRE(subset(sent, state[m]));
               for (int k = 0; k < n; ++k) unite(next[members[k]], sent);
             }
@@ -303,9 +304,9 @@ TEST_CASE("every strategy on every topology keeps the step's invariants", "[stra
       for (const auto& dp : plan.model.params) {
         if (dp.optimizer != OptimizerKind::muon) continue;
         INFO(dp.name);
-        const bool redundant = options.name == "replicated" ||
-                               (options.small_param_threshold > 0 &&
-                                dp.numel() < options.small_param_threshold);
+        const bool redundant =
+            options.name == "replicated" ||
+            (options.small_param_threshold > 0 && dp.numel() < options.small_param_threshold);
         if (redundant) {
           int holders = 0;
           for (int r = 0; r < model.mesh.world_size(); ++r)
@@ -335,15 +336,15 @@ TEST_CASE("every strategy on every topology keeps the step's invariants", "[stra
 
       // Transient memory within seed 000's bound: prefetch+1 full updates in flight (chunks
       // count as chunk_size matrices), plus the pieces of one staged gather.
-      const int depth = options.name == "all_to_all" ? options.max_chunks_in_flight - 1
+      const int depth = options.name == "all_to_all"   ? options.max_chunks_in_flight - 1
                         : options.name == "sequential" ? 0
                                                        : options.prefetch_count;
       const int unit = options.name == "all_to_all" || options.name == "owner_allgather"
                            ? options.chunk_size
                            : 1;
-      const std::int64_t bound = (static_cast<std::int64_t>(depth) + 1) * unit *
-                                     max_full_bytes(plan) +
-                                 max_full_bytes(plan);
+      const std::int64_t bound =
+          (static_cast<std::int64_t>(depth) + 1) * unit * max_full_bytes(plan) +
+          max_full_bytes(plan);
       for (int r = 0; r < model.mesh.world_size(); ++r) {
         INFO("rank " << r);
         CHECK(rank_memory(plan, r).peak_transient_bytes <= bound);

@@ -66,7 +66,8 @@ inline std::vector<double> symmetric_eigenvalues(Matrix a, int n) {
         const double apq = a[p * n + q];
         if (std::abs(apq) < 1e-300) continue;
         const double theta = (a[q * n + q] - a[p * n + p]) / (2 * apq);
-        const double t = (theta >= 0 ? 1.0 : -1.0) / (std::abs(theta) + std::sqrt(theta * theta + 1));
+        const double t =
+            (theta >= 0 ? 1.0 : -1.0) / (std::abs(theta) + std::sqrt(theta * theta + 1));
         const double c = 1 / std::sqrt(t * t + 1), s = t * c;
         for (int k = 0; k < n; ++k) {  // columns p, q
           const double akp = a[k * n + p], akq = a[k * n + q];

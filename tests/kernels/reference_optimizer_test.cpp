@@ -46,8 +46,8 @@ TEST_CASE("routing puts matrices in the Muon group and the rest in AdamW", "[ref
   int muon = 0;
   for (std::size_t i = 0; i < model.params.size(); ++i) {
     const Parameter& p = model.params[i];
-    const bool want_muon = p.is_matrix() && p.role != ParamRole::embedding &&
-                           p.role != ParamRole::lm_head;
+    const bool want_muon =
+        p.is_matrix() && p.role != ParamRole::embedding && p.role != ParamRole::lm_head;
     INFO(p.name);
     CHECK((opt.kind(i) == OptimizerKind::muon) == want_muon);
     CHECK(static_cast<std::int64_t>(opt.momentum_buffer(i).size()) == (want_muon ? p.numel() : 0));
@@ -214,8 +214,8 @@ TEST_CASE("generated shards equal the same shards of the full random tensors", "
       CHECK(generate_shard<float>(set, p.shape, 9, param_stream(i), init_scale(p),
                                   init_offset(p)) == want);
       pack_shard(set, p.shape, grads[i].data(), want.data());
-      CHECK(generate_shard<float>(set, p.shape, 9, grad_stream(model.params.size(), i, 4),
-                                  1e-2) == want);
+      CHECK(generate_shard<float>(set, p.shape, 9, grad_stream(model.params.size(), i, 4), 1e-2) ==
+            want);
     }
   }
   // Gradients differ between steps and are never all zero.

@@ -13,7 +13,9 @@ using namespace muonbed;
 
 namespace {
 
-IndexList ranges(std::vector<IndexRange> r) { return IndexList::from_ranges(std::move(r)); }
+IndexList ranges(std::vector<IndexRange> r) {
+  return IndexList::from_ranges(std::move(r));
+}
 
 std::vector<double> iota_tensor(const std::vector<std::int64_t>& shape) {
   const std::int64_t n =
@@ -46,13 +48,13 @@ TEST_CASE("shard table equals core's pack order for hand-made index sets", "[sha
   check_against_core(ShardIndexSet{{ranges({{2, 5}, {8, 10}})}}, {12});
   // 2-D contiguous row block, strided rows x column block, everything.
   check_against_core(ShardIndexSet{{IndexList::range(2, 4), IndexList::range(0, 6)}}, {5, 6});
-  check_against_core(
-      ShardIndexSet{{ranges({{0, 2}, {4, 6}, {8, 10}}), ranges({{1, 3}, {5, 6}})}}, {10, 6});
+  check_against_core(ShardIndexSet{{ranges({{0, 2}, {4, 6}, {8, 10}}), ranges({{1, 3}, {5, 6}})}},
+                     {10, 6});
   check_against_core(ShardIndexSet{{IndexList::range(0, 7), IndexList::range(0, 3)}}, {7, 3});
   // 3-D stack of experts: experts {1, 3}, strided rows, a column range.
-  check_against_core(ShardIndexSet{{ranges({{1, 2}, {3, 4}}), ranges({{0, 1}, {2, 3}}),
-                                    IndexList::range(1, 4)}},
-                     {4, 3, 5});
+  check_against_core(
+      ShardIndexSet{{ranges({{1, 2}, {3, 4}}), ranges({{0, 1}, {2, 3}}), IndexList::range(1, 4)}},
+      {4, 3, 5});
   // Empty shards have empty tables.
   const ShardIndexSet empty{{IndexList{}, IndexList::range(0, 4)}};
   CHECK(make_shard_offset_table(empty, {3, 4}).numel() == 0);
@@ -85,8 +87,7 @@ TEST_CASE("shard tables of every rank of FSDP+TP layouts cover the tensor once",
 TEST_CASE("shard table rejects mismatched sets", "[shard_table]") {
   CHECK_THROWS_AS(make_shard_offset_table(ShardIndexSet{{IndexList::range(0, 2)}}, {2, 2}),
                   LayoutError);
-  CHECK_THROWS_AS(
-      make_shard_offset_table(ShardIndexSet{{IndexList::range(0, 3), IndexList::range(0, 2)}},
-                              {2, 2}),
-      LayoutError);
+  CHECK_THROWS_AS(make_shard_offset_table(
+                      ShardIndexSet{{IndexList::range(0, 3), IndexList::range(0, 2)}}, {2, 2}),
+                  LayoutError);
 }

@@ -1,0 +1,214 @@
+// Newton-Schulz version 1: the iteration on cuBLAS, as torch.optim.Muon does it on the GPU.
+//
+// Storage is bf16 (X, A = X X^T, B = b A + c A A), products accumulate in fp32, and the b A and
+// a X terms ride in the GEMMs' beta (cuBLAS's C is read in fp32 before the single rounding), so
+// every stored value is rounded exactly once, as the CPU bf16 emulation does. The Frobenius norm
+// is reduced on the device (fp32 per thread, fp64 across blocks). A stack of same-shape matrices
+// runs as strided-batched GEMMs.
+//
+// Orientation without transposes: cuBLAS is column-major, so a row-major buffer read
+// column-major is the transpose. For a wide matrix (rows <= cols) the buffer is V = X^T [n, m]
+// and the step is A = V^T V, B = c A A + b A, V' = V B^T + a V. For a tall one the buffer is
+// already the wide W = X^T [m, n] column-major, and the step is A = W W^T, W' = B W + a W. In
+// both cases the output buffer is row-major NS(G) in G's own orientation.
+//
+// cublasGemmStridedBatchedEx writes C in place, so the beta terms need A and X copied into the
+// outputs first (two device copies per step, ~5-10% of the time at 4096^2): a cuBLASLt version
+// with C != D, or a symmetric X X^T kernel, can remove them as version 2.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <climits>
+#include <string>
+#include <utility>
+
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/ns_versions.cuh"
+
+namespace muonbed::cuda_detail {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr long long kMaxNormBlocks = 1024;  // per matrix
+
+std::size_t align256(std::size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+struct Layout {
+  long long m = 0, n = 0, batch = 0, norm_blocks = 0;
+  std::size_t x_bytes = 0, a_bytes = 0, partial_bytes = 0, scale_bytes = 0;
+  std::size_t total() const { return 2 * x_bytes + 2 * a_bytes + partial_bytes + scale_bytes; }
+};
+
+Layout layout_of(const MatrixShape& s) {
+  Layout l;
+  l.m = s.small_dim();
+  l.n = s.large_dim();
+  l.batch = s.batch;
+  const long long per = l.m * l.n;
+  l.norm_blocks =
+      std::min(kMaxNormBlocks, std::max(1LL, (per + kThreads * 16 - 1) / (kThreads * 16)));
+  l.x_bytes = align256(static_cast<std::size_t>(l.batch * per) * sizeof(__nv_bfloat16));
+  l.a_bytes = align256(static_cast<std::size_t>(l.batch * l.m * l.m) * sizeof(__nv_bfloat16));
+  l.partial_bytes = align256(static_cast<std::size_t>(l.batch * l.norm_blocks) * sizeof(float));
+  l.scale_bytes = align256(static_cast<std::size_t>(l.batch) * sizeof(float));
+  return l;
+}
+
+// partial[b * gridDim.x + blockIdx.x] = sum of squares of this block's share of matrix b.
+__global__ void sum_squares_kernel(const float* in, long long per, float* partial) {
+  const float* x = in + blockIdx.y * per;
+  float acc = 0.0f;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < per;
+       i += static_cast<long long>(blockDim.x) * gridDim.x) {
+    const float v = x[i];
+    acc += v * v;
+  }
+  __shared__ float warp_sums[kThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_down_sync(0xffffffffu, acc, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int w = 0; w < kThreads / 32; ++w) sum += warp_sums[w];
+    partial[blockIdx.y * gridDim.x + blockIdx.x] = sum;
+  }
+}
+
+// scale[b] = 1 / (sqrt(sum of partials of b) * norm_scale + eps); one block per matrix.
+__global__ void norm_scale_kernel(const float* partial, long long blocks, double norm_scale,
+                                  double eps, float* scale) {
+  __shared__ double sums[kThreads];
+  double acc = 0.0;
+  for (long long i = threadIdx.x; i < blocks; i += blockDim.x)
+    acc += partial[blockIdx.x * blocks + i];
+  sums[threadIdx.x] = acc;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) sums[threadIdx.x] += sums[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    scale[blockIdx.x] = static_cast<float>(1.0 / (sqrt(sums[0]) * norm_scale + eps));
+  }
+}
+
+// x[i] = bf16(in[i] * scale[matrix of i]).
+__global__ void scale_to_bf16_kernel(const float* in, __nv_bfloat16* x, long long per,
+                                     long long total, const float* scale) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<long long>(blockDim.x) * gridDim.x) {
+    x[i] = __float2bfloat16_rn(__fmul_rn(in[i], scale[i / per]));
+  }
+}
+
+__global__ void bf16_to_float_kernel(const __nv_bfloat16* x, float* out, long long total) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<long long>(blockDim.x) * gridDim.x) {
+    out[i] = __bfloat162float(x[i]);
+  }
+}
+
+class NsV1Cublas final : public NsKernel {
+ public:
+  int version() const override { return 1; }
+  std::string name() const override { return "cublas-bf16"; }
+
+  bool can_implement(const MatrixShape& s, std::string* why) const override {
+    auto no = [&](const std::string& reason) {
+      if (why) *why = reason;
+      return false;
+    };
+    if (s.batch < 1 || s.rows < 1 || s.cols < 1) return no("empty shape " + s.to_string());
+    if (s.large_dim() > INT_MAX) return no("a dimension exceeds cuBLAS's int");
+    if (s.batch > 65535) return no("more than 65535 matrices in one batch");
+    return true;
+  }
+
+  std::size_t workspace_bytes(const MatrixShape& s) const override { return layout_of(s).total(); }
+
+  void run(CudaContext& ctx, const NsDeviceArgs& args) const override {
+    std::string why;
+    if (!can_implement(args.shape, &why)) throw Error("NS v1: " + why);
+    if (!args.config) throw Error("NS v1: no NsConfig given");
+    const NsConfig& config = *args.config;
+    if (config.steps.empty()) throw Error("NS v1: the NsConfig has no steps");
+    const Layout l = layout_of(args.shape);
+    if (args.workspace_bytes < l.total()) {
+      throw Error("NS v1: workspace of " + std::to_string(args.workspace_bytes) + " bytes, needs " +
+                  std::to_string(l.total()));
+    }
+    auto* base = static_cast<unsigned char*>(args.workspace);
+    auto* x = reinterpret_cast<__nv_bfloat16*>(base);
+    auto* x_next = reinterpret_cast<__nv_bfloat16*>(base + l.x_bytes);
+    auto* a = reinterpret_cast<__nv_bfloat16*>(base + 2 * l.x_bytes);
+    auto* b = reinterpret_cast<__nv_bfloat16*>(base + 2 * l.x_bytes + l.a_bytes);
+    auto* partial = reinterpret_cast<float*>(base + 2 * l.x_bytes + 2 * l.a_bytes);
+    auto* scale = reinterpret_cast<float*>(base + 2 * l.x_bytes + 2 * l.a_bytes + l.partial_bytes);
+
+    cudaStream_t stream = ctx.stream();
+    auto handle = static_cast<cublasHandle_t>(ctx.cublas_handle());
+    const long long per = l.m * l.n, total = per * l.batch;
+
+    // X0 = bf16(G / (||G||_F * norm_scale + eps)), per matrix.
+    sum_squares_kernel<<<dim3(static_cast<unsigned>(l.norm_blocks), static_cast<unsigned>(l.batch)),
+                         kThreads, 0, stream>>>(args.in, per, partial);
+    MUONBED_CUDA_CHECK(cudaGetLastError());
+    norm_scale_kernel<<<static_cast<unsigned>(l.batch), kThreads, 0, stream>>>(
+        partial, l.norm_blocks, config.norm_scale, config.eps, scale);
+    MUONBED_CUDA_CHECK(cudaGetLastError());
+    scale_to_bf16_kernel<<<grid_for(total), kThreads, 0, stream>>>(args.in, x, per, total, scale);
+    MUONBED_CUDA_CHECK(cudaGetLastError());
+
+    const int m = static_cast<int>(l.m), n = static_cast<int>(l.n);
+    const int batch = static_cast<int>(l.batch);
+    const long long stride_x = per, stride_a = l.m * l.m;
+    const bool tall = args.shape.is_tall();
+    const float one = 1.0f, zero = 0.0f;
+    for (const NsStepCoefficients& st : config.steps) {
+      const float coef_a = static_cast<float>(st.a), coef_b = static_cast<float>(st.b),
+                  coef_c = static_cast<float>(st.c);
+      // A = X X^T: wide V^T V (V = X^T, ld n); tall W W^T (W = X^T of the tall X, ld m).
+      MUONBED_CUDA_CHECK(cublasGemmStridedBatchedEx(
+          handle, tall ? CUBLAS_OP_N : CUBLAS_OP_T, tall ? CUBLAS_OP_T : CUBLAS_OP_N, m, m, n, &one,
+          x, CUDA_R_16BF, tall ? m : n, stride_x, x, CUDA_R_16BF, tall ? m : n, stride_x, &zero, a,
+          CUDA_R_16BF, m, stride_a, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      // B = c A A + b A (A copied into B for the beta term).
+      MUONBED_CUDA_CHECK(cudaMemcpyAsync(b, a, static_cast<std::size_t>(stride_a * batch) * 2,
+                                         cudaMemcpyDeviceToDevice, stream));
+      MUONBED_CUDA_CHECK(cublasGemmStridedBatchedEx(
+          handle, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &coef_c, a, CUDA_R_16BF, m, stride_a, a,
+          CUDA_R_16BF, m, stride_a, &coef_b, b, CUDA_R_16BF, m, stride_a, batch, CUBLAS_COMPUTE_32F,
+          CUBLAS_GEMM_DEFAULT));
+      // X' = B X + a X (X copied into X' for the beta term).
+      MUONBED_CUDA_CHECK(cudaMemcpyAsync(x_next, x, static_cast<std::size_t>(total) * 2,
+                                         cudaMemcpyDeviceToDevice, stream));
+      if (tall) {
+        // W' = B W + a W: [m, m] x [m, n].
+        MUONBED_CUDA_CHECK(cublasGemmStridedBatchedEx(
+            handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, m, &one, b, CUDA_R_16BF, m, stride_a, x,
+            CUDA_R_16BF, m, stride_x, &coef_a, x_next, CUDA_R_16BF, m, stride_x, batch,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      } else {
+        // V' = V B^T + a V: [n, m] x [m, m].
+        MUONBED_CUDA_CHECK(cublasGemmStridedBatchedEx(
+            handle, CUBLAS_OP_N, CUBLAS_OP_T, n, m, m, &one, x, CUDA_R_16BF, n, stride_x, b,
+            CUDA_R_16BF, m, stride_a, &coef_a, x_next, CUDA_R_16BF, n, stride_x, batch,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      }
+      std::swap(x, x_next);
+    }
+
+    bf16_to_float_kernel<<<grid_for(total), kThreads, 0, stream>>>(x, args.out, total);
+    MUONBED_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<NsKernel> make_ns_v1_cublas() {
+  return std::make_unique<NsV1Cublas>();
+}
+
+}  // namespace muonbed::cuda_detail

@@ -1,0 +1,196 @@
+// Cluster profiles: every shipped preset loads with its documented numbers, the GEMM efficiency
+// curve interpolates linearly in log2(dim) (hand-checked values), names resolve to files, and
+// strict parsing rejects bad profiles with the file:line:column and the fix.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <yaml-cpp/yaml.h>
+
+#include "core/cluster.hpp"
+#include "core/errors.hpp"
+#include "muonbed/config.hpp"
+
+using namespace muonbed;
+using Catch::Contains;
+
+namespace {
+
+std::string cluster_path(const std::string& name) {
+  return std::string(MUONBED_SOURCE_DIR) + "/experiments/clusters/" + name + ".yaml";
+}
+
+ConfigError cluster_error(const std::string& yaml) {
+  try {
+    parse_cluster(YAML::Load(yaml), "c.yaml");
+  } catch (const ConfigError& e) {
+    return e;
+  }
+  FAIL("expected a ConfigError for:\n" << yaml);
+  throw std::logic_error("unreachable");
+}
+
+const char* kValid =
+    "name: x\n"                                                           // 1
+    "gpus_per_node: 8\n"                                                  // 2
+    "gpu: {name: G, peak_tflops: 100, hbm_GBps: 1000, memory_GiB: 16}\n"  // 3
+    "intra_node: {kind: nvswitch, bandwidth_GBps: 450, latency_us: 2}\n"  // 4
+    "nic: {count_per_node: 8, bandwidth_GBps: 48, latency_us: 5}\n"       // 5
+    "network: {topology: fat_tree}\n";                                    // 6
+
+}  // namespace
+
+TEST_CASE("shipped cluster presets load with their documented numbers", "[experiments][cluster]") {
+  const ClusterSpec h100 = load_cluster_file(cluster_path("dgx-h100"));
+  CHECK(h100.name == "dgx-h100");
+  CHECK(h100.gpus_per_node == 8);
+  CHECK(h100.nodes == 0);
+  CHECK(h100.gpu.peak_tflops == 989);
+  CHECK(h100.gpu.hbm_GBps == 3000);
+  CHECK(h100.intra.kind == IntraNodeKind::nvswitch);
+  CHECK(h100.intra.bandwidth_GBps == 450);
+  CHECK(h100.nic.count_per_node == 8);
+  CHECK(h100.nic.bandwidth_GBps == 48);
+  CHECK(h100.nic.rail_optimized);
+  CHECK(h100.network.topology == TopologyKind::fat_tree);
+  CHECK(h100.gpu.efficiency(8192) == Approx(0.80));
+  // The large-GEMM end matches the 788-798 TFLOP/s measured (FACTS.md).
+  CHECK(h100.gpu.sustained_flops(16384) / 1e12 == Approx(791.2));
+  CHECK_FALSE(h100.source.empty());
+  CHECK(h100.origin.file == cluster_path("dgx-h100"));
+
+  const ClusterSpec h200 = load_cluster_file(cluster_path("dgx-h200"));
+  CHECK(h200.gpu.hbm_GBps == 4300);
+  CHECK(h200.gpu.memory_GiB > 139);
+
+  const ClusterSpec a100 = load_cluster_file(cluster_path("a100-pcie-4x"));
+  CHECK(a100.gpus_per_node == 4);
+  CHECK(a100.gpu.peak_tflops == 312);
+  CHECK(a100.intra.kind == IntraNodeKind::pcie);
+  CHECK(a100.nic.bandwidth_GBps < 25);
+
+  const ClusterSpec cpu = load_cluster_file(cluster_path("local-cpu"));
+  CHECK(cpu.nodes == 1);
+  CHECK(cpu.gpu.peak_tflops == 0.05);
+  CHECK(cpu.intra.bandwidth_GBps == 5);
+  CHECK(cpu.intra.latency_us == 1);
+}
+
+TEST_CASE("GEMM efficiency interpolates linearly in log2(dim)", "[experiments][cluster]") {
+  GpuSpec gpu;
+  CHECK(gpu.efficiency(123) == 1.0);  // no curve: peak
+  gpu.gemm_efficiency = {{256, 0.15}, {1024, 0.45}, {2048, 0.65}, {4096, 0.78}, {8192, 0.80}};
+  CHECK(gpu.efficiency(1) == Approx(0.15));  // clamped below
+  CHECK(gpu.efficiency(256) == Approx(0.15));
+  CHECK(gpu.efficiency(512) == Approx(0.30));  // log2 512 is halfway from 256 to 1024
+  CHECK(gpu.efficiency(1024) == Approx(0.45));
+  CHECK(gpu.efficiency(1024 * std::sqrt(2.0)) == Approx(0.55));  // halfway in log2
+  CHECK(gpu.efficiency(3072) == Approx(0.65 + (std::log2(3072.0) - 11) * 0.13));
+  CHECK(gpu.efficiency(4096) == Approx(0.78));
+  CHECK(gpu.efficiency(1e6) == Approx(0.80));  // clamped above
+  gpu.peak_tflops = 1000;
+  CHECK(gpu.sustained_flops(512) == Approx(0.30 * 1e15));
+}
+
+TEST_CASE("cluster names resolve to files", "[experiments][cluster]") {
+  const std::string found = find_cluster_file("dgx-h100", "");
+  CHECK(std::filesystem::equivalent(found, cluster_path("dgx-h100")));
+  // A path resolves relative to the referring file's folder.
+  const std::string data = MUONBED_TEST_DATA_DIR;
+  CHECK(std::filesystem::equivalent(find_cluster_file("small-cluster.yaml", data + "/exp.yaml"),
+                                    data + "/small-cluster.yaml"));
+  try {
+    find_cluster_file("dgx-h10", "");
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(std::string(e.what()), Contains("cluster 'dgx-h10' not found"));
+    CHECK_THAT(std::string(e.what()), Contains("did you mean 'dgx-h100'?"));
+    CHECK_THAT(e.fix(), Contains("local-cpu"));
+  }
+}
+
+TEST_CASE("a minimal cluster parses with defaults", "[experiments][cluster]") {
+  const ClusterSpec c = parse_cluster(YAML::Load(kValid), "c.yaml");
+  CHECK(c.nodes == 1);  // the struct's default: a fixed single node
+  CHECK(c.gpu.gemm_efficiency.empty());
+  CHECK(c.network.levels == 2);
+  CHECK(c.network.oversubscription == 1);
+  CHECK(c.origin.file == "c.yaml");
+  CHECK(c.origin.line == 1);
+}
+
+TEST_CASE("cluster parsing is strict", "[experiments][cluster][errors]") {
+  SECTION("missing section") {
+    const ConfigError e = cluster_error("name: x\ngpus_per_node: 8\n");
+    CHECK(e.where().line == 1);
+    CHECK_THAT(std::string(e.what()), Contains("missing the required key 'gpu'"));
+  }
+  SECTION("missing key inside a section") {
+    const ConfigError e = cluster_error(
+        std::string(kValid).replace(std::string(kValid).find(", latency_us: 5"), 15, ""));
+    CHECK(e.where().line == 5);
+    CHECK_THAT(std::string(e.what()), Contains("'nic' is missing the required key 'latency_us'"));
+  }
+  SECTION("unknown key with suggestion") {
+    const ConfigError e = cluster_error(std::string(kValid) + "nodez: 4\n");
+    CHECK(e.where().line == 7);
+    CHECK(e.where().column == 1);
+    CHECK_THAT(std::string(e.what()), Contains("did you mean 'nodes'?"));
+  }
+  SECTION("unknown topology") {
+    const ConfigError e = cluster_error(
+        std::string(kValid).replace(std::string(kValid).find("fat_tree"), 8, "torus"));
+    CHECK(e.where().line == 6);
+    CHECK(e.where().column == 21);
+    CHECK_THAT(std::string(e.what()), Contains("single_switch, fat_tree"));
+  }
+  SECTION("zero bandwidth") {
+    const ConfigError e =
+        cluster_error(std::string(kValid).replace(std::string(kValid).find("450"), 3, "0"));
+    CHECK(e.where().line == 4);
+    CHECK_THAT(std::string(e.what()), Contains("'intra_node.bandwidth_GBps' = 0 must be positive"));
+  }
+  SECTION("efficiency above 1") {
+    const ConfigError e =
+        cluster_error(std::string(kValid).replace(std::string(kValid).find("memory_GiB: 16}"), 15,
+                                                  "memory_GiB: 16, gemm_efficiency: {1024: 1.5}}"));
+    CHECK(e.where().line == 3);
+    CHECK_THAT(std::string(e.what()), Contains("gpu.gemm_efficiency.1024' = 1.5 is out of range"));
+  }
+  SECTION("rail optimization needs one NIC per GPU") {
+    const ConfigError e = cluster_error(
+        std::string(kValid)
+            .replace(std::string(kValid).find("latency_us: 5}"), 14,
+                     "latency_us: 5, rail_optimized: true}")
+            .replace(std::string(kValid).find("count_per_node: 8"), 17, "count_per_node: 2"));
+    CHECK(e.where().line == 5);
+    CHECK_THAT(std::string(e.what()), Contains("rail_optimized needs one NIC per GPU"));
+  }
+  SECTION("levels out of range") {
+    const ConfigError e = cluster_error(std::string(kValid).replace(
+        std::string(kValid).find("{topology: fat_tree}"), 20, "{topology: fat_tree, levels: 5}"));
+    CHECK(e.where().line == 6);
+    CHECK_THAT(std::string(e.what()), Contains("in 2..3"));
+  }
+}
+
+TEST_CASE("a cluster file with a YAML syntax error", "[experiments][cluster][errors]") {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "muonbed-broken-cluster.yaml").string();
+  {
+    std::ofstream out(path);
+    out << "name: x\ngpu: {name: G\n";
+  }
+  try {
+    load_cluster_file(path);
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    CHECK(e.where().file == path);
+    CHECK(e.where().line >= 2);
+    CHECK_THAT(std::string(e.what()), Contains("YAML syntax error"));
+  }
+  std::filesystem::remove(path);
+}

@@ -1,0 +1,419 @@
+// Good experiment files: every shipped experiment parses, sweeps expand to the right points and
+// labels, defaults resolve as documented, and each point's resolved YAML parses back to the same
+// values. Also checks explicit placements reach the sharded model, and that shipped points plan.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "core/experiment.hpp"
+#include "muonbed/config.hpp"
+
+using namespace muonbed;
+
+namespace {
+
+std::vector<std::string> shipped_experiments() {
+  std::vector<std::string> files;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::string(MUONBED_SOURCE_DIR) + "/experiments"))
+    if (entry.path().extension() == ".yaml") files.push_back(entry.path().string());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::vector<std::string> labels(const std::vector<Experiment>& points) {
+  std::vector<std::string> out;
+  for (const Experiment& e : points) out.push_back(e.point_label);
+  return out;
+}
+
+// Every value a point resolves to, compared field by field.
+void require_same(const Experiment& a, const Experiment& b) {
+  CHECK(a.name == b.name);
+  CHECK(a.cluster.name == b.cluster.name);
+  CHECK(a.cluster.source == b.cluster.source);
+  CHECK(a.cluster.gpus_per_node == b.cluster.gpus_per_node);
+  CHECK(a.cluster.nodes == b.cluster.nodes);
+  CHECK(a.cluster.gpu.name == b.cluster.gpu.name);
+  CHECK(a.cluster.gpu.peak_tflops == b.cluster.gpu.peak_tflops);
+  CHECK(a.cluster.gpu.hbm_GBps == b.cluster.gpu.hbm_GBps);
+  CHECK(a.cluster.gpu.memory_GiB == b.cluster.gpu.memory_GiB);
+  REQUIRE(a.cluster.gpu.gemm_efficiency.size() == b.cluster.gpu.gemm_efficiency.size());
+  for (std::size_t i = 0; i < a.cluster.gpu.gemm_efficiency.size(); ++i) {
+    CHECK(a.cluster.gpu.gemm_efficiency[i].dim == b.cluster.gpu.gemm_efficiency[i].dim);
+    CHECK(a.cluster.gpu.gemm_efficiency[i].efficiency ==
+          b.cluster.gpu.gemm_efficiency[i].efficiency);
+  }
+  CHECK(a.cluster.intra.kind == b.cluster.intra.kind);
+  CHECK(a.cluster.intra.bandwidth_GBps == b.cluster.intra.bandwidth_GBps);
+  CHECK(a.cluster.intra.latency_us == b.cluster.intra.latency_us);
+  CHECK(a.cluster.intra.pcie_switch_GBps == b.cluster.intra.pcie_switch_GBps);
+  CHECK(a.cluster.nic.count_per_node == b.cluster.nic.count_per_node);
+  CHECK(a.cluster.nic.bandwidth_GBps == b.cluster.nic.bandwidth_GBps);
+  CHECK(a.cluster.nic.latency_us == b.cluster.nic.latency_us);
+  CHECK(a.cluster.nic.rail_optimized == b.cluster.nic.rail_optimized);
+  CHECK(a.cluster.network.topology == b.cluster.network.topology);
+  CHECK(a.cluster.network.levels == b.cluster.network.levels);
+  CHECK(a.cluster.network.nodes_per_leaf == b.cluster.network.nodes_per_leaf);
+  CHECK(a.cluster.network.oversubscription == b.cluster.network.oversubscription);
+  CHECK(a.cluster.network.switch_latency_us == b.cluster.network.switch_latency_us);
+
+  CHECK(a.mesh.describe() == b.mesh.describe());
+  REQUIRE(a.mesh.ndims() == b.mesh.ndims());
+  for (int d = 0; d < a.mesh.ndims(); ++d) CHECK(a.mesh.dim(d).role == b.mesh.dim(d).role);
+
+  CHECK(a.model.name == b.model.name);
+  CHECK(a.model.num_layers == b.model.num_layers);
+  REQUIRE(a.model.params.size() == b.model.params.size());
+  for (std::size_t i = 0; i < a.model.params.size(); ++i) {
+    CHECK(a.model.params[i].name == b.model.params[i].name);
+    CHECK(a.model.params[i].shape == b.model.params[i].shape);
+    CHECK(a.model.params[i].dtype == b.model.params[i].dtype);
+    CHECK(a.model.params[i].role == b.model.params[i].role);
+    CHECK(a.model.params[i].layer == b.model.params[i].layer);
+  }
+
+  CHECK(a.parallel.fsdp_tensor_dim == b.parallel.fsdp_tensor_dim);
+  CHECK(a.parallel.tp_dim_per_param == b.parallel.tp_dim_per_param);
+  CHECK(a.parallel.tp_shard_embeddings == b.parallel.tp_shard_embeddings);
+  CHECK(a.parallel.routing.embeddings_to_adamw == b.parallel.routing.embeddings_to_adamw);
+  CHECK(a.parallel.routing.lm_head_to_adamw == b.parallel.routing.lm_head_to_adamw);
+  CHECK(a.parallel.routing.router_to_adamw == b.parallel.routing.router_to_adamw);
+  CHECK(a.parallel.routing.force_adamw == b.parallel.routing.force_adamw);
+
+  const OptimizerConfig& o = a.optimizer;
+  const OptimizerConfig& p = b.optimizer;
+  CHECK(o.lr == p.lr);
+  CHECK(o.momentum == p.momentum);
+  CHECK(o.nesterov == p.nesterov);
+  CHECK(o.momentum_form == p.momentum_form);
+  CHECK(o.weight_decay == p.weight_decay);
+  CHECK(o.ns_steps == p.ns_steps);
+  CHECK(o.coefficients == p.coefficients);
+  CHECK(o.custom_coefficients == p.custom_coefficients);
+  CHECK(o.update_scale == p.update_scale);
+  CHECK(o.ns_epsilon == p.ns_epsilon);
+  CHECK(o.adamw_lr == p.adamw_lr);
+  CHECK(o.adamw_beta1 == p.adamw_beta1);
+  CHECK(o.adamw_beta2 == p.adamw_beta2);
+  CHECK(o.adamw_eps == p.adamw_eps);
+  CHECK(o.comm_dtype == p.comm_dtype);
+
+  CHECK(a.strategy.to_json_text() == b.strategy.to_json_text());
+  CHECK(a.strategy.explicit_owners == b.strategy.explicit_owners);
+  CHECK(a.backends == b.backends);
+  CHECK(a.sim_fidelity == b.sim_fidelity);
+  CHECK(a.steps == b.steps);
+  CHECK(a.repeats == b.repeats);
+  CHECK(a.output_dir == b.output_dir);
+}
+
+void require_round_trip(const Experiment& e) {
+  INFO("resolved YAML of " << e.file << " [" << e.point_label << "]:\n" << e.resolved_yaml);
+  const std::vector<Experiment> again = parse_experiment(e.resolved_yaml, "resolved.yaml");
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].point_label.empty());
+  require_same(e, again[0]);
+  // Resolving is idempotent: the resolved YAML of the resolved YAML is the same text, up to the
+  // leading comment that names the source.
+  auto body = [](const std::string& yaml) { return yaml.substr(yaml.find('\n')); };
+  CHECK(body(again[0].resolved_yaml) == body(e.resolved_yaml));
+}
+
+}  // namespace
+
+TEST_CASE("every shipped experiment parses and round-trips", "[experiments]") {
+  const std::vector<std::string> files = shipped_experiments();
+  REQUIRE(files.size() >= 8);
+  for (const std::string& file : files) {
+    INFO(file);
+    const std::vector<Experiment> points = load_experiment(file);
+    REQUIRE_FALSE(points.empty());
+    for (const Experiment& e : points) {
+      CHECK(e.file == file);
+      CHECK_FALSE(e.resolved_yaml.empty());
+      CHECK(e.mesh.world_size() >= 1);
+      CHECK_NOTHROW(shard_model(e));
+      require_round_trip(e);
+    }
+  }
+}
+
+TEST_CASE("quickstart sweeps every strategy in file order", "[experiments][sweep]") {
+  const auto points =
+      load_experiment(std::string(MUONBED_SOURCE_DIR) + "/experiments/quickstart.yaml");
+  REQUIRE(points.size() == 5);
+  CHECK(labels(points) ==
+        std::vector<std::string>{"strategy.name=sequential", "strategy.name=replicated",
+                                 "strategy.name=owner", "strategy.name=all_to_all",
+                                 "strategy.name=owner_allgather"});
+  for (const Experiment& e : points) {
+    CHECK(e.name == "quickstart");
+    CHECK(e.mesh.world_size() == 8);
+    CHECK(e.model.name == "llama-7b");
+    CHECK(e.cluster.name == "dgx-h100");
+    CHECK(e.overrides.at("strategy.name") == e.strategy.name);
+  }
+}
+
+TEST_CASE("a sweep is a cartesian product, last key fastest", "[experiments][sweep]") {
+  const auto points = parse_experiment(
+      "name: s\nmesh: {dims: {dp_shard: 2, tp: 2}}\nmodel: {preset: tiny-dense}\n"
+      "sweep:\n  strategy.name: [owner, all_to_all]\n  mesh.dp_shard: [1, 2, 4]\n",
+      "s.yaml");
+  REQUIRE(points.size() == 6);
+  CHECK(labels(points) == std::vector<std::string>{"strategy.name=owner,mesh.dp_shard=1",
+                                                   "strategy.name=owner,mesh.dp_shard=2",
+                                                   "strategy.name=owner,mesh.dp_shard=4",
+                                                   "strategy.name=all_to_all,mesh.dp_shard=1",
+                                                   "strategy.name=all_to_all,mesh.dp_shard=2",
+                                                   "strategy.name=all_to_all,mesh.dp_shard=4"});
+  CHECK(points[0].mesh.world_size() == 2);
+  CHECK(points[2].mesh.world_size() == 8);
+  CHECK(points[2].mesh.dim(0).name == "dp_shard");
+  CHECK(points[2].mesh.size(0) == 4);
+  CHECK(points[4].strategy.name == "all_to_all");
+  CHECK(points[4].overrides.at("mesh.dp_shard") == "2");
+}
+
+TEST_CASE("mesh dim sweeps work on list-form dims too", "[experiments][sweep]") {
+  const auto points = parse_experiment(
+      "name: s\nmesh:\n  dims: [{name: pp, size: 2}, {name: dp_shard, size: 2}]\n"
+      "model: {preset: tiny-dense}\nsweep: {mesh.dp_shard: [2, 8]}\n",
+      "s.yaml");
+  REQUIRE(points.size() == 2);
+  CHECK(points[1].mesh.world_size() == 16);
+  CHECK(points[1].mesh.dim(0).role == DimRole::pp);
+}
+
+TEST_CASE("cluster fields can be swept over a named cluster", "[experiments][sweep]") {
+  const auto points = parse_experiment(
+      "name: s\ncluster: dgx-h100\nmesh: {dims: {dp_shard: 8}}\nmodel: {preset: tiny-dense}\n"
+      "sweep:\n  cluster.nic.bandwidth_GBps: [25, 48]\n  cluster.gpu.peak_tflops: [500]\n",
+      "s.yaml");
+  REQUIRE(points.size() == 2);
+  CHECK(points[0].cluster.nic.bandwidth_GBps == 25);
+  CHECK(points[1].cluster.nic.bandwidth_GBps == 48);
+  CHECK(points[0].cluster.gpu.peak_tflops == 500);
+  CHECK(points[0].cluster.gpu.hbm_GBps == 3000);  // untouched fields keep the preset's value
+  for (const Experiment& e : points) require_round_trip(e);
+}
+
+TEST_CASE("list-valued sweeps label with flow YAML", "[experiments][sweep]") {
+  const auto points = parse_experiment(
+      "name: s\nmesh: {dims: {dp_shard: 8}}\nmodel: {preset: tiny-dense}\n"
+      "sweep:\n  backend: [[sim, analytic], mpi]\n",
+      "s.yaml");
+  REQUIRE(points.size() == 2);
+  CHECK(points[0].point_label == "backend=[sim, analytic]");
+  CHECK(points[0].backends == std::vector<std::string>{"sim", "analytic"});
+  CHECK(points[1].backends == std::vector<std::string>{"mpi"});
+}
+
+TEST_CASE("defaults resolve as documented", "[experiments]") {
+  const auto points = parse_experiment("mesh: {dims: {dp_shard: 8}}\nmodel: {preset: llama-7b}\n",
+                                       "some/dir/my-study.yaml");
+  REQUIRE(points.size() == 1);
+  const Experiment& e = points[0];
+  CHECK(e.name == "my-study");  // the file's stem
+  CHECK(e.cluster.name == "dgx-h100");
+  CHECK(e.mesh.gpus_per_node() == 8);
+  CHECK(e.mesh.dim(0).role == DimRole::fsdp);
+  CHECK(e.strategy.name == "owner");
+  CHECK(e.strategy.assign == "flop_balanced");
+  CHECK(e.optimizer.ns_steps == 5);
+  CHECK(e.optimizer.coefficients == "keller");
+  CHECK(e.backends == std::vector<std::string>{"analytic"});
+  CHECK(e.sim_fidelity == "step");
+  CHECK(e.steps == 1);
+  CHECK(e.repeats == 1);
+  CHECK(e.output_dir == "results/my-study");
+  CHECK(e.point_label.empty());
+  CHECK(e.plan_settings().ns_steps == 5);
+  CHECK(e.plan_settings().comm_dtype == DType::bf16);
+}
+
+TEST_CASE("every section parses into its struct", "[experiments]") {
+  const auto points = parse_experiment(R"yaml(name: full
+cluster:
+  preset: dgx-h200
+  nodes: 2
+mesh:
+  dims:
+    dp_replicate: 2
+    data: {size: 2, role: fsdp}
+    tp: 4
+  world_size: 16
+model:
+  preset: tiny-dense
+  name: tiny
+  dtype: fp32
+parallel:
+  fsdp_tensor_dim: 1
+  tp_dim_per_param: {layers.0.attn.o: 0}
+  tp_shard_embeddings: false
+optimizer:
+  lr: 0.01
+  momentum: 0.9
+  nesterov: false
+  momentum_form: lerp
+  weight_decay: 0.1
+  ns_steps: 2
+  coefficients: custom
+  custom_coefficients: [[3.4445, -4.775, 2.0315], [2, -1.5, 0.5]]
+  update_scale: match_rms_adamw
+  ns_epsilon: 1e-6
+  adamw_lr: 1e-3
+  adamw_beta1: 0.8
+  adamw_beta2: 0.99
+  adamw_eps: 1e-10
+  comm_dtype: fp32
+  routing: {embeddings_to_adamw: false, lm_head_to_adamw: false, router_to_adamw: true,
+            force_adamw: [layers.1.mlp.down]}
+strategy:
+  name: all_to_all
+  assign: round_robin
+  async_gpu_parallelism: false
+  prefetch_count: 0
+  gather: flat
+  chunk_size: 4
+  max_chunks_in_flight: 3
+  small_param_threshold: 1e3
+  grad_sync: {enabled: true, level_periods: [1, 2]}
+backend: [sim, analytic]
+sim: {fidelity: flow}
+steps: 3
+repeats: 2
+output: out/full
+)yaml",
+                                       "full.yaml");
+  REQUIRE(points.size() == 1);
+  const Experiment& e = points[0];
+  CHECK(e.cluster.name == "dgx-h200");
+  CHECK(e.cluster.nodes == 2);
+  CHECK(e.cluster.gpu.hbm_GBps == 4300);
+  CHECK(e.mesh.describe().find("data=2") != std::string::npos);
+  CHECK(e.mesh.dim(1).role == DimRole::fsdp);
+  CHECK(e.mesh.dim(0).role == DimRole::replicate);
+  CHECK(e.mesh.world_size() == 16);
+  CHECK(e.model.name == "tiny");
+  CHECK(e.model.params.front().dtype == DType::fp32);
+  CHECK(e.parallel.fsdp_tensor_dim == 1);
+  CHECK(e.parallel.tp_dim_per_param.at("layers.0.attn.o") == 0);
+  CHECK_FALSE(e.parallel.tp_shard_embeddings);
+  CHECK_FALSE(e.parallel.routing.embeddings_to_adamw);
+  CHECK(e.parallel.routing.router_to_adamw);
+  CHECK(e.parallel.routing.force_adamw == std::vector<std::string>{"layers.1.mlp.down"});
+  CHECK(e.optimizer.lr == 0.01);
+  CHECK(e.optimizer.momentum_form == "lerp");
+  CHECK(e.optimizer.custom_coefficients.size() == 2);
+  CHECK(e.optimizer.custom_coefficients[0][1] == -4.775);
+  CHECK(e.optimizer.ns_epsilon == 1e-6);
+  CHECK(e.optimizer.comm_dtype == DType::fp32);
+  CHECK(e.strategy.name == "all_to_all");
+  CHECK_FALSE(e.strategy.async_gpu_parallelism);
+  CHECK(e.strategy.gather == "flat");
+  CHECK(e.strategy.chunk_size == 4);
+  CHECK(e.strategy.small_param_threshold == 1000);
+  CHECK(e.strategy.grad_sync.enabled);
+  CHECK(e.strategy.grad_sync.level_periods == std::vector<int>{1, 2});
+  CHECK(e.backends == std::vector<std::string>{"sim", "analytic"});
+  CHECK(e.sim_fidelity == "flow");
+  CHECK(e.steps == 3);
+  CHECK(e.output_dir == "out/full");
+  require_round_trip(e);
+}
+
+TEST_CASE("dense and moe specs build their models", "[experiments]") {
+  const auto dense = parse_experiment(
+      "name: d\nmesh: {dims: {tp: 4}}\nmodel:\n  dense: {name: my-llama, hidden: 512, layers: 3, "
+      "heads: 8, kv_heads: 4, ffn: 1376, vocab: 1000}\n",
+      "d.yaml");
+  REQUIRE(dense.size() == 1);
+  CHECK(dense[0].model.name == "my-llama");
+  CHECK(dense[0].model.num_layers == 3);
+  require_round_trip(dense[0]);
+
+  const auto moe = parse_experiment(
+      "name: m\nmesh: {dims: {ep: 4, dp_shard: 2}}\nmodel:\n  moe: {hidden: 256, layers: 4, "
+      "heads: 4, ffn: 512, vocab: 1000, experts: 16, expert_ffn: 64, shared_experts: 1, "
+      "dense_layers: 1}\n",
+      "m.yaml");
+  REQUIRE(moe.size() == 1);
+  const ShardedModel sharded = shard_model(moe[0]);
+  int slices = 0;
+  for (const DistributedParam& p : sharded.params)
+    if (p.name.find("[ep=") != std::string::npos) ++slices;
+  CHECK(slices == 3 * 3 * 4);  // 3 MoE layers x (gate, up, down) x 4 EP slices
+  require_round_trip(moe[0]);
+}
+
+TEST_CASE("explicit params with placements reach the sharded model", "[experiments]") {
+  const auto points = parse_experiment(R"yaml(name: explicit
+mesh: {dims: {dp_shard: 2, tp: 2}}
+model:
+  placements: {dp_shard: "S(0)"}
+  params:
+    - {name: w1, shape: [64, 32], role: attn_q, layer: 0, placements: {dp_shard: "SS(0,2)", tp: "S(0)"}}
+    - {name: w2, shape: [32, 64], layer: 1}
+    - {name: n, shape: [64]}
+)yaml",
+                                       "explicit.yaml");
+  REQUIRE(points.size() == 1);
+  const Experiment& e = points[0];
+  CHECK(e.model.num_layers == 2);
+  CHECK(e.model.params[1].role == ParamRole::other_matrix);
+  CHECK(e.model.params[2].role == ParamRole::norm);
+  const ShardedModel sharded = shard_model(e);
+  REQUIRE(sharded.params.size() == 3);
+  CHECK(sharded.params[0].layout.placements()[0] == Placement::strided_shard(0, 2));
+  CHECK(sharded.params[0].layout.placements()[1] == Placement::shard(0));
+  CHECK(sharded.params[1].layout.placements()[0] == Placement::shard(0));  // model default
+  CHECK(sharded.params[1].layout.placements()[1] == Placement::replicate());
+  CHECK(sharded.params[2].optimizer == OptimizerKind::adamw);
+  require_round_trip(e);
+  // The round trip keeps the layouts.
+  const ShardedModel again = shard_model(parse_experiment(e.resolved_yaml, "r.yaml")[0]);
+  for (std::size_t i = 0; i < sharded.params.size(); ++i)
+    CHECK(again.params[i].layout.placements() == sharded.params[i].layout.placements());
+}
+
+TEST_CASE("explicit params without placements use the parallel rules", "[experiments]") {
+  const auto points = parse_experiment(
+      "name: p\nmesh: {dims: {dp_shard: 2}}\nmodel:\n  params:\n"
+      "    - {name: w, shape: [8, 8], role: mlp_up, layer: 0}\n",
+      "p.yaml");
+  const ShardedModel sharded = shard_model(points.at(0));
+  CHECK(sharded.params.at(0).layout.placements()[0] == Placement::shard(0));
+}
+
+TEST_CASE("clusters resolve relative to the experiment file", "[experiments]") {
+  const std::string dir = MUONBED_TEST_DATA_DIR;
+  const auto points = parse_experiment(
+      "name: c\ncluster: small-cluster.yaml\nmesh: {dims: {dp_shard: 8}}\nmodel: {preset: "
+      "tiny-dense}\n",
+      dir + "/exp.yaml");
+  CHECK(points.at(0).cluster.name == "small-cluster");
+  CHECK(points.at(0).mesh.gpus_per_node() == 4);
+  CHECK(points.at(0).mesh.num_nodes() == 2);
+  CHECK_THROWS_AS(parse_experiment("name: c\ncluster: small-cluster.yaml\nmesh: {dims: "
+                                   "{dp_shard: 16}}\nmodel: {preset: tiny-dense}\n",
+                                   dir + "/exp.yaml"),
+                  ConfigError);
+}
+
+TEST_CASE("shipped points plan and validate", "[experiments][plan]") {
+  for (const char* name : {"quickstart", "ddp", "pp"}) {
+    const auto points =
+        load_experiment(std::string(MUONBED_SOURCE_DIR) + "/experiments/" + name + ".yaml");
+    for (const Experiment& e : points) {
+      INFO(name << " [" << e.point_label << "]");
+      const StepPlan plan = plan_experiment(e);
+      CHECK(plan.strategy == e.strategy.name);
+      CHECK_NOTHROW(validate_plan(plan));
+    }
+  }
+}
