@@ -56,7 +56,7 @@ struct Experiment {
   OptimizerConfig optimizer;
   StrategyOptions strategy;
   std::vector<std::string> backends;  // sim, analytic, mpi, nccl
-  std::string sim_fidelity = "step";  // step | flow | auto (sim backend)
+  std::string sim_fidelity = "auto";  // step | flow | auto (sim backend: step up to 256 ranks)
   int steps = 1;
   int repeats = 1;
   std::string output_dir;

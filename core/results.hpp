@@ -228,6 +228,18 @@ std::string utc_timestamp();  // "2025-01-31T12:34:56Z"
 // collective instance, and closed-form traffic of the same algorithms the simulator lowers to.
 ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster);
 
+// ---- Reports ------------------------------------------------------------------------------------
+
+// One-line summary of a record: point, backend, fidelity, average and worst step, per-GPU
+// throughput, computation vs communication time.
+std::string summary_line(const ResultRecord& record);
+
+// Seed 000's claims (parallel vs sequential ~N x, prefetch 2-3 x on top, 16-24 x total on 8 GPUs)
+// beside the predictions of each backend found in `records` (points told apart by strategy name
+// and prefetch_count in their resolved configuration). Missing points show as "-"; "" when no
+// backend has two of the three configurations.
+std::string seed_claims_table(const std::vector<ResultRecord>& records);
+
 // ---- JSON ---------------------------------------------------------------------------------------
 
 std::string result_to_json(const ResultRecord& record);  // stable key order, 1-space indent

@@ -1043,7 +1043,7 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root) {
   read_optimizer(ctx, top, e.model, e.optimizer, e.parallel.routing);
   read_strategy(ctx, top, ms, e.model, e.strategy);
 
-  e.backends = {"analytic"};
+  e.backends = {"sim"};  // the main job: the simulator (muonbed run)
   if (const Field* f = top.find("backend")) {
     std::vector<Field> items;
     if (f->value.IsSequence()) {

@@ -11,6 +11,7 @@ namespace muonbed::cli {
 void add_validate_command(CLI::App& app, int& exit_code);
 void add_plan_command(CLI::App& app, int& exit_code);
 void add_presets_command(CLI::App& app, int& exit_code);
+void add_run_command(CLI::App& app, int& exit_code);
 void add_bench_command(CLI::App& app, int& exit_code);
 
 }  // namespace muonbed::cli

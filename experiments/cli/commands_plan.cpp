@@ -32,25 +32,6 @@ struct PlanOptions {
   std::string ranks = "8";
 };
 
-// A point matches a filter if the filter equals its label, or every "key=value" of the filter
-// is one of its overrides ("strategy.name=owner" picks every point with that strategy).
-bool matches(const Experiment& e, const std::string& filter) {
-  if (filter == e.point_label) return true;
-  std::size_t start = 0;
-  while (start <= filter.size()) {
-    const std::size_t comma = filter.find(',', start);
-    const std::string part =
-        filter.substr(start, comma == std::string::npos ? comma : comma - start);
-    const std::size_t eq = part.find('=');
-    if (eq == std::string::npos) return false;
-    const auto it = e.overrides.find(part.substr(0, eq));
-    if (it == e.overrides.end() || it->second != part.substr(eq + 1)) return false;
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return true;
-}
-
 // Characters safe in a file name; the rest become '_'.
 std::string file_safe(const std::string& text) {
   std::string out;
@@ -222,7 +203,7 @@ int run_plan(const PlanOptions& o) {
   std::vector<std::size_t> selected;
   for (std::size_t i = 0; i < points.size(); ++i) {
     bool keep = o.points.empty();
-    for (const std::string& f : o.points) keep = keep || matches(points[i], f);
+    for (const std::string& f : o.points) keep = keep || point_matches(points[i], f);
     if (keep) selected.push_back(i);
   }
   if (selected.empty()) {

@@ -95,4 +95,21 @@ std::string point_text(const Experiment& e, std::size_t index, std::size_t count
   return fmt::format("[{}/{}] {}", index + 1, count, e.point_label);
 }
 
+bool point_matches(const Experiment& e, const std::string& filter) {
+  if (filter == e.point_label) return true;
+  std::size_t start = 0;
+  while (start <= filter.size()) {
+    const std::size_t comma = filter.find(',', start);
+    const std::string part =
+        filter.substr(start, comma == std::string::npos ? comma : comma - start);
+    const std::size_t eq = part.find('=');
+    if (eq == std::string::npos) return false;
+    const auto it = e.overrides.find(part.substr(0, eq));
+    if (it == e.overrides.end() || it->second != part.substr(eq + 1)) return false;
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return true;
+}
+
 }  // namespace muonbed::cli

@@ -38,4 +38,8 @@ std::string strategy_text(const StrategyOptions& s);
 // "[1/5] strategy.name=owner" or "" for an experiment without a sweep.
 std::string point_text(const Experiment& e, std::size_t index, std::size_t count);
 
+// A point matches a --point filter if the filter equals its label, or every "key=value" of the
+// filter is one of its overrides ("strategy.name=owner" picks every point with that strategy).
+bool point_matches(const Experiment& e, const std::string& filter);
+
 }  // namespace muonbed::cli

@@ -1,7 +1,7 @@
 // Entry point of the `muonbed` command line: validate experiment files, print step plans with an
-// analytic time estimate, list presets, and benchmark Newton-Schulz. Every failure ends as one
-// "muonbed: error: ..." message on stderr with exit code 2 for bad input (config files, command
-// line) and 1 for anything else; no exception escapes.
+// analytic time estimate, run experiments on the simulator, list presets, and benchmark
+// Newton-Schulz. Every failure ends as one "muonbed: error: ..." message on stderr with exit code
+// 2 for bad input (config files, command line) and 1 for anything else; no exception escapes.
 #include <algorithm>
 #include <exception>
 #include <iostream>
@@ -20,6 +20,7 @@ constexpr const char* kFooter = R"(Start here:
   muonbed presets                               models, clusters, strategies you can name
   muonbed validate experiments/quickstart.yaml  check an experiment file (every sweep point)
   muonbed plan experiments/quickstart.yaml      per-rank work, traffic, memory and step time
+  muonbed run experiments/quickstart.yaml       simulate every sweep point, write results, plot
   muonbed plan experiments/quickstart.yaml --point strategy.name=owner --json plans/
   muonbed bench ns --device cpu                 validate and time Newton-Schulz kernels
 Experiment files: experiments/*.yaml (the header comment of each says what it studies);
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
     muonbed::cli::add_validate_command(app, exit_code);
     muonbed::cli::add_plan_command(app, exit_code);
     muonbed::cli::add_presets_command(app, exit_code);
+    muonbed::cli::add_run_command(app, exit_code);
     muonbed::cli::add_bench_command(app, exit_code);
     // An unknown first word would otherwise read "A subcommand is required".
     const std::vector<CLI::App*> commands = app.get_subcommands({});

@@ -226,8 +226,8 @@ TEST_CASE("defaults resolve as documented", "[experiments]") {
   CHECK(e.strategy.assign == "flop_balanced");
   CHECK(e.optimizer.ns_steps == 5);
   CHECK(e.optimizer.coefficients == "keller");
-  CHECK(e.backends == std::vector<std::string>{"analytic"});
-  CHECK(e.sim_fidelity == "step");
+  CHECK(e.backends == std::vector<std::string>{"sim"});
+  CHECK(e.sim_fidelity == "auto");
   CHECK(e.steps == 1);
   CHECK(e.repeats == 1);
   CHECK(e.output_dir == "results/my-study");

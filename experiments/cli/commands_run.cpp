@@ -1,0 +1,389 @@
+// `muonbed run EXP.yaml`: the main job. Runs every sweep point of an experiment on its backends
+// (the simulator by default), writes each point's result file as soon as it completes
+// (atomically: a killed sweep never leaves a half-written file), resumes a sweep by skipping the
+// points whose results already exist for the same resolved configuration, prints one summary line
+// per point plus seed 000's claims table when the sweep holds its configurations, and finally
+// draws the plots with analysis/plot.py when matplotlib is available.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "core/errors.hpp"
+#include "core/experiment.hpp"
+#include "core/results.hpp"
+#include "experiments/cli/commands.hpp"
+#include "experiments/cli/format.hpp"
+#include "muonbed/config.hpp"
+
+#if MUONBED_HAVE_SIMGRID
+#include "sim/run_point.hpp"
+#endif
+
+namespace muonbed::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct RunOptions {
+  std::string file;
+  std::vector<std::string> backends;
+  std::vector<std::string> points;
+  std::string output;
+  std::string fidelity;
+  int trace_ranks = 64;
+  bool force = false;
+  bool no_plots = false;
+};
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The resolved configuration without the keys that do not change this backend's result (which
+// backends run, where files go, the simulator's settings for other backends), so adding a backend
+// or moving the output keeps finished points.
+std::string result_identity(const std::string& resolved_yaml, const std::string& backend) {
+  YAML::Node root = YAML::Load(resolved_yaml);
+  root.remove("backend");
+  root.remove("output");
+  if (backend != "sim") root.remove("sim");
+  YAML::Emitter out;
+  out << root;
+  return out.c_str();
+}
+
+// Applies --output and --fidelity to a point and to its resolved configuration (which the result
+// file records as provenance and resume compares).
+void apply_overrides(Experiment& point, const RunOptions& o) {
+  if (o.output.empty() && o.fidelity.empty()) return;
+  YAML::Node root = YAML::Load(point.resolved_yaml);
+  if (!o.output.empty()) {
+    point.output_dir = o.output;
+    root["output"] = o.output;
+  }
+  if (!o.fidelity.empty()) {
+    point.sim_fidelity = o.fidelity;
+    root["sim"]["fidelity"] = o.fidelity;
+  }
+  YAML::Emitter out;
+  out << root;
+  point.resolved_yaml = std::string(out.c_str()) + "\n";
+}
+
+// A finished result for this point and backend, if one exists with the same configuration.
+std::optional<ResultRecord> completed_result(const Experiment& point, const std::string& backend) {
+  const std::string path = result_path(point, backend);
+  if (!fs::exists(path)) return std::nullopt;
+  try {
+    ResultRecord record = read_result_file(path);
+    if (record.schema_version != kResultsSchemaVersion || record.backend != backend)
+      return std::nullopt;
+    if (result_identity(record.provenance.resolved_config, backend) !=
+        result_identity(point.resolved_yaml, backend))
+      return std::nullopt;
+    return record;
+  } catch (const std::exception&) {
+    return std::nullopt;  // unreadable or from another version: run the point again
+  }
+}
+
+struct PointOutcome {
+  ResultRecord record;
+  std::string detail;  // wall times and simulation statistics
+  std::string path;
+};
+
+PointOutcome run_one(const Experiment& point, const StepPlan& plan, const std::string& backend,
+                     const RunOptions& options) {
+  PointOutcome outcome;
+  const auto start = Clock::now();
+#if MUONBED_HAVE_SIMGRID
+  SimOptions sim_options;
+  sim_options.trace_max_ranks = options.trace_ranks;
+  PointRun run = run_plan(point, plan, backend, sim_options);
+  outcome.path = write_point(point, run);
+  outcome.detail = fmt::format("{} {}", backend, human_seconds(seconds_since(start)));
+  if (backend == "sim")
+    outcome.detail += fmt::format(" (simulation {}, peak RSS {:.0f} MB, {} SimGrid transfers)",
+                                  human_seconds(run.stats.wall_s), run.stats.peak_rss_bytes / 1e6,
+                                  run.stats.simgrid_transfers);
+  outcome.record = std::move(run.record);
+#else
+  (void)options;
+  // Only the analytic backend exists without SimGrid (checked before the sweep starts).
+  outcome.record = analytic_record(plan, point.cluster);
+  outcome.record.provenance = make_provenance(&point, "");
+  outcome.record.timestamp = utc_timestamp();
+  outcome.path = result_path(point, backend);
+  write_file_atomically(outcome.path, result_to_json(outcome.record));
+  outcome.detail = fmt::format("{} {}", backend, human_seconds(seconds_since(start)));
+#endif
+  return outcome;
+}
+
+// Checks that this build can run every requested backend before any work starts.
+void check_backends(const std::vector<Experiment>& points, const RunOptions& o) {
+  for (const Experiment& point : points)
+    for (const std::string& backend : point.backends) {
+      if (backend == "mpi" || backend == "nccl")
+        throw ConfigError(SourceLocation{o.file, 0, 0},
+                          "backend '" + backend +
+                              "' cannot run yet: the real executors (Open MPI on CPU "
+                              "ranks, NCCL on GPUs) are the next milestone",
+                          "run the simulator and the analytic model for now: muonbed run " +
+                              o.file + " --backend sim --backend analytic");
+      if (backend == "sim" && !MUONBED_HAVE_SIMGRID)
+        throw ConfigError(
+            SourceLocation{o.file, 0, 0},
+            "this muonbed was built without SimGrid, so the 'sim' backend is off",
+            "install libsimgrid-dev (bash scripts/install-deps) and rebuild, or run the analytic "
+            "model: muonbed run " +
+                o.file + " --backend analytic");
+    }
+}
+
+// Progress on stderr: a bar redrawn in place on a terminal, nothing otherwise (the summary lines
+// on stdout already say which point finished).
+class Progress {
+ public:
+  Progress(std::size_t total, bool enabled) : total_(total), enabled_(enabled) {}
+  void show(std::size_t done, const std::string& current) {
+    if (!enabled_) return;
+    const double elapsed = seconds_since(start_);
+    const int width = 24;
+    const int filled = static_cast<int>(width * done / std::max<std::size_t>(total_, 1));
+    std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
+    std::string eta;
+    if (done > 0 && done < total_)
+      eta = ", ~" + human_seconds(elapsed / done * (total_ - done)) + " left";
+    std::string line = fmt::format("[{}] {}/{} runs, {}{}: {}", bar, done, total_,
+                                   human_seconds(elapsed), eta, current);
+    if (line.size() > 110) line = line.substr(0, 107) + "...";
+    std::cerr << "\r\033[K" << line << std::flush;
+  }
+  void clear() {
+    if (enabled_) std::cerr << "\r\033[K" << std::flush;
+  }
+
+ private:
+  std::size_t total_;
+  bool enabled_;
+  Clock::time_point start_ = Clock::now();
+};
+
+std::string backend_text(const ResultRecord& r) {
+  return r.backend == "sim" ? "sim/" + r.fidelity : r.backend;
+}
+
+// Every finished run, in sweep order, with its speedup over the sweep's first point on the same
+// backend (the baseline the experiment lists first, e.g. the sequential strategy), whatever
+// fidelity each point was simulated at.
+void print_results_table(const std::vector<ResultRecord>& records,
+                         const std::vector<Experiment>& points) {
+  std::vector<const ResultRecord*> ordered;
+  for (const Experiment& point : points)
+    for (const ResultRecord& r : records)
+      if (r.provenance.point == point.point_label) ordered.push_back(&r);
+  std::map<std::string, double> baseline;  // backend -> first point's average step
+  for (const ResultRecord* r : ordered) baseline.try_emplace(r->backend, r->step.average_s);
+  const bool sweep = points.size() > 1;
+  Table table({"point", "backend", "GPUs", "step avg", "worst", "compute", "comm", "exposed",
+               "params/s/GPU", sweep ? "speedup" : ""},
+              2);
+  for (const ResultRecord* r : ordered) {
+    const double base = baseline[r->backend];
+    table.add(
+        {r->provenance.point.empty() ? r->provenance.experiment : r->provenance.point,
+         backend_text(*r), std::to_string(r->setup.world_size), human_seconds(r->step.average_s),
+         human_seconds(r->step.worst_s), human_seconds(r->throughput.compute_time_s.average),
+         human_seconds(r->throughput.comm_time_s.average),
+         human_seconds(r->throughput.comm_exposed_time_s.average),
+         human_count(r->throughput.params_per_s_per_gpu.average),
+         sweep && r->step.average_s > 0 ? fmt::format("{:.2f}x", base / r->step.average_s) : ""});
+  }
+  std::cout << "\nstep time per point (compute, comm, exposed: means over GPUs of busy time; "
+               "exposed = comm not hidden by compute"
+            << (sweep ? "; speedup vs the first point" : "") << ")\n";
+  table.print(std::cout);
+}
+
+bool matplotlib_available() {
+  return std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
+}
+
+// Quotes a path for /bin/sh.
+std::string shell_quote(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+void make_plots(const std::vector<std::string>& output_dirs) {
+  const fs::path script = fs::path(MUONBED_SOURCE_DIR) / "analysis" / "plot.py";
+  if (!fs::exists(script)) {
+    std::cout << "\nplots: skipped (" << script.string() << " not found)\n";
+    return;
+  }
+  if (!matplotlib_available()) {
+    std::cout << "\nplots: skipped: matplotlib is missing for /usr/bin/python3 (install "
+                 "python3-matplotlib, then: /usr/bin/python3 "
+              << script.string() << " RESULTS_DIR)\n";
+    return;
+  }
+  for (const std::string& dir : output_dirs) {
+    std::cout << "\n" << std::flush;
+    const std::string command =
+        "/usr/bin/python3 " + shell_quote(script.string()) + " " + shell_quote(dir);
+    if (std::system(command.c_str()) != 0)
+      throw Error("plotting failed: '" + command + "' exited with an error (its message is above)");
+  }
+}
+
+int run_command(RunOptions& o) {
+  std::vector<Experiment> all = load_experiment(o.file);
+  std::vector<Experiment> points;
+  for (Experiment& point : all) {
+    bool keep = o.points.empty();
+    for (const std::string& f : o.points) keep = keep || point_matches(point, f);
+    if (!keep) continue;
+    if (!o.backends.empty()) point.backends = o.backends;
+    apply_overrides(point, o);
+    points.push_back(std::move(point));
+  }
+  if (points.empty()) {
+    std::string labels;
+    for (const Experiment& e : all) labels += "\n    " + e.point_label;
+    throw ConfigError(SourceLocation{o.file, 0, 0}, "no sweep point matches --point",
+                      "use a full label or key=value pairs; the points are:" + labels);
+  }
+  check_backends(points, o);
+
+  std::size_t total = 0;
+  for (const Experiment& point : points) total += point.backends.size();
+  const Experiment& first = points.front();
+  std::cout << fmt::format("{}: {} point{} x backends = {} run{}; results in {}\n", first.name,
+                           points.size(), points.size() == 1 ? "" : "s", total,
+                           total == 1 ? "" : "s", first.output_dir);
+
+  Progress progress(total, isatty(STDERR_FILENO) != 0);
+  std::vector<ResultRecord> records;
+  std::vector<std::string> output_dirs;
+  std::size_t done = 0, resumed = 0, failures = 0;
+  const auto start = Clock::now();
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const Experiment& point = points[i];
+    if (std::find(output_dirs.begin(), output_dirs.end(), point.output_dir) == output_dirs.end())
+      output_dirs.push_back(point.output_dir);
+    const std::string label = point.point_label.empty() ? point.name : point.point_label;
+    std::optional<StepPlan> plan;  // built once per point, when a backend first needs it
+    double plan_s = 0;
+    for (const std::string& backend : point.backends) {
+      if (!o.force) {
+        if (std::optional<ResultRecord> record = completed_result(point, backend)) {
+          ++done;
+          ++resumed;
+          records.push_back(std::move(*record));
+          continue;
+        }
+      }
+      progress.show(done, label + " [" + backend + "]");
+      try {
+        if (!plan) {
+          const auto plan_start = Clock::now();
+          plan = plan_experiment(point);
+          plan_s = seconds_since(plan_start);
+        }
+        PointOutcome outcome = run_one(point, *plan, backend, o);
+        progress.clear();
+        std::cout << fmt::format("[{:>{}}/{}] {} [{}]: step {} avg, {} worst; plan {}, {}\n",
+                                 done + 1, std::to_string(total).size(), total, label,
+                                 backend_text(outcome.record),
+                                 human_seconds(outcome.record.step.average_s),
+                                 human_seconds(outcome.record.step.worst_s), human_seconds(plan_s),
+                                 outcome.detail)
+                  << std::flush;
+        records.push_back(std::move(outcome.record));
+      } catch (const ConfigError&) {
+        throw;  // bad input is the same for every point
+      } catch (const Error& e) {
+        // One point that cannot run (e.g. a mesh larger than the cluster) does not stop the rest.
+        progress.clear();
+        ++failures;
+        std::cerr << "muonbed: error: " << label << " [" << backend << "]: " << e.what() << "\n";
+      }
+      ++done;
+    }
+  }
+  progress.clear();
+  if (resumed > 0) {
+    std::cout << fmt::format(
+        "resumed: {} of {} runs already had results for the same configuration and were not "
+        "run again (--force reruns them)\n",
+        resumed, total);
+  }
+  std::cout << fmt::format("{} run{} in {}\n", total - resumed, total - resumed == 1 ? "" : "s",
+                           human_seconds(seconds_since(start)));
+  if (!records.empty()) print_results_table(records, points);
+
+  const std::string claims = seed_claims_table(records);
+  if (!claims.empty()) std::cout << "\n" << claims;
+
+  if (failures > 0) {
+    std::cerr << fmt::format("muonbed: error: {} of {} runs failed (messages above)\n", failures,
+                             total);
+    return 1;
+  }
+  if (!o.no_plots) make_plots(output_dirs);
+  return 0;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, int& exit_code) {
+  auto options = std::make_shared<RunOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "run",
+      "Run every sweep point on the experiment's backends (the simulator by default), write "
+      "results as points finish, resume an interrupted sweep, and plot");
+  cmd->add_option("experiment", options->file, "experiment YAML file")->required();
+  cmd->add_option("--backend", options->backends,
+                  "run these backends instead of the file's (sim, analytic; repeatable)")
+      ->check(CLI::IsMember({"sim", "analytic", "mpi", "nccl"}));
+  cmd->add_option("--point", options->points,
+                  "only points whose label is LABEL or includes every key=value of it "
+                  "(repeatable)");
+  cmd->add_option("--output", options->output, "results folder (default: the file's output)");
+  cmd->add_option("--fidelity", options->fidelity,
+                  "simulator fidelity instead of the file's sim.fidelity")
+      ->check(CLI::IsMember({"step", "flow", "auto"}));
+  cmd->add_option("--trace-ranks", options->trace_ranks,
+                  "ranks in the simulator's Chrome trace (0: no trace)")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_flag("--force", options->force, "rerun points that already have results");
+  cmd->add_flag("--no-plots", options->no_plots, "do not call analysis/plot.py");
+  cmd->footer(R"(Examples:
+  muonbed run experiments/quickstart.yaml            simulate every strategy on one DGX H100 node
+  muonbed run experiments/scaling.yaml --point strategy.name=owner
+  muonbed run experiments/quickstart.yaml --backend analytic --output results/qs-analytic
+Results: <output>/<point>/<backend>.json (schema in core/results.hpp) and <backend>.trace.json
+(Chrome/Perfetto trace of the worst step: open in ui.perfetto.dev). Rerunning skips finished
+points; a killed sweep resumes where it stopped.)");
+  cmd->callback([options, &exit_code] { exit_code = run_command(*options); });
+}
+
+}  // namespace muonbed::cli

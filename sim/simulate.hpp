@@ -1,0 +1,83 @@
+// The SimGrid backend's public facade: replay a step plan on a modelled cluster and get the
+// results record of core/results.hpp, a Chrome/Perfetto trace and run statistics. No SimGrid type
+// appears here; everything SimGrid lives in sim/src/.
+//
+// Fidelities (SimOptions::fidelity):
+//   step  every algorithm step (ring step, all-to-all round, broadcast chunk) is a transfer; the
+//         reference, practical up to a few hundred ranks.
+//   flow  one long flow per ring edge and channel, per merged all-to-all round, or per bundle of
+//         senders to a root, with the latency terms of the skipped steps added analytically
+//         (broadcast keeps its chunked chain, linear in size); intra-node links are shared by an
+//         exact per-node max-min model instead of SimGrid activities (sim/src/node_fabric.hpp
+//         explains why). For scale.
+//   auto  step up to `auto_step_max_ranks` ranks (256), flow above.
+// Step and flow agree within 3% on tests/sim's matrix of collectives and group sizes, except a
+// ring all-reduce mixing NVLink and NIC edges (8%) and all-to-all across 8-GPU nodes (4%).
+//
+// SimGrid's engine is a process-wide singleton that cannot be re-created, and its fat-tree zone
+// numbers leaves with a static counter, so by default every simulate() call runs in a fork()ed
+// child that sends its result back through a pipe; any number of simulations can run in one
+// process (tests, sweeps). isolate = false runs in the calling process, once per process.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/cluster.hpp"
+#include "core/plan.hpp"
+#include "core/results.hpp"
+
+namespace muonbed {
+
+struct SimOptions {
+  std::string fidelity = "auto";  // step | flow | auto
+  int auto_step_max_ranks = 256;
+  bool isolate = true;       // run in a fork()ed child (see above)
+  int trace_max_ranks = 64;  // ranks (lowest first) in the Chrome trace; 0 = no trace
+  // Collective lowering.
+  double broadcast_chunk_bytes = 512.0 * 1024;  // pipelined chain: chunk size ...
+  int broadcast_max_chunks = 64;                // ... and at most this many chunks
+  int flow_all_to_all_rounds = 16;  // flow: pairwise rounds merged into at most this many
+  int flow_rooted_bundles = 64;     // flow: cross-node senders to a root in at most this many flows
+  // Network model (SimGrid configuration). CM02 with no cross traffic and a huge TCP-gamma makes a
+  // transfer cost exactly latency + size / bandwidth when alone, shared max-min fairly otherwise;
+  // SimGrid's default LV08 is a TCP model (latency x13, bandwidth x0.97), wrong for NVLink/RDMA.
+  std::string network_model = "CM02";
+  double tcp_gamma = 1e20;  // in 3.32, 0 does not disable the window bound
+  bool crosstraffic = false;
+  std::vector<std::string> simgrid_config;  // more "key:value" settings, applied last
+};
+
+// What a run cost; not part of the results file (it is not deterministic).
+struct SimulationStats {
+  std::string fidelity;                // the resolved fidelity
+  double wall_s = 0;                   // the simulation itself (child process), platform included
+  double peak_rss_bytes = 0;           // of the process that simulated
+  std::int64_t simgrid_transfers = 0;  // SimGrid communications (every transfer at step fidelity)
+  std::int64_t node_flows = 0;         // flows on the per-node fabric model (flow fidelity)
+  std::int64_t timers = 0;             // latency-only messages and analytic delays
+  std::int64_t computes = 0;           // compute ops executed
+};
+
+struct SimulationResult {
+  ResultRecord record;   // backend "sim"; provenance without the experiment part
+  nlohmann::json trace;  // Chrome trace of the worst step (null when disabled)
+  SimulationStats stats;
+};
+
+// "step" or "flow" for this plan size; throws ConfigError-like Error for an unknown name.
+std::string resolve_fidelity(const SimOptions& options, int world_size);
+// Throws PlanError with the fix when the plan cannot run on the cluster (too few GPUs, missing
+// bandwidths), before any simulation work.
+void check_simulable(const StepPlan& plan, const ClusterSpec& cluster);
+
+SimulationResult simulate(const StepPlan& plan, const ClusterSpec& cluster,
+                          const SimOptions& options = {});
+
+// SimGrid's version string of this build ("3.32.0").
+std::string simgrid_version();
+
+}  // namespace muonbed

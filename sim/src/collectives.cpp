@@ -1,0 +1,519 @@
+// The collective algorithms of collectives.hpp as small state machines driven by completions.
+#include "sim/src/collectives.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/errors.hpp"
+
+namespace muonbed::sim {
+
+namespace {
+
+// Tags: three fields (8, 24, 32 bits): channel, position or member, step or round or chunk.
+constexpr std::uint64_t kDelayTag = ~std::uint64_t{0};
+std::uint64_t pack(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
+  return (a << 56) | (b << 32) | c;
+}
+int field_a(std::uint64_t t) {
+  return static_cast<int>(t >> 56);
+}
+int field_b(std::uint64_t t) {
+  return static_cast<int>((t >> 32) & 0xFFFFFF);
+}
+int field_c(std::uint64_t t) {
+  return static_cast<int>(t & 0xFFFFFFFF);
+}
+
+// The largest sum of `length` consecutive entries of the cyclic sequence w.
+double max_cyclic_window(const std::vector<double>& w, long length) {
+  const long n = static_cast<long>(w.size());
+  if (n == 0 || length <= 0) return 0;
+  double total = 0;
+  for (double x : w) total += x;
+  const long cycles = length / n, rest = length % n;
+  double best = 0;
+  if (rest > 0) {
+    double window = 0;
+    for (long i = 0; i < rest; ++i) window += w[i];
+    best = window;
+    for (long start = 1; start < n; ++start) {
+      window += w[(start + rest - 1) % n] - w[start - 1];
+      best = std::max(best, window);
+    }
+  }
+  return cycles * total + best;
+}
+
+// Per-step (or per-chunk) transfer time of an edge at flow fidelity. The uncontended time
+// (nominal path bandwidth) underestimates the step model when several channels share a link;
+// the time implied by the edge's flow (which shared the link for its whole life) overestimates
+// it when latency dominates, because the step model's channels drift apart and overlap only
+// partly. Their mean tracked the step model within 3% over tests/sim's matrix of collectives.
+double step_transfer_time(double uncontended, double from_flow) {
+  return 0.5 * (uncontended + std::max(uncontended, from_flow));
+}
+
+// Largest path latency from a sample of members to the member `shift` places after them.
+double shift_latency(const std::vector<int>& members, int shift, const Topology& topo) {
+  const int n = static_cast<int>(members.size());
+  const int samples = std::min(n, 32);
+  double a = 0;
+  for (int k = 0; k < samples; ++k) {
+    const int i = static_cast<int>(static_cast<long>(k) * n / samples);
+    a = std::max(a, topo.path(members[i], members[(i + shift) % n]).latency_s);
+  }
+  return a;
+}
+
+// ---- Rings: all_gather, reduce_scatter, all_reduce
+// -----------------------------------------------
+
+class Ring final : public CollectiveAlgorithm {
+ public:
+  Ring(const CollectiveSpec& spec, CollectiveHost& host, const LoweringOptions& options)
+      : spec_(spec), host_(host), step_mode_(options.step_fidelity) {
+    n_ = static_cast<int>(spec.members.size());
+    rings_ = ring_channels(spec.members, host.topology());
+    channels_ = static_cast<int>(rings_.size());
+    steps_ = spec.kind == OpKind::all_reduce ? 2 * (n_ - 1) : n_ - 1;
+    total_ = 0;
+    for (double p : spec.pieces) total_ += p;
+  }
+
+  void start() override {
+    if (n_ < 2) return host_.finished();
+    if (step_mode_) {
+      for (int c = 0; c < channels_; ++c)
+        for (int i = 0; i < n_; ++i) post(c, i, 0);
+      return;
+    }
+    start_ = host_.now();
+    const std::size_t edges = static_cast<std::size_t>(channels_) * n_;
+    latency_.resize(edges);
+    uncontended_.resize(edges);
+    flow_time_.assign(edges, 0);
+    for (int c = 0; c < channels_; ++c)
+      for (int i = 0; i < n_; ++i) {
+        const int src = member(c, i), dst = member(c, (i + 1) % n_);
+        const PathInfo path = host_.topology().path(src, dst);
+        const std::size_t e = static_cast<std::size_t>(c) * n_ + i;
+        const double bytes = edge_bytes(c, i);
+        latency_[e] = path.latency_s;
+        uncontended_[e] = path.bandwidth_Bps > 0 ? bytes / steps_ / path.bandwidth_Bps : 0;
+        ++outstanding_;
+        host_.transfer(src, dst, bytes, pack(c, i, 0));
+      }
+  }
+
+  // The step model's critical path: step t of an edge needs step t-1 of the edge before it, so
+  // the last block travels `steps` consecutive edges, each costing its latency plus one step's
+  // transfer; the flows give the bandwidth bound. The collective ends at the later of the two.
+  double chain_time() const {
+    double chain = 0;
+    std::vector<double> w(n_);
+    for (int c = 0; c < channels_; ++c) {
+      for (int i = 0; i < n_; ++i) {
+        const std::size_t e = static_cast<std::size_t>(c) * n_ + i;
+        const double from_flow = std::max(0.0, flow_time_[e] - latency_[e]) / steps_;
+        w[i] = latency_[e] + step_transfer_time(uncontended_[e], from_flow);
+      }
+      chain = std::max(chain, max_cyclic_window(w, steps_));
+    }
+    return chain;
+  }
+
+  void done(std::uint64_t tag) override {
+    if (tag == kDelayTag) return host_.finished();
+    --outstanding_;
+    const int c = field_a(tag), i = field_b(tag), t = field_c(tag);
+    if (step_mode_) {
+      if (t + 1 < steps_) post(c, (i + 1) % n_, t + 1);
+    } else {
+      flow_time_[static_cast<std::size_t>(c) * n_ + i] = host_.now() - start_;
+    }
+    if (outstanding_ == 0) {
+      if (!step_mode_) {
+        const double tail = chain_time() - (host_.now() - start_);
+        if (tail > 0) return host_.delay(tail, kDelayTag);
+      }
+      host_.finished();
+    }
+  }
+
+ private:
+  int member(int c, int pos) const { return spec_.members[rings_[c][pos]]; }
+  double piece_at(int c, int pos) const { return spec_.pieces[rings_[c][pos]]; }
+
+  // Bytes position i of channel c sends in step t.
+  double chunk(int c, int i, int t) const {
+    switch (spec_.kind) {
+      case OpKind::all_gather:  // the contribution that started at position i - t
+        return piece_at(c, ((i - t) % n_ + n_) % n_) / channels_;
+      case OpKind::reduce_scatter:  // the partial sum of the block of position i - t - 1
+        return piece_at(c, ((i - t - 1) % n_ + n_) % n_) / channels_;
+      default:  // all_reduce: equal blocks of the whole buffer
+        return spec_.pieces[0] / (static_cast<double>(n_) * channels_);
+    }
+  }
+  // All steps of edge i -> i+1 of channel c together.
+  double edge_bytes(int c, int i) const {
+    switch (spec_.kind) {
+      case OpKind::all_gather:
+        return (total_ - piece_at(c, (i + 1) % n_)) / channels_;
+      case OpKind::reduce_scatter:
+        return (total_ - piece_at(c, i)) / channels_;
+      default:
+        return steps_ * spec_.pieces[0] / (static_cast<double>(n_) * channels_);
+    }
+  }
+  void post(int c, int i, int t) {
+    ++outstanding_;
+    host_.transfer(member(c, i), member(c, (i + 1) % n_), chunk(c, i, t), pack(c, i, t));
+  }
+
+  const CollectiveSpec& spec_;
+  CollectiveHost& host_;
+  bool step_mode_;
+  int n_ = 0;
+  int channels_ = 1;
+  int steps_ = 0;
+  double total_ = 0;
+  double start_ = 0;
+  std::vector<double> latency_, uncontended_, flow_time_;  // flow: per channel x edge
+  std::vector<std::vector<int>> rings_;
+  long outstanding_ = 0;
+};
+
+// ---- Broadcast: pipelined chains
+// -----------------------------------------------------------------
+
+// Both fidelities run the chunked chain: its cost is linear in members x chunks, and no
+// one-flow-per-hop shortcut matched it within 3% (how much the channels' fills contend for the
+// NVLink links varies with the layout).
+class Broadcast final : public CollectiveAlgorithm {
+ public:
+  Broadcast(const CollectiveSpec& spec, CollectiveHost& host, const LoweringOptions& options)
+      : spec_(spec), host_(host) {
+    n_ = static_cast<int>(spec.members.size());
+    const auto rings = ring_channels(spec.members, host.topology());
+    channels_ = static_cast<int>(rings.size());
+    for (const auto& ring : rings) {
+      const auto at = std::find(ring.begin(), ring.end(), spec.root);
+      std::vector<int> chain(at, ring.end());
+      chain.insert(chain.end(), ring.begin(), at);
+      chains_.push_back(std::move(chain));
+    }
+    bytes_ = spec.pieces.at(spec.root) / channels_;
+    const double want =
+        options.broadcast_chunk_bytes > 0 ? std::ceil(bytes_ / options.broadcast_chunk_bytes) : 1.0;
+    chunks_ = static_cast<int>(
+        std::clamp(want, 1.0, static_cast<double>(std::max(1, options.broadcast_max_chunks))));
+  }
+
+  void start() override {
+    if (n_ < 2) return host_.finished();
+    const std::size_t hops = static_cast<std::size_t>(channels_) * (n_ - 1);
+    next_.assign(hops, 0);
+    avail_.assign(hops, 0);
+    busy_.assign(hops, 0);
+    for (int c = 0; c < channels_; ++c) {
+      avail_[index(c, 0)] = chunks_;
+      try_send(c, 0);
+    }
+  }
+
+  void done(std::uint64_t tag) override {
+    const int c = field_a(tag), h = field_b(tag);
+    busy_[index(c, h)] = 0;
+    ++next_[index(c, h)];
+    if (h + 1 < n_ - 1) {
+      ++avail_[index(c, h + 1)];
+      try_send(c, h + 1);
+    }
+    try_send(c, h);
+    if (++completed_ == static_cast<long>(channels_) * (n_ - 1) * chunks_) host_.finished();
+  }
+
+ private:
+  std::size_t index(int c, int h) const { return static_cast<std::size_t>(c) * (n_ - 1) + h; }
+  // A hop forwards one chunk at a time, as soon as it has received it.
+  void try_send(int c, int h) {
+    const std::size_t k = index(c, h);
+    if (busy_[k] || next_[k] >= chunks_ || next_[k] >= avail_[k]) return;
+    busy_[k] = 1;
+    host_.transfer(spec_.members[chains_[c][h]], spec_.members[chains_[c][h + 1]], bytes_ / chunks_,
+                   pack(c, h, next_[k]));
+  }
+
+  const CollectiveSpec& spec_;
+  CollectiveHost& host_;
+  int n_ = 0;
+  int channels_ = 1;
+  int chunks_ = 1;
+  double bytes_ = 0;
+  long completed_ = 0;
+  std::vector<std::vector<int>> chains_;
+  std::vector<int> next_, avail_;
+  std::vector<char> busy_;
+};
+
+// ---- Pairwise exchange rounds: all_to_all and the dissemination barrier
+// ---------------------------
+
+class Rounds final : public CollectiveAlgorithm {
+ public:
+  Rounds(const CollectiveSpec& spec, CollectiveHost& host, const LoweringOptions& options)
+      : spec_(spec), host_(host) {
+    n_ = static_cast<int>(spec.members.size());
+    barrier_ = spec.kind == OpKind::barrier;
+    if (n_ < 2) return;
+    std::vector<int> shifts;  // the logical rounds
+    if (barrier_) {
+      // Dissemination with a message each way per level (to i + 2^k, then back to i - 2^k):
+      // 2 ceil(log2 n) latencies, as the analytic model counts a barrier.
+      for (int s = 1; s < n_; s *= 2) {
+        shifts.push_back(s);
+        shifts.push_back(n_ - s);
+      }
+    } else {
+      for (int s = 1; s < n_; ++s) shifts.push_back(s);
+    }
+    const int logical = static_cast<int>(shifts.size());
+    if (options.step_fidelity) {
+      for (int s : shifts) groups_.push_back({s, s, s});
+    } else if (barrier_) {
+      // Flow: the barrier is its rounds' latencies only.
+      for (int s : shifts) tail_ += shift_latency(spec.members, s, host.topology());
+      return;
+    } else {
+      // Contiguous ranges of shifts; each merged round sends to the range's first shift.
+      const int rounds = std::max(1, std::min(logical, options.a2a_rounds));
+      for (int r = 0; r < rounds; ++r) {
+        const int lo = shifts[static_cast<std::size_t>(r) * logical / rounds];
+        const int hi = shifts[static_cast<std::size_t>(r + 1) * logical / rounds - 1];
+        groups_.push_back({lo, lo, hi});
+        tail_ += merge_penalty(lo, hi, host.topology());
+      }
+    }
+  }
+
+  void start() override {
+    if (n_ < 2 || groups_.empty()) {
+      if (tail_ > 0) return host_.delay(tail_, kDelayTag);
+      return host_.finished();
+    }
+    const std::size_t r = groups_.size();
+    round_.assign(n_, 0);
+    sent_.assign(n_, 0);
+    received_.assign(static_cast<std::size_t>(n_) * r, 0);
+    for (int i = 0; i < n_; ++i) begin_round(i);
+  }
+
+  void done(std::uint64_t tag) override {
+    if (tag == kDelayTag) return host_.finished();
+    const int i = field_b(tag), r = field_c(tag);
+    const int j = (i + groups_[r].target) % n_;
+    sent_[i] = 1;
+    received_[static_cast<std::size_t>(j) * groups_.size() + r] = 1;
+    advance(i);
+    if (j != i) advance(j);
+  }
+
+ private:
+  struct Group {
+    int target;  // shift of the destination
+    int lo, hi;  // logical shifts merged into this round
+  };
+
+  // What merging shifts lo..hi into one round saves over the step model, from nominal paths of
+  // a sample of members: the step model pays sum over shifts of the slowest member's latency +
+  // transfer; the merged round pays the slowest member's one latency + all its transfers.
+  double merge_penalty(int lo, int hi, const Topology& topo) const {
+    const int samples = std::min(n_, 64);
+    double rounds = 0, merged = 0;
+    for (int s = lo; s <= hi; ++s) {
+      double slowest = 0;
+      for (int k = 0; k < samples; ++k) {
+        const int i = static_cast<int>(static_cast<long>(k) * n_ / samples);
+        const PathInfo p = topo.path(spec_.members[i], spec_.members[(i + s) % n_]);
+        const double b = spec_.a2a[i][(i + s) % n_];
+        slowest = std::max(slowest, p.latency_s + (p.bandwidth_Bps > 0 ? b / p.bandwidth_Bps : 0));
+      }
+      rounds += slowest;
+    }
+    for (int k = 0; k < samples; ++k) {
+      const int i = static_cast<int>(static_cast<long>(k) * n_ / samples);
+      double total = topo.path(spec_.members[i], spec_.members[(i + lo) % n_]).latency_s;
+      for (int s = lo; s <= hi; ++s) {
+        const PathInfo p = topo.path(spec_.members[i], spec_.members[(i + s) % n_]);
+        total += p.bandwidth_Bps > 0 ? spec_.a2a[i][(i + s) % n_] / p.bandwidth_Bps : 0;
+      }
+      merged = std::max(merged, total);
+    }
+    return std::max(0.0, rounds - merged);
+  }
+
+  double bytes(int i, const Group& g) const {
+    if (barrier_) return 0;
+    double b = 0;
+    for (int s = g.lo; s <= g.hi; ++s) b += spec_.a2a[i][(i + s) % n_];
+    return b;
+  }
+  void begin_round(int i) {
+    const int r = round_[i];
+    if (r == static_cast<int>(groups_.size())) {
+      if (++members_done_ == n_) {
+        if (tail_ > 0) return host_.delay(tail_, kDelayTag);
+        host_.finished();
+      }
+      return;
+    }
+    sent_[i] = 0;
+    const Group& g = groups_[r];
+    host_.transfer(spec_.members[i], spec_.members[(i + g.target) % n_], bytes(i, g),
+                   pack(0, i, r));
+  }
+  void advance(int i) {
+    const int r = round_[i];
+    if (r < static_cast<int>(groups_.size()) && sent_[i] &&
+        received_[static_cast<std::size_t>(i) * groups_.size() + r]) {
+      ++round_[i];
+      begin_round(i);
+    }
+  }
+
+  const CollectiveSpec& spec_;
+  CollectiveHost& host_;
+  int n_ = 0;
+  bool barrier_ = false;
+  double tail_ = 0;
+  int members_done_ = 0;
+  std::vector<Group> groups_;
+  std::vector<int> round_;
+  std::vector<char> sent_;
+  std::vector<char> received_;
+};
+
+// ---- Rooted: gather, scatter, send/recv ---------------------------------------------------------
+
+class Rooted final : public CollectiveAlgorithm {
+ public:
+  Rooted(const CollectiveSpec& spec, CollectiveHost& host, const LoweringOptions& options)
+      : spec_(spec), host_(host), options_(options) {}
+
+  void start() override {
+    const int n = static_cast<int>(spec_.members.size());
+    const bool to_root = spec_.kind == OpKind::gather;
+    const int root_rank = spec_.members.at(spec_.root);
+    struct Part {
+      int rank;
+      double bytes;
+    };
+    std::vector<Part> parts;
+    if (spec_.kind == OpKind::send || spec_.kind == OpKind::recv) {
+      const double b = spec_.pieces.at(spec_.root);
+      parts.push_back({spec_.members.at(spec_.peer), b});
+    } else {
+      const Topology& topo = host_.topology();
+      std::vector<Part> remote;
+      for (int i = 0; i < n; ++i) {
+        if (i == spec_.root || !(spec_.pieces[i] > 0)) continue;
+        if (topo.node_of(spec_.members[i]) == topo.node_of(root_rank))
+          parts.push_back({spec_.members[i], spec_.pieces[i]});
+        else
+          remote.push_back({spec_.members[i], spec_.pieces[i]});
+      }
+      const int bundles = options_.step_fidelity ? static_cast<int>(remote.size())
+                                                 : std::min(static_cast<int>(remote.size()),
+                                                            std::max(1, options_.rooted_bundles));
+      const std::size_t m = remote.size();
+      for (int b = 0; b < bundles; ++b) {
+        const std::size_t lo = b * m / bundles, hi = (b + 1) * m / bundles;
+        Part p{remote[lo].rank, 0};
+        for (std::size_t i = lo; i < hi; ++i) p.bytes += remote[i].bytes;
+        parts.push_back(p);
+      }
+    }
+    if (parts.empty()) return host_.finished();
+    outstanding_ = static_cast<long>(parts.size());
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const bool send_from_root = !to_root;
+      host_.transfer(send_from_root ? root_rank : parts[i].rank,
+                     send_from_root ? parts[i].rank : root_rank, parts[i].bytes, pack(0, 0, i));
+    }
+  }
+
+  void done(std::uint64_t) override {
+    if (--outstanding_ == 0) host_.finished();
+  }
+
+ private:
+  const CollectiveSpec& spec_;
+  CollectiveHost& host_;
+  LoweringOptions options_;
+  long outstanding_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::vector<int>> ring_channels(const std::vector<int>& members,
+                                            const Topology& topology) {
+  const int n = static_cast<int>(members.size());
+  // Runs of members per node (members are ascending, so a node's members are contiguous).
+  std::vector<std::vector<int>> nodes;
+  for (int i = 0; i < n; ++i) {
+    if (i == 0 || topology.node_of(members[i]) != topology.node_of(members[i - 1]))
+      nodes.emplace_back();
+    nodes.back().push_back(i);
+  }
+  if (nodes.size() <= 1) {
+    std::vector<int> identity(n);
+    for (int i = 0; i < n; ++i) identity[i] = i;
+    return {identity};
+  }
+  int channels = n;
+  for (const auto& local : nodes) channels = std::min(channels, static_cast<int>(local.size()));
+  std::vector<std::vector<int>> rings(channels);
+  for (int c = 0; c < channels; ++c) {
+    rings[c].reserve(n);
+    for (std::size_t j = 0; j < nodes.size(); ++j) {
+      const auto& local = nodes[j];
+      const int g = static_cast<int>(local.size());
+      const int start = ((c - static_cast<int>(j)) % g + g) % g;
+      for (int k = 0; k < g; ++k) rings[c].push_back(local[(start + k) % g]);
+    }
+  }
+  return rings;
+}
+
+std::unique_ptr<CollectiveAlgorithm> make_algorithm(const CollectiveSpec& spec,
+                                                    CollectiveHost& host,
+                                                    const LoweringOptions& options) {
+  const std::size_t n = spec.members.size();
+  const bool needs_pieces = spec.kind != OpKind::barrier && spec.kind != OpKind::all_to_all;
+  if (needs_pieces && spec.pieces.size() != n)
+    throw Error("internal: collective of " + std::to_string(n) + " members has " +
+                std::to_string(spec.pieces.size()) + " piece sizes");
+  switch (spec.kind) {
+    case OpKind::all_gather:
+    case OpKind::reduce_scatter:
+    case OpKind::all_reduce:
+      return std::make_unique<Ring>(spec, host, options);
+    case OpKind::broadcast:
+      return std::make_unique<Broadcast>(spec, host, options);
+    case OpKind::all_to_all:
+    case OpKind::barrier:
+      return std::make_unique<Rounds>(spec, host, options);
+    case OpKind::gather:
+    case OpKind::scatter:
+    case OpKind::send:
+    case OpKind::recv:
+      return std::make_unique<Rooted>(spec, host, options);
+    default:
+      throw Error("internal: '" + std::string(to_string(spec.kind)) + "' is not a collective");
+  }
+}
+
+}  // namespace muonbed::sim

@@ -1,0 +1,87 @@
+// Collective algorithms as the simulator lowers them, NCCL-like, independent of SimGrid and of
+// plans: an instance is a kind, its members (ranks, ascending) and their byte counts; the
+// algorithm asks its host for transfers and delays and is told when each completes.
+//
+//   all_gather, reduce_scatter   ring, n-1 steps; all_reduce = reduce-scatter then all-gather
+//                                on the same ring (2(n-1) steps). A group spanning nodes runs
+//                                one channel per member on a node (the fewest any node has), and
+//                                channel c enters node j at its local member (c - j) mod g and
+//                                leaves from the one before it, so consecutive nodes are joined
+//                                on the same rail and every NIC carries one channel: a node
+//                                pushes g x NIC bandwidth (hierarchical, node-aware rings).
+//   broadcast                    pipelined chain from the root along each channel's ring, data
+//                                split over channels, each channel's share cut into chunks.
+//   all_to_all                   pairwise exchange: round t, member i sends to i+t (mod n) and
+//                                moves on when its send and its receive of the round are done.
+//   gather / scatter             direct transfers between the root and every member at once.
+//   send / recv                  one transfer from the root to the peer.
+//   barrier                      dissemination, a zero-byte message each way per level:
+//                                2 ceil(log2 n) rounds.
+// Fidelity step: each ring step / round / chunk is a transfer. Fidelity flow: a ring edge carries
+// all its steps as one flow and the other n-2 (2n-3) step latencies are added as a delay; a chain
+// hop carries all chunks at once, plus the pipeline fill (n+k-3) latencies and (n-2) chunk times;
+// all-to-all rounds are merged into at most `a2a_rounds` rounds (shifts grouped in contiguous
+// ranges, bytes summed, the skipped rounds' latencies added); cross-node senders to a root are
+// bundled into at most `rooted_bundles` flows (the root's link is the bottleneck either way).
+// Zero-byte messages cost their path latency.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/plan.hpp"
+#include "sim/src/platform.hpp"
+
+namespace muonbed::sim {
+
+struct CollectiveSpec {
+  OpKind kind = OpKind::barrier;
+  std::vector<int> members;  // ranks, ascending (group order)
+  int root = 0;              // gather/scatter/broadcast/send: member index of the root
+  int peer = 1;              // send/recv: member index of the receiver
+  // Bytes per member: all_gather its contribution; reduce_scatter its output piece; all_reduce,
+  // broadcast, send: the whole buffer (taken from the root / member 0); gather/scatter its piece.
+  std::vector<double> pieces;
+  // all_to_all: a2a[i][j] = bytes member i sends member j.
+  std::vector<std::vector<double>> a2a;
+};
+
+struct LoweringOptions {
+  bool step_fidelity = true;
+  double broadcast_chunk_bytes = 512.0 * 1024;
+  int broadcast_max_chunks = 64;
+  int a2a_rounds = 16;
+  int rooted_bundles = 64;
+};
+
+// What an algorithm may ask of the simulator.
+class CollectiveHost {
+ public:
+  virtual ~CollectiveHost() = default;
+  // A transfer of `bytes` from src to dst (ranks); zero bytes cost the path latency.
+  virtual void transfer(int src, int dst, double bytes, std::uint64_t tag) = 0;
+  virtual void delay(double seconds, std::uint64_t tag) = 0;
+  virtual const Topology& topology() const = 0;
+  virtual double now() const = 0;  // simulated time, seconds
+  // Called once, when the algorithm has finished.
+  virtual void finished() = 0;
+};
+
+class CollectiveAlgorithm {
+ public:
+  virtual ~CollectiveAlgorithm() = default;
+  virtual void start() = 0;
+  // The transfer or delay posted with `tag` completed.
+  virtual void done(std::uint64_t tag) = 0;
+};
+
+std::unique_ptr<CollectiveAlgorithm> make_algorithm(const CollectiveSpec& spec,
+                                                    CollectiveHost& host,
+                                                    const LoweringOptions& options);
+
+// Ring orders: per channel, a permutation of member indices (see above). Exposed for tests.
+std::vector<std::vector<int>> ring_channels(const std::vector<int>& members,
+                                            const Topology& topology);
+
+}  // namespace muonbed::sim

@@ -1,0 +1,110 @@
+// Runs bare collectives back to back on a simulated platform (see harness.hpp).
+#include "sim/src/harness.hpp"
+
+#include <chrono>
+#include <sstream>
+
+#include <xbt/log.h>
+#include <simgrid/s4u/Engine.hpp>
+
+#include "core/errors.hpp"
+#include "sim/src/isolate.hpp"
+#include "sim/src/network.hpp"
+
+namespace sg4 = simgrid::s4u;
+
+namespace muonbed::sim {
+
+namespace {
+
+class Harness final : public CompletionSink, public CollectiveHost {
+ public:
+  Harness(const Topology& topology, const std::vector<sg4::Host*>& hosts,
+          const std::vector<CollectiveSpec>& specs, const LoweringOptions& options)
+      : topology_(topology),
+        specs_(specs),
+        options_(options),
+        network_(topology, hosts, options.step_fidelity, *this) {}
+
+  void start_next() {
+    while (next_ < specs_.size()) {
+      finished_ = false;
+      start_ = network_.now();
+      algorithm_ = make_algorithm(specs_[next_], *this, options_);
+      algorithm_->start();
+      if (!finished_) return;
+      record();
+    }
+  }
+
+  void completed(std::uint32_t, std::uint64_t tag) override {
+    algorithm_->done(tag);
+    if (finished_) {
+      record();
+      start_next();
+    }
+  }
+  void transfer(int src, int dst, double bytes, std::uint64_t tag) override {
+    network_.transfer(src, dst, bytes, 0, tag);
+  }
+  void delay(double seconds, std::uint64_t tag) override { network_.delay(seconds, 0, tag); }
+  const Topology& topology() const override { return topology_; }
+  double now() const override { return network_.now(); }
+  void finished() override { finished_ = true; }
+
+  std::vector<double> times;
+  Network& network() { return network_; }
+
+ private:
+  void record() {
+    times.push_back(network_.now() - start_);
+    ++next_;
+  }
+
+  const Topology& topology_;
+  const std::vector<CollectiveSpec>& specs_;
+  LoweringOptions options_;
+  Network network_;
+  std::unique_ptr<CollectiveAlgorithm> algorithm_;
+  std::size_t next_ = 0;
+  double start_ = 0;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+HarnessResult time_collectives(const ClusterSpec& cluster, int world_size, int gpus_per_node,
+                               const std::vector<CollectiveSpec>& specs,
+                               const LoweringOptions& options, const NetworkConfig& network) {
+  const IsolatedRun run = run_isolated([&]() {
+    const auto t0 = std::chrono::steady_clock::now();
+    int argc = 1;
+    char name[] = "muonbed-sim-harness";
+    char* argv[] = {name, nullptr};
+    auto* engine = new sg4::Engine(&argc, argv);  // never destroyed: the child exits next
+    (void)engine;
+    xbt_log_control_set("root.thresh:warning");
+    const Topology topology(cluster, world_size, gpus_per_node);
+    const auto hosts = build_platform(topology, network);
+    auto* harness = new Harness(topology, hosts, specs, options);  // alive until exit
+    harness->start_next();
+    sg4::Engine::get_instance()->run();
+    if (harness->times.size() != specs.size())
+      throw Error("harness: only " + std::to_string(harness->times.size()) + " of " +
+                  std::to_string(specs.size()) + " collectives finished");
+    std::ostringstream out;
+    out.precision(17);
+    out << harness->network().simgrid_transfers() << ' ' << harness->network().node_flows() << ' '
+        << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (double t : harness->times) out << ' ' << t;
+    return out.str();
+  });
+  HarnessResult result;
+  std::istringstream in(run.output);
+  in >> result.simgrid_transfers >> result.node_flows >> result.wall_s;
+  double t;
+  while (in >> t) result.times.push_back(t);
+  return result;
+}
+
+}  // namespace muonbed::sim

@@ -1,0 +1,249 @@
+// SimGrid transfers, compute and timers for the replay (see network.hpp).
+#include "sim/src/network.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <simgrid/kernel/Timer.hpp>
+#include <simgrid/s4u.hpp>
+
+#include "core/errors.hpp"
+
+namespace sg4 = simgrid::s4u;
+using simgrid::kernel::timer::Timer;
+
+namespace muonbed::sim {
+
+namespace {
+// Work (seconds at full speed) below which a processor-shared job counts as done.
+constexpr double kDoneSeconds = 1e-15;
+constexpr std::uintptr_t kExecBit = 1;  // activity data: (slot + 1) << 1 | is_exec
+}  // namespace
+
+struct Network::Slot {
+  sg4::ActivityPtr activity;
+  std::uint32_t owner = 0;
+  std::uint64_t tag = 0;
+};
+
+struct Network::Proc {
+  struct Job {
+    double remaining;
+    std::uint32_t owner;
+    std::uint64_t tag;
+  };
+  double last = 0;
+  std::vector<Job> jobs;
+  Timer* timer = nullptr;
+  double timer_date = -1;
+};
+
+Network::Network(const Topology& topology, std::vector<sg4::Host*> hosts, bool step_fidelity,
+                 CompletionSink& sink)
+    : topology_(topology), hosts_(std::move(hosts)), step_fidelity_(step_fidelity), sink_(sink) {
+  traffic_.sent.assign(topology.world_size(), 0);
+  traffic_.received.assign(topology.world_size(), 0);
+  if (!step_fidelity_) {
+    const int gpn = topology.gpus_per_node();
+    for (int n = 0; n < topology.nodes(); ++n)
+      fabrics_.push_back(
+          std::make_unique<NodeFabric>(gpn, topology.intra_link_Bps(), topology.bridge_Bps()));
+    fabric_timers_.assign(topology.nodes(), nullptr);
+    fabric_timer_dates_.assign(topology.nodes(), -1);
+    procs_.resize(topology.world_size());
+  }
+  sg4::Activity::on_completion_cb([this](const sg4::Activity& a) { on_activity(a); });
+  sg4::Engine::on_time_advance_cb([this](double) { release_completed(); });
+}
+
+Network::~Network() = default;
+
+double Network::now() const {
+  return sg4::Engine::get_clock();
+}
+
+void Network::reset_traffic() {
+  traffic_.intra_node_bytes = 0;
+  traffic_.network_bytes = 0;
+  std::fill(traffic_.sent.begin(), traffic_.sent.end(), 0.0);
+  std::fill(traffic_.received.begin(), traffic_.received.end(), 0.0);
+}
+
+std::uint32_t Network::take_slot() {
+  if (!free_slots_.empty()) {
+    const std::uint32_t s = free_slots_.back();
+    free_slots_.pop_back();
+    return s;
+  }
+  slots_.emplace_back();
+  return static_cast<std::uint32_t>(slots_.size() - 1);
+}
+
+void Network::release_completed() {
+  for (std::uint32_t s : completed_slots_) {
+    slots_[s].activity = nullptr;
+    free_slots_.push_back(s);
+  }
+  completed_slots_.clear();
+}
+
+void Network::on_activity(const sg4::Activity& activity) {
+  const auto data = reinterpret_cast<std::uintptr_t>(activity.get_data<void>());
+  if (data == 0) return;  // not ours
+  const std::uint32_t s = static_cast<std::uint32_t>((data >> 1) - 1);
+  completed_slots_.push_back(s);
+  sink_.completed(slots_[s].owner, slots_[s].tag);
+}
+
+void Network::delay(double seconds, std::uint32_t owner, std::uint64_t tag) {
+  ++timers_;
+  Timer::set(now() + std::max(0.0, seconds), [this, owner, tag] { sink_.completed(owner, tag); });
+}
+
+void Network::transfer(int src, int dst, double bytes, std::uint32_t owner, std::uint64_t tag) {
+  const int src_node = topology_.node_of(src), dst_node = topology_.node_of(dst);
+  if (bytes > 0) {
+    (src_node == dst_node ? traffic_.intra_node_bytes : traffic_.network_bytes) += bytes;
+    traffic_.sent[src] += bytes;
+    traffic_.received[dst] += bytes;
+  }
+  const PathInfo path = topology_.path(src, dst);
+  if (!(bytes >= 1) || src == dst) {  // a zero-byte message: its latency only
+    delay(path.latency_s, owner, tag);
+    return;
+  }
+  if (!step_fidelity_ && src_node == dst_node) {
+    ++node_flows_;
+    const int src_local = topology_.local_of(src), dst_local = topology_.local_of(dst);
+    ++timers_;
+    Timer::set(now() + path.latency_s, [this, src_node, src_local, dst_local, bytes, owner, tag] {
+      fabric_add(src_node, src_local, dst_local, bytes, owner, tag);
+    });
+    return;
+  }
+  ++simgrid_transfers_;
+  const std::uint32_t s = take_slot();
+  sg4::CommPtr comm = sg4::Comm::sendto_init(hosts_[src], hosts_[dst]);
+  comm->set_payload_size(static_cast<std::uint64_t>(std::llround(bytes)));
+  comm->set_data(reinterpret_cast<void*>(static_cast<std::uintptr_t>(s + 1) << 1));
+  slots_[s] = {comm, owner, tag};
+  comm->start();
+}
+
+void Network::compute(int rank, double seconds, std::uint32_t owner, std::uint64_t tag) {
+  ++computes_;
+  if (!(seconds > 0)) {
+    delay(0, owner, tag);
+    return;
+  }
+  if (step_fidelity_) {
+    sg4::Host* host = hosts_[rank];
+    const std::uint32_t s = take_slot();
+    sg4::ExecPtr exec = sg4::Exec::init();
+    exec->set_host(host);
+    exec->set_flops_amount(seconds * host->get_speed());
+    exec->set_data(reinterpret_cast<void*>((static_cast<std::uintptr_t>(s + 1) << 1) | kExecBit));
+    slots_[s] = {exec, owner, tag};
+    exec->start();
+    return;
+  }
+  Proc& p = procs_[rank];
+  proc_progress(p, now());
+  p.jobs.push_back({seconds, owner, tag});
+  proc_reschedule(rank);
+}
+
+// ---- Processor sharing (flow fidelity)
+// ------------------------------------------------------------
+
+void Network::proc_progress(Proc& p, double t) {
+  if (!p.jobs.empty() && t > p.last) {
+    const double work = (t - p.last) / static_cast<double>(p.jobs.size());
+    for (auto& j : p.jobs) j.remaining -= work;
+  }
+  p.last = std::max(p.last, t);
+}
+
+void Network::proc_reschedule(int rank) {
+  Proc& p = procs_[rank];
+  double next = -1;
+  if (!p.jobs.empty()) {
+    double least = std::numeric_limits<double>::infinity();
+    for (const auto& j : p.jobs) least = std::min(least, j.remaining);
+    next = p.last + std::max(0.0, least) * static_cast<double>(p.jobs.size());
+  }
+  if (p.timer != nullptr && p.timer_date == next) return;
+  if (p.timer != nullptr) {
+    p.timer->remove();
+    p.timer = nullptr;
+  }
+  if (next < 0) return;
+  p.timer_date = next;
+  p.timer = Timer::set(next, [this, rank] { proc_fire(rank); });
+}
+
+void Network::proc_fire(int rank) {
+  Proc& p = procs_[rank];
+  p.timer = nullptr;
+  const double t = now();
+  proc_progress(p, t);
+  std::vector<Proc::Job> done;
+  std::size_t keep = 0;
+  for (std::size_t i = 0; i < p.jobs.size(); ++i) {
+    if (p.jobs[i].remaining <= kDoneSeconds * (1 + t))
+      done.push_back(p.jobs[i]);
+    else
+      p.jobs[keep++] = p.jobs[i];
+  }
+  p.jobs.resize(keep);
+  proc_reschedule(rank);
+  for (const auto& j : done) sink_.completed(j.owner, j.tag);
+}
+
+// ---- Node fabrics (flow fidelity)
+// ----------------------------------------------------------------
+
+void Network::fabric_add(int node, int src_local, int dst_local, double bytes, std::uint32_t owner,
+                         std::uint64_t tag) {
+  std::uint32_t token;
+  if (!free_fabric_tokens_.empty()) {
+    token = free_fabric_tokens_.back();
+    free_fabric_tokens_.pop_back();
+    fabric_tokens_[token] = {owner, tag};
+  } else {
+    token = static_cast<std::uint32_t>(fabric_tokens_.size());
+    fabric_tokens_.push_back({owner, tag});
+  }
+  fabrics_[node]->add(now(), src_local, dst_local, bytes, token);
+  fabric_reschedule(node);
+}
+
+void Network::fabric_reschedule(int node) {
+  const double next = fabrics_[node]->next_completion();
+  Timer*& timer = fabric_timers_[node];
+  if (timer != nullptr && fabric_timer_dates_[node] == next) return;
+  if (timer != nullptr) {
+    timer->remove();
+    timer = nullptr;
+  }
+  if (next < 0) return;
+  fabric_timer_dates_[node] = next;
+  timer = Timer::set(next, [this, node] { fabric_fire(node); });
+}
+
+void Network::fabric_fire(int node) {
+  fabric_timers_[node] = nullptr;
+  finished_scratch_.clear();
+  fabrics_[node]->advance(now(), finished_scratch_);
+  fabric_reschedule(node);
+  // Deliver after the fabric is consistent: a completion may start new flows on this node.
+  const std::vector<std::uint64_t> done = finished_scratch_;
+  for (std::uint64_t token : done) {
+    const FabricToken t = fabric_tokens_[token];
+    free_fabric_tokens_.push_back(static_cast<std::uint32_t>(token));
+    sink_.completed(t.owner, t.tag);
+  }
+}
+
+}  // namespace muonbed::sim

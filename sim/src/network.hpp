@@ -1,0 +1,111 @@
+// The simulator's side of SimGrid: transfers, compute and delays started without actors, with
+// completions delivered to one sink. One controller drives the whole replay from completion
+// callbacks (FACTS: an actor per rank with many pending communications hits slow paths).
+//
+//   transfer   a SimGrid communication (Comm::sendto) between the two GPU hosts, except at flow
+//              fidelity inside a node, where the node's NodeFabric shares the links after the
+//              path latency has elapsed; zero bytes cost the path latency (a kernel timer).
+//   compute    step fidelity: an Exec on the GPU host (concurrent Execs share the GPU's speed);
+//              flow fidelity: the same processor sharing computed here with kernel timers,
+//              because SimGrid 3.32 pays a scan over all pending maestro-owned activities on
+//              each completion (16,384 concurrent Execs took 5 s to finish).
+//   delay      a kernel timer (simgrid::kernel::timer::Timer).
+// Activities stay referenced until simulated time has advanced past their completion (dropping
+// the last reference inside the completion callback crashed 3.32); then their slots are reused,
+// so memory stays bounded by the activities in flight.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "sim/src/node_fabric.hpp"
+#include "sim/src/platform.hpp"
+
+namespace simgrid::s4u {
+class Activity;
+}
+namespace simgrid::kernel::timer {
+class Timer;
+}
+
+namespace muonbed::sim {
+
+// Receives every completion: `owner` and `tag` are what the request carried.
+class CompletionSink {
+ public:
+  virtual ~CompletionSink() = default;
+  virtual void completed(std::uint32_t owner, std::uint64_t tag) = 0;
+};
+
+struct TrafficCounters {
+  double intra_node_bytes = 0;
+  double network_bytes = 0;
+  std::vector<double> sent, received;  // per rank
+};
+
+class Network {
+ public:
+  Network(const Topology& topology, std::vector<simgrid::s4u::Host*> hosts, bool step_fidelity,
+          CompletionSink& sink);
+  ~Network();
+  Network(const Network&) = delete;
+  Network& operator=(const Network&) = delete;
+
+  void transfer(int src, int dst, double bytes, std::uint32_t owner, std::uint64_t tag);
+  void compute(int rank, double seconds, std::uint32_t owner, std::uint64_t tag);
+  void delay(double seconds, std::uint32_t owner, std::uint64_t tag);
+
+  double now() const;
+  TrafficCounters& traffic() { return traffic_; }
+  void reset_traffic();
+
+  std::int64_t simgrid_transfers() const { return simgrid_transfers_; }
+  std::int64_t node_flows() const { return node_flows_; }
+  std::int64_t timers() const { return timers_; }
+  std::int64_t computes() const { return computes_; }
+
+ private:
+  struct Slot;
+  struct Proc;
+  void on_activity(const simgrid::s4u::Activity& activity);
+  void release_completed();
+  std::uint32_t take_slot();
+  void fabric_add(int node, int src_local, int dst_local, double bytes, std::uint32_t owner,
+                  std::uint64_t tag);
+  void fabric_reschedule(int node);
+  void fabric_fire(int node);
+  void proc_reschedule(int rank);
+  void proc_fire(int rank);
+  void proc_progress(Proc& p, double now);
+
+  const Topology& topology_;
+  std::vector<simgrid::s4u::Host*> hosts_;
+  bool step_fidelity_;
+  CompletionSink& sink_;
+  TrafficCounters traffic_;
+
+  std::vector<Slot> slots_;
+  std::vector<std::uint32_t> free_slots_;
+  std::vector<std::uint32_t> completed_slots_;
+
+  // Flow fidelity: per-node fabrics and per-rank processor sharing, each with its pending timer.
+  struct FabricToken {
+    std::uint32_t owner;
+    std::uint64_t tag;
+  };
+  std::vector<std::unique_ptr<NodeFabric>> fabrics_;
+  std::vector<simgrid::kernel::timer::Timer*> fabric_timers_;
+  std::vector<double> fabric_timer_dates_;
+  std::vector<FabricToken> fabric_tokens_;
+  std::vector<std::uint32_t> free_fabric_tokens_;
+  std::vector<std::uint64_t> finished_scratch_;
+  std::vector<Proc> procs_;
+
+  std::int64_t simgrid_transfers_ = 0;
+  std::int64_t node_flows_ = 0;
+  std::int64_t timers_ = 0;
+  std::int64_t computes_ = 0;
+};
+
+}  // namespace muonbed::sim

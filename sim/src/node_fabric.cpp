@@ -1,0 +1,102 @@
+// Max-min fair sharing of a node's internal links by progressive filling (see node_fabric.hpp).
+#include "sim/src/node_fabric.hpp"
+
+#include <algorithm>
+#include <limits>
+
+namespace muonbed::sim {
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// A flow whose remaining bytes fall below this share of its size (or one byte) is done:
+// progress is computed in floating point, so exact zeros are not guaranteed.
+constexpr double kRelativeDone = 1e-9;
+}  // namespace
+
+NodeFabric::NodeFabric(int gpus, double link_Bps, double bridge_Bps)
+    : gpus_(gpus), link_Bps_(link_Bps), bridge_Bps_(bridge_Bps) {
+  capacity_.assign(2 * gpus_ + 2, link_Bps_);
+  capacity_[2 * gpus_] = capacity_[2 * gpus_ + 1] = bridge_Bps_;
+}
+
+void NodeFabric::add(double now, int src, int dst, double bytes, std::uint64_t token) {
+  progress(now);
+  Flow f{};
+  f.links[0] = src;          // src's link toward the switch
+  f.links[1] = gpus_ + dst;  // the switch's link toward dst
+  f.nlinks = 2;
+  if (bridge_Bps_ > 0) f.links[f.nlinks++] = 2 * gpus_ + (src < dst ? 0 : 1);
+  f.remaining = bytes;
+  f.size = bytes;
+  f.rate = 0;
+  f.token = token;
+  flows_.push_back(f);
+  share();
+}
+
+void NodeFabric::progress(double now) {
+  const double dt = now - last_;
+  if (dt > 0)
+    for (Flow& f : flows_) f.remaining -= f.rate * dt;
+  last_ = std::max(last_, now);
+}
+
+void NodeFabric::advance(double now, std::vector<std::uint64_t>& done) {
+  progress(now);
+  std::size_t keep = 0;
+  for (std::size_t i = 0; i < flows_.size(); ++i) {
+    const Flow& f = flows_[i];
+    if (f.remaining <= std::max(1.0, kRelativeDone * f.size))
+      done.push_back(f.token);
+    else
+      flows_[keep++] = f;
+  }
+  flows_.resize(keep);
+  share();
+}
+
+// Progressive filling: repeatedly find the link with the smallest fair share among its
+// unfrozen flows, give that share to those flows and freeze them.
+void NodeFabric::share() {
+  const int nlinks = static_cast<int>(capacity_.size());
+  residual_ = capacity_;
+  users_.assign(nlinks, 0);
+  frozen_.assign(flows_.size(), 0);
+  for (const Flow& f : flows_)
+    for (int k = 0; k < f.nlinks; ++k) ++users_[f.links[k]];
+  std::size_t left = flows_.size();
+  while (left > 0) {
+    int best = -1;
+    double best_share = kInf;
+    for (int l = 0; l < nlinks; ++l) {
+      if (users_[l] == 0) continue;
+      const double s = residual_[l] / users_[l];
+      if (s < best_share) {
+        best_share = s;
+        best = l;
+      }
+    }
+    if (best < 0) break;
+    for (std::size_t i = 0; i < flows_.size(); ++i) {
+      Flow& f = flows_[i];
+      if (frozen_[i]) continue;
+      bool uses = false;
+      for (int k = 0; k < f.nlinks; ++k) uses = uses || f.links[k] == best;
+      if (!uses) continue;
+      f.rate = best_share;
+      frozen_[i] = 1;
+      --left;
+      for (int k = 0; k < f.nlinks; ++k) {
+        residual_[f.links[k]] -= best_share;
+        --users_[f.links[k]];
+      }
+    }
+  }
+  next_ = -1;
+  for (const Flow& f : flows_) {
+    const double t = f.rate > 0 ? last_ + std::max(0.0, f.remaining) / f.rate : kInf;
+    if (next_ < 0 || t < next_) next_ = t;
+  }
+}
+
+}  // namespace muonbed::sim

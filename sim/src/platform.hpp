@@ -1,0 +1,98 @@
+// The simulated cluster: a SimGrid platform built from a ClusterSpec with the s4u API, and the
+// SimGrid-free description of the same topology (which node a rank sits on, which NIC it uses,
+// the nominal latency and bandwidth between two ranks) that the collective lowering needs for
+// its analytic latency terms.
+//
+// Platform, per node: a full zone with one host per GPU (rank r is GPU r % gpus_per_node of node
+// r / gpus_per_node; hosts are kept in rank order, never in SimGrid's hash order), a router as
+// the zone's gateway (never a GPU host, or every byte leaving the node would cross that GPU's
+// link), per-GPU NVLink links to the node's switch (or PCIe links plus a shared host bridge), and
+// NIC links (one per GPU when rail-optimized; GPUs share NICs when there are fewer). Between
+// nodes: one link per node carrying the node's aggregate NIC bandwidth, into a single switch (a
+// star zone) or a 2/3-level fat tree (create_fatTree_zone, D-mod-K routing, spines sized to be
+// non-blocking unless the spec oversubscribes). Path latencies: intra-node latency inside a node;
+// between nodes, NIC latency plus one switch latency under a single switch or one leaf, and one
+// per tree level climbed otherwise (each fat-tree link carries half a switch latency: SimGrid
+// 3.32 ignores the latency of a fat tree's per-switch limiter links, so the analytic model's
+// 2*levels-1 switch crossings cannot be matched for routes that leave a leaf).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/cluster.hpp"
+
+namespace simgrid::s4u {
+class Host;
+}
+
+namespace muonbed::sim {
+
+struct PathInfo {
+  double latency_s = 0;
+  double bandwidth_Bps = 0;  // the slowest link of an uncontended point-to-point transfer
+};
+
+// Rank placement and nominal paths; no SimGrid.
+class Topology {
+ public:
+  Topology(const ClusterSpec& cluster, int world_size, int gpus_per_node);
+
+  int world_size() const { return world_; }
+  int gpus_per_node() const { return gpn_; }
+  int nodes() const { return nodes_; }
+  int node_of(int rank) const { return rank / gpn_; }
+  int local_of(int rank) const { return rank % gpn_; }
+  // The NIC link a GPU uses (node-local index) and how many NIC links a node has.
+  int nic_of_local(int local) const { return local * nic_links_ / gpn_; }
+  int nic_links() const { return nic_links_; }
+  double nic_link_Bps() const { return nic_link_Bps_; }
+  double node_uplink_Bps() const { return uplink_Bps_; }
+  double intra_link_Bps() const { return intra_Bps_; }
+  double bridge_Bps() const { return bridge_Bps_; }  // 0: no shared PCIe bridge
+  bool pcie() const { return pcie_; }
+  double intra_latency_s() const { return intra_latency_; }
+  // Switch latencies a message between two nodes pays: 1 under a single switch or one leaf,
+  // else the number of tree levels its route climbs (2 to a 2-level tree's spine, 2 or 3 in a
+  // 3-level tree).
+  int switch_levels_between(int node_a, int node_b) const;
+  PathInfo path(int src_rank, int dst_rank) const;
+  const ClusterSpec& cluster() const { return cluster_; }
+
+  // Fat-tree shape actually built: per level, children per switch (down), parents per element
+  // (up); positions = product of down (>= nodes, the rest are empty routers).
+  std::vector<unsigned> fat_tree_down() const { return down_; }
+  std::vector<unsigned> fat_tree_up() const { return up_; }
+
+ private:
+  ClusterSpec cluster_;
+  int world_ = 0;
+  int gpn_ = 1;
+  int nodes_ = 1;
+  int nic_links_ = 1;
+  double nic_link_Bps_ = 0;
+  double uplink_Bps_ = 0;
+  double intra_Bps_ = 0;
+  double bridge_Bps_ = 0;
+  bool pcie_ = false;
+  double intra_latency_ = 0;
+  double nic_latency_ = 0;
+  double switch_latency_ = 0;
+  std::vector<unsigned> down_, up_;
+};
+
+// Network model settings applied before the platform is built (see SimOptions).
+struct NetworkConfig {
+  std::string model = "CM02";
+  double tcp_gamma = 1e20;
+  bool crosstraffic = false;
+  std::vector<std::string> extra;  // more "key:value" SimGrid settings
+};
+
+// Configures the engine and builds the platform; returns the GPU hosts indexed by rank. Needs an
+// s4u::Engine and must run once per process (SimGrid's engine is a singleton).
+std::vector<simgrid::s4u::Host*> build_platform(const Topology& topology,
+                                                const NetworkConfig& config);
+void apply_network_config(const NetworkConfig& config);
+
+}  // namespace muonbed::sim

@@ -1,0 +1,50 @@
+// Event-driven replay of a StepPlan on the simulated platform, honouring plan.hpp's execution
+// semantics: per rank, each stream runs its ops in plan order one at a time; deps wait for the
+// rank's completion of earlier ops (deps the rank is not part of are ignored); a collective
+// instance starts when its last member arrives and completes for all members at once; ops not
+// active in a step (period) pass through without occupying their stream, and count as done for
+// their dependents once the rank has passed them and their own deps are done; send/recv involve
+// only the root and the peer of the group, the other members pass through.
+//
+// Every distinct step pattern of the hyper-period is replayed once, one after the other in the
+// same simulation (each from an idle cluster), and measured: step time (the last rank's last
+// completion), per-rank compute / communication / exposed communication / idle time, bytes per
+// link class, per-collective instance times, and the Chrome trace of the first ranks.
+#pragma once
+
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/cluster.hpp"
+#include "core/plan.hpp"
+#include "core/results.hpp"
+#include "sim/simulate.hpp"
+#include "sim/src/collectives.hpp"
+#include "sim/src/platform.hpp"
+
+namespace simgrid::s4u {
+class Host;
+}
+
+namespace muonbed::sim {
+
+struct ReplayOptions {
+  bool step_fidelity = true;
+  int trace_max_ranks = 64;
+  LoweringOptions lowering;
+};
+
+struct ReplayOutput {
+  std::vector<StepMeasurement> steps;
+  std::vector<std::vector<CollectiveMeasurement>> collectives;
+  nlohmann::json trace;  // the worst step's trace, null when disabled
+};
+
+// Runs the engine (which must hold the platform of `topology`, hosts in rank order) until every
+// pattern is replayed. Throws Error when the plan deadlocks (names a stuck rank and op).
+ReplayOutput replay_plan(const StepPlan& plan, const ClusterSpec& cluster, const Topology& topology,
+                         const std::vector<simgrid::s4u::Host*>& hosts,
+                         const ReplayOptions& options, SimulationStats& stats);
+
+}  // namespace muonbed::sim

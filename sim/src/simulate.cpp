@@ -1,0 +1,188 @@
+// The facade of sim/simulate.hpp: checks, fidelity, engine set-up in an isolated process, and
+// the results record from the replay's measurements.
+#include "sim/simulate.hpp"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <sstream>
+
+#include <xbt/log.h>
+#include <simgrid/s4u/Engine.hpp>
+
+#include <simgrid/version.h>  // after xbt's headers: it uses their macros
+
+#include "core/errors.hpp"
+#include "sim/src/isolate.hpp"
+#include "sim/src/platform.hpp"
+#include "sim/src/replay.hpp"
+
+namespace sg4 = simgrid::s4u;
+
+namespace muonbed {
+
+namespace {
+
+int physical_gpus_per_node(const ClusterSpec& cluster, const DeviceMesh& mesh) {
+  return cluster.gpus_per_node > 0 ? cluster.gpus_per_node : std::max(1, mesh.gpus_per_node());
+}
+
+// Length-prefixed segments, so the child can send several texts through one pipe.
+void put_segment(std::string& out, const std::string& text) {
+  out += std::to_string(text.size());
+  out += '\n';
+  out += text;
+}
+std::string get_segment(const std::string& in, std::size_t& at) {
+  const std::size_t nl = in.find('\n', at);
+  if (nl == std::string::npos) throw Error("sim: truncated result from the simulation process");
+  const std::size_t size = std::stoull(in.substr(at, nl - at));
+  if (nl + 1 + size > in.size()) throw Error("sim: truncated result from the simulation process");
+  std::string text = in.substr(nl + 1, size);
+  at = nl + 1 + size;
+  return text;
+}
+
+std::string stats_to_text(const SimulationStats& s) {
+  nlohmann::ordered_json j{{"fidelity", s.fidelity},
+                           {"wall_s", s.wall_s},
+                           {"peak_rss_bytes", s.peak_rss_bytes},
+                           {"simgrid_transfers", s.simgrid_transfers},
+                           {"node_flows", s.node_flows},
+                           {"timers", s.timers},
+                           {"computes", s.computes}};
+  return j.dump();
+}
+SimulationStats stats_from_text(const std::string& text) {
+  const auto j = nlohmann::json::parse(text);
+  SimulationStats s;
+  s.fidelity = j.at("fidelity").get<std::string>();
+  s.wall_s = j.at("wall_s").get<double>();
+  s.peak_rss_bytes = j.at("peak_rss_bytes").get<double>();
+  s.simgrid_transfers = j.at("simgrid_transfers").get<std::int64_t>();
+  s.node_flows = j.at("node_flows").get<std::int64_t>();
+  s.timers = j.at("timers").get<std::int64_t>();
+  s.computes = j.at("computes").get<std::int64_t>();
+  return s;
+}
+
+// One simulation in this process. SimGrid's engine is never destroyed: 3.32 cannot be
+// re-initialized anyway, and the isolated child exits right after.
+SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
+                               const SimOptions& options, const std::string& fidelity) {
+  static bool used = false;
+  if (used)
+    throw Error(
+        "sim: SimGrid's engine can run one simulation per process; fix: keep "
+        "SimOptions::isolate = true (the default) to run each simulation in a child process");
+  used = true;
+  const auto t0 = std::chrono::steady_clock::now();
+
+  int argc = 1;
+  char name[] = "muonbed-sim";
+  char* argv[] = {name, nullptr};
+  auto* engine = new sg4::Engine(&argc, argv);
+  (void)engine;
+  xbt_log_control_set("root.thresh:warning");
+
+  const DeviceMesh& mesh = plan.mesh();
+  const sim::Topology topology(cluster, mesh.world_size(), physical_gpus_per_node(cluster, mesh));
+  sim::NetworkConfig network{options.network_model, options.tcp_gamma, options.crosstraffic,
+                             options.simgrid_config};
+  const auto hosts = sim::build_platform(topology, network);
+
+  sim::ReplayOptions replay;
+  replay.step_fidelity = fidelity == "step";
+  replay.trace_max_ranks = options.trace_max_ranks;
+  replay.lowering.step_fidelity = replay.step_fidelity;
+  replay.lowering.broadcast_chunk_bytes = options.broadcast_chunk_bytes;
+  replay.lowering.broadcast_max_chunks = options.broadcast_max_chunks;
+  replay.lowering.a2a_rounds = options.flow_all_to_all_rounds;
+  replay.lowering.rooted_bundles = options.flow_rooted_bundles;
+
+  SimulationResult result;
+  result.stats.fidelity = fidelity;
+  sim::ReplayOutput out = sim::replay_plan(plan, cluster, topology, hosts, replay, result.stats);
+
+  ResultRecord& record = result.record;
+  record.backend = "sim";
+  record.fidelity = fidelity;
+  record.traffic.model = "algorithm";
+  record.provenance = make_provenance(nullptr, simgrid_version());
+  fill_record(record, plan, cluster, out.steps, out.collectives);
+  std::ostringstream note;
+  note << "sim: SimGrid " << simgrid_version() << ", network model " << options.network_model
+       << " (crosstraffic " << (options.crosstraffic ? 1 : 0) << ", TCP-gamma " << options.tcp_gamma
+       << "), fidelity " << fidelity << ": "
+       << (fidelity == "step"
+               ? "every ring step, all-to-all round and broadcast chunk is a transfer"
+               : "one flow per ring edge and channel and per bundle of senders to a root (at "
+                 "most " +
+                     std::to_string(options.flow_rooted_bundles) + "), all-to-all in at most " +
+                     std::to_string(options.flow_all_to_all_rounds) +
+                     " merged rounds, skipped latencies added analytically, broadcast in chunks; "
+                     "intra-node links shared by a per-node max-min model");
+  record.notes.push_back(note.str());
+  result.trace = std::move(out.trace);
+
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  result.stats.peak_rss_bytes = static_cast<double>(usage.ru_maxrss) * 1024.0;
+  result.stats.wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
+}
+
+}  // namespace
+
+std::string simgrid_version() {
+  return std::to_string(SIMGRID_VERSION_MAJOR) + "." + std::to_string(SIMGRID_VERSION_MINOR) + "." +
+         std::to_string(SIMGRID_VERSION_PATCH);
+}
+
+std::string resolve_fidelity(const SimOptions& options, int world_size) {
+  if (options.fidelity == "step" || options.fidelity == "flow") return options.fidelity;
+  if (options.fidelity == "auto")
+    return world_size <= options.auto_step_max_ranks ? "step" : "flow";
+  throw Error("sim: unknown fidelity '" + options.fidelity +
+              "'; fix: use step, flow or auto (sim.fidelity in the experiment)");
+}
+
+void check_simulable(const StepPlan& plan, const ClusterSpec& cluster) {
+  if (plan.ops.empty()) throw PlanError("sim: the plan has no ops; nothing to simulate");
+  const DeviceMesh& mesh = plan.mesh();
+  // The topology's constructor checks node count and bandwidths, with the fix in the message.
+  const sim::Topology topology(cluster, mesh.world_size(), physical_gpus_per_node(cluster, mesh));
+  (void)topology;
+  bool computes = false;
+  for (const Op& op : plan.ops) computes = computes || is_compute(op.kind);
+  if (computes && !(cluster.gpu.peak_tflops > 0))
+    throw PlanError("sim: cluster '" + cluster.name +
+                    "' gives the GPU no compute rate; fix: set gpu.peak_tflops");
+}
+
+SimulationResult simulate(const StepPlan& plan, const ClusterSpec& cluster,
+                          const SimOptions& options) {
+  check_simulable(plan, cluster);
+  const std::string fidelity = resolve_fidelity(options, plan.mesh().world_size());
+  if (!options.isolate) return simulate_here(plan, cluster, options, fidelity);
+
+  const sim::IsolatedRun run = sim::run_isolated([&]() {
+    SimulationResult r = simulate_here(plan, cluster, options, fidelity);
+    std::string out;
+    put_segment(out, result_to_json(r.record));
+    put_segment(out, r.trace.is_null() ? std::string() : r.trace.dump());
+    put_segment(out, stats_to_text(r.stats));
+    return out;
+  });
+  std::size_t at = 0;
+  SimulationResult result;
+  result.record = result_from_json(get_segment(run.output, at));
+  const std::string trace = get_segment(run.output, at);
+  if (!trace.empty()) result.trace = nlohmann::json::parse(trace);
+  result.stats = stats_from_text(get_segment(run.output, at));
+  result.stats.peak_rss_bytes = std::max(result.stats.peak_rss_bytes, run.peak_rss_bytes);
+  return result;
+}
+
+}  // namespace muonbed

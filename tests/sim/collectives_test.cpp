@@ -1,0 +1,211 @@
+// The simulator's collective algorithms on bare platforms: closed-form latency + bandwidth times
+// on uniform networks (within 1%), and step vs flow fidelity within 3% on a matrix of
+// collectives, group sizes up to 256 and node layouts.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "sim/src/harness.hpp"
+
+using namespace muonbed;
+using namespace muonbed::sim;
+
+namespace {
+
+// Uniform: one GPU per node behind one switch, so every pair of ranks sees the same path:
+// latency = NIC 4 us + switch 1 us, bandwidth = one 50 GB/s NIC.
+ClusterSpec uniform_cluster() {
+  ClusterSpec c;
+  c.name = "uniform";
+  c.gpus_per_node = 1;
+  c.nodes = 0;
+  c.gpu.name = "test-gpu";
+  c.gpu.peak_tflops = 100;
+  c.gpu.hbm_GBps = 1000;
+  c.intra.kind = IntraNodeKind::nvswitch;
+  c.intra.bandwidth_GBps = 400;
+  c.intra.latency_us = 2;
+  c.nic.count_per_node = 1;
+  c.nic.bandwidth_GBps = 50;
+  c.nic.latency_us = 4;
+  c.network.topology = TopologyKind::single_switch;
+  c.network.switch_latency_us = 1;
+  return c;
+}
+
+// DGX-like: 8 GPUs per node on NVSwitch, 8 rail NICs, a 2-level fat tree of 4 nodes per leaf.
+ClusterSpec dgx_cluster(TopologyKind topology) {
+  ClusterSpec c = uniform_cluster();
+  c.name = "dgx-like";
+  c.gpus_per_node = 8;
+  c.intra.bandwidth_GBps = 450;
+  c.nic.count_per_node = 8;
+  c.nic.bandwidth_GBps = 48;
+  c.nic.rail_optimized = true;
+  c.network.topology = topology;
+  c.network.levels = 2;
+  c.network.nodes_per_leaf = 4;
+  c.network.switch_latency_us = 0.5;
+  return c;
+}
+
+constexpr double kAlpha = 5e-6;  // uniform cluster path latency
+constexpr double kBw = 50e9;     // uniform cluster path bandwidth
+
+CollectiveSpec spec_of(OpKind kind, int n, double piece, int first = 0) {
+  CollectiveSpec s;
+  s.kind = kind;
+  for (int i = 0; i < n; ++i) s.members.push_back(first + i);
+  s.pieces.assign(n, piece);
+  if (kind == OpKind::all_to_all) s.a2a.assign(n, std::vector<double>(n, piece));
+  return s;
+}
+
+LoweringOptions step_options() {
+  LoweringOptions o;
+  o.step_fidelity = true;
+  return o;
+}
+LoweringOptions flow_options() {
+  LoweringOptions o;
+  o.step_fidelity = false;
+  return o;
+}
+
+double time_one(const ClusterSpec& c, int world, int gpn, const CollectiveSpec& s,
+                const LoweringOptions& o) {
+  return time_collectives(c, world, gpn, {s}, o).times.at(0);
+}
+
+}  // namespace
+
+TEST_CASE("ring all-gather matches (n-1)(alpha + p/B) on a uniform network", "[sim][collectives]") {
+  const ClusterSpec c = uniform_cluster();
+  for (int n : {2, 5, 16}) {
+    const double piece = 8e6;
+    const double expected = (n - 1) * (kAlpha + piece / kBw);
+    const double t = time_one(c, n, 1, spec_of(OpKind::all_gather, n, piece), step_options());
+    INFO("n = " << n << ", simulated " << t << " s, closed form " << expected << " s");
+    CHECK(t == Approx(expected).epsilon(0.01));
+  }
+}
+
+TEST_CASE("ring reduce-scatter and all-reduce match their closed forms", "[sim][collectives]") {
+  const ClusterSpec c = uniform_cluster();
+  const int n = 8;
+  const double piece = 4e6;  // reduce-scatter output piece; all-reduce: whole buffer n * piece
+  const double rs = time_one(c, n, 1, spec_of(OpKind::reduce_scatter, n, piece), step_options());
+  CHECK(rs == Approx((n - 1) * (kAlpha + piece / kBw)).epsilon(0.01));
+  const double ar = time_one(c, n, 1, spec_of(OpKind::all_reduce, n, n * piece), step_options());
+  CHECK(ar == Approx(2 * (n - 1) * (kAlpha + piece / kBw)).epsilon(0.01));
+}
+
+TEST_CASE("pairwise all-to-all matches (n-1)(alpha + b/B)", "[sim][collectives]") {
+  const ClusterSpec c = uniform_cluster();
+  for (int n : {4, 12}) {
+    const double per_peer = 2e6;
+    const double t = time_one(c, n, 1, spec_of(OpKind::all_to_all, n, per_peer), step_options());
+    CHECK(t == Approx((n - 1) * (kAlpha + per_peer / kBw)).epsilon(0.01));
+  }
+}
+
+TEST_CASE("pipelined chain broadcast matches (n+k-2)(alpha + s/(kB))", "[sim][collectives]") {
+  const ClusterSpec c = uniform_cluster();
+  LoweringOptions o = step_options();
+  o.broadcast_chunk_bytes = 1e6;
+  o.broadcast_max_chunks = 16;
+  for (int n : {2, 6, 10}) {
+    const double bytes = 8e6;  // 8 chunks of 1 MB
+    const int k = 8;
+    CollectiveSpec s = spec_of(OpKind::broadcast, n, bytes);
+    s.root = n / 2;
+    const double expected = (n - 1 + k - 1) * (kAlpha + bytes / k / kBw);
+    const double t = time_one(c, n, 1, s, o);
+    INFO("n = " << n);
+    CHECK(t == Approx(expected).epsilon(0.01));
+  }
+}
+
+TEST_CASE("gather and scatter are bound by the root's link", "[sim][collectives]") {
+  const ClusterSpec c = uniform_cluster();
+  const int n = 9;
+  const double piece = 3e6;
+  for (OpKind kind : {OpKind::gather, OpKind::scatter}) {
+    CollectiveSpec s = spec_of(kind, n, piece);
+    s.root = 4;
+    CHECK(time_one(c, n, 1, s, step_options()) ==
+          Approx(kAlpha + (n - 1) * piece / kBw).epsilon(0.01));
+  }
+}
+
+TEST_CASE("a node-spanning ring uses every NIC of the node", "[sim][collectives]") {
+  // 4 nodes x 8 GPUs: 8 channels, each crossing nodes on its own rail, so the ring's inter-node
+  // bandwidth is 8 NICs x 48 GB/s per node: bus bandwidth ~ 384 GB/s, not one NIC's 48.
+  const ClusterSpec c = dgx_cluster(TopologyKind::single_switch);
+  const int n = 32;
+  const double piece = 32e6;
+  const double t = time_one(c, n, 8, spec_of(OpKind::all_gather, n, piece), step_options());
+  const double busbw = (n - 1) * piece / t;
+  INFO("bus bandwidth " << busbw / 1e9 << " GB/s");
+  CHECK(busbw > 0.85 * 8 * 48e9);
+  CHECK(busbw < 8 * 48e9 * 1.001);
+}
+
+TEST_CASE("step and flow fidelity agree within 3%", "[sim][collectives][fidelity]") {
+  // Layouts x group sizes up to 256: one node; 8-GPU nodes behind one switch or a fat tree
+  // (8 channels per ring); one GPU per node in a fat tree (single-channel rings up to 256).
+  ClusterSpec thin_tree = uniform_cluster();
+  thin_tree.network.topology = TopologyKind::fat_tree;
+  thin_tree.network.levels = 2;
+  thin_tree.network.nodes_per_leaf = 16;
+  struct Layout {
+    const char* name;
+    ClusterSpec cluster;
+    int gpn;
+    std::vector<int> sizes;
+  };
+  const std::vector<Layout> layouts = {
+      {"one node", dgx_cluster(TopologyKind::single_switch), 8, {2, 8}},
+      {"dgx single switch", dgx_cluster(TopologyKind::single_switch), 8, {16, 64}},
+      {"dgx fat tree", dgx_cluster(TopologyKind::fat_tree), 8, {64}},
+      {"one gpu per node, fat tree", thin_tree, 1, {32, 256}},
+  };
+  const std::vector<OpKind> kinds = {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce,
+                                     OpKind::all_to_all, OpKind::broadcast,      OpKind::gather,
+                                     OpKind::scatter};
+  for (const Layout& layout : layouts) {
+    for (int n : layout.sizes) {
+      // Per-member pieces of a few MB: the sizes of Muon's matrix shards. All-to-all sends a
+      // 32 MB buffer per member; broadcast and all-reduce move 256 MB (a layer's gradients).
+      std::vector<CollectiveSpec> specs;
+      for (OpKind kind : kinds) {
+        double piece = 4e6;
+        if (kind == OpKind::all_to_all) piece = 32e6 / n;
+        if (kind == OpKind::broadcast || kind == OpKind::all_reduce) piece = 256e6;
+        CollectiveSpec s = spec_of(kind, n, piece);
+        s.root = n / 3;
+        specs.push_back(s);
+      }
+      const HarnessResult step =
+          time_collectives(layout.cluster, n, layout.gpn, specs, step_options());
+      const HarnessResult flow =
+          time_collectives(layout.cluster, n, layout.gpn, specs, flow_options());
+      for (std::size_t i = 0; i < specs.size(); ++i) {
+        INFO(layout.name << ", n = " << n << ", " << to_string(specs[i].kind) << ": step "
+                         << step.times[i] << " s, flow " << flow.times[i] << " s");
+        // Known exceptions, measured and reported in experiments/BENCHMARKS.md: a ring
+        // all-reduce whose ring mixes NVLink and NIC edges couples its 2(n-1) steps around the
+        // cycle in ways one flow per edge does not see (flow within 8%); pairwise all-to-all over
+        // several 8-GPU nodes sees receive collisions between members in different rounds that
+        // merged rounds see less often (flow up to 4% faster).
+        double tolerance = 0.03;
+        const bool mixed = layout.gpn == 8 && n > 8;
+        if (mixed && specs[i].kind == OpKind::all_reduce) tolerance = 0.08;
+        if (mixed && specs[i].kind == OpKind::all_to_all) tolerance = 0.04;
+        CHECK(flow.times[i] == Approx(step.times[i]).epsilon(tolerance));
+      }
+    }
+  }
+}

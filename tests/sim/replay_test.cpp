@@ -1,0 +1,241 @@
+// Plan replay on simulated clusters: compute timing, agreement with the analytic model where
+// nothing contends, step vs flow on whole plans, the owner strategy's speedup on a compute-bound
+// case, level-scheduled steps, determinism, traces, and the platform's latencies.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "core/cost_model.hpp"
+#include "core/experiment.hpp"
+#include "muonbed/config.hpp"
+#include "sim/run_point.hpp"
+#include "sim/simulate.hpp"
+#include "sim/src/harness.hpp"
+
+using namespace muonbed;
+
+namespace {
+
+std::string experiments_file(const std::string& name) {
+  return std::string(MUONBED_SOURCE_DIR) + "/experiments/" + name;
+}
+
+Experiment point(const std::string& yaml) {
+  auto points = parse_experiment(yaml, experiments_file("sim_test.yaml"));
+  REQUIRE(points.size() == 1);
+  return points[0];
+}
+
+// A quiet cluster: one switch, so the analytic model's hop count is the simulator's.
+ClusterSpec quiet(ClusterSpec c) {
+  c.network.topology = TopologyKind::single_switch;
+  return c;
+}
+
+SimOptions with_fidelity(const std::string& fidelity) {
+  SimOptions o;
+  o.fidelity = fidelity;
+  o.trace_max_ranks = 0;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a compute op takes its FLOPs at the GPU's sustained rate", "[sim][replay]") {
+  Experiment e = point(R"(
+name: one_ns
+cluster: dgx-h100
+mesh: {dims: {dp_shard: 1}}
+model: {params: [{name: w, shape: [1024, 4096]}]}
+strategy: {name: owner}
+)");
+  e.cluster.gpu.hbm_GBps = 0;  // compute-bound only: time = FLOPs / rate
+  const StepPlan plan = plan_experiment(e);
+  double expected = 0;
+  for (const Op& op : plan.ops)
+    if (is_compute(op.kind)) expected += compute_time(plan, op, 0, e.cluster);
+  const double ns_flops = newton_schulz_flops(1024, 4096, 5);
+  const double ns_rate = e.cluster.gpu.sustained_flops(1024);
+  REQUIRE(expected >= ns_flops / ns_rate);
+  for (const char* fidelity : {"step", "flow"}) {
+    const SimulationResult r = simulate(plan, e.cluster, with_fidelity(fidelity));
+    INFO(fidelity);
+    CHECK(r.record.step.average_s == Approx(expected).epsilon(1e-6));
+    CHECK(r.record.ranks[0].average.compute_s == Approx(expected).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("the analytic model and the simulator agree when nothing contends",
+          "[sim][replay][analytic]") {
+  // Sequential: one matrix at a time, so no two collectives share a link; one switch, so
+  // latencies agree.
+  for (const char* mesh : {"{dims: {dp_shard: 8}}",
+                           "{dims: [{name: dp_shard, size: 2}, "
+                           "{name: tp, size: 8}]}"}) {
+    Experiment e = point(std::string(R"(
+name: quiet
+cluster: dgx-h100
+mesh: )") + mesh + R"(
+model: {dense: {hidden: 1024, layers: 2, heads: 8, kv_heads: 8, ffn: 4096, vocab: 4096}}
+strategy: {name: sequential}
+)");
+    e.cluster = quiet(e.cluster);
+    const StepPlan plan = plan_experiment(e);
+    const ResultRecord analytic = analytic_record(plan, e.cluster);
+    const SimulationResult sim = simulate(plan, e.cluster, with_fidelity("step"));
+    INFO(mesh << ": analytic " << analytic.step.average_s << " s, sim " << sim.record.step.average_s
+              << " s");
+    CHECK(sim.record.step.average_s == Approx(analytic.step.average_s).epsilon(0.01));
+    CHECK(sim.record.throughput.compute_time_s.average ==
+          Approx(analytic.throughput.compute_time_s.average).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("step and flow fidelity agree on whole plans", "[sim][replay][fidelity]") {
+  Experiment e = point(R"(
+name: fsdp_tp_small
+cluster: dgx-h100
+mesh: {dims: [{name: dp_shard, size: 4}, {name: tp, size: 8}]}
+model: {dense: {hidden: 2048, layers: 4, heads: 16, kv_heads: 8, ffn: 8192, vocab: 8192}}
+strategy: {name: owner, prefetch_count: 1}
+)");
+  const StepPlan plan = plan_experiment(e);
+  const SimulationResult step = simulate(plan, e.cluster, with_fidelity("step"));
+  const SimulationResult flow = simulate(plan, e.cluster, with_fidelity("flow"));
+  INFO("step " << step.record.step.average_s << " s, flow " << flow.record.step.average_s);
+  CHECK(flow.record.step.average_s == Approx(step.record.step.average_s).epsilon(0.03));
+  CHECK(flow.record.traffic.network_bytes.average ==
+        Approx(step.record.traffic.network_bytes.average).epsilon(1e-9));
+}
+
+TEST_CASE(
+    "owner with async parallelism beats sequential by about the rank count when compute "
+    "dominates",
+    "[sim][replay][strategy]") {
+  // 16 equal matrices on 8 GPUs with a fast fabric: the owner strategy runs 8 NS at a time.
+  std::string params;
+  for (int i = 0; i < 16; ++i)
+    params +=
+        std::string(i ? ", " : "") + "{name: w" + std::to_string(i) + ", shape: [2048, 2048]}";
+  const std::string base = R"(
+name: compute_bound
+cluster: dgx-h100
+mesh: {dims: {dp_shard: 8}}
+model: {params: [)" + params +
+                           R"(]}
+)";
+  double times[2] = {0, 0};
+  int i = 0;
+  for (const char* strategy :
+       {"{name: sequential}", "{name: owner, async_gpu_parallelism: true}"}) {
+    Experiment e = point(base + "strategy: " + strategy + "\n");
+    e.cluster.intra.bandwidth_GBps = 1e5;  // communication negligible next to NS
+    e.cluster.intra.latency_us = 0.1;
+    times[i++] =
+        simulate(plan_experiment(e), e.cluster, with_fidelity("step")).record.step.average_s;
+  }
+  const double speedup = times[0] / times[1];
+  INFO("sequential " << times[0] << " s, owner " << times[1] << " s, speedup " << speedup);
+  CHECK(speedup > 7.0);
+  CHECK(speedup < 8.05);
+}
+
+TEST_CASE("level-scheduled gradient sync: average and worst step differ", "[sim][replay]") {
+  Experiment e = point(R"(
+name: levels
+cluster: dgx-h100
+mesh: {dims: [{name: dp_replicate, size: 2}, {name: dp_shard, size: 4}]}
+model: {dense: {hidden: 1024, layers: 4, heads: 8, kv_heads: 8, ffn: 4096, vocab: 4096}}
+strategy: {name: owner, grad_sync: {enabled: true, level_periods: [1, 4]}}
+)");
+  e.cluster.gpus_per_node = 4;
+  const StepPlan plan = plan_experiment(e);
+  REQUIRE(plan.hyper_period() == 4);
+  const SimulationResult r = simulate(plan, e.cluster, with_fidelity("step"));
+  REQUIRE(r.record.step.patterns.size() == 2);
+  CHECK(r.record.step.patterns[0].count + r.record.step.patterns[1].count == 4);
+  CHECK(r.record.step.worst_s > r.record.step.average_s);
+  CHECK(r.record.step.worst_step == 0);  // every level syncs in step 0
+  CHECK(r.record.throughput.params_per_s_per_gpu.worst <
+        r.record.throughput.params_per_s_per_gpu.average);
+}
+
+TEST_CASE("simulations are deterministic and many run in one process", "[sim][replay]") {
+  Experiment e = point(R"(
+name: determinism
+cluster: dgx-h100
+mesh: {dims: [{name: dp_shard, size: 2}, {name: tp, size: 8}]}
+model: {dense: {hidden: 1024, layers: 2, heads: 8, kv_heads: 8, ffn: 4096, vocab: 4096}}
+strategy: {name: all_to_all}
+)");
+  const StepPlan plan = plan_experiment(e);
+  SimOptions o = with_fidelity("step");
+  o.trace_max_ranks = 16;
+  const SimulationResult a = simulate(plan, e.cluster, o);
+  const SimulationResult b = simulate(plan, e.cluster, o);
+  CHECK(result_to_json(a.record) == result_to_json(b.record));
+  CHECK(a.trace.dump() == b.trace.dump());
+  // The trace covers the capped ranks only, with Chrome's complete events.
+  int complete = 0;
+  for (const auto& ev : a.trace.at("traceEvents")) {
+    if (ev.at("ph") != "X") continue;
+    ++complete;
+    CHECK(ev.at("tid").get<int>() < 16 * static_cast<int>(plan.streams.size()));
+  }
+  CHECK(complete > 0);
+}
+
+TEST_CASE("path latencies of the platform are what the lowering assumes", "[sim][platform]") {
+  // A 1 kB send costs latency + 1 kB / bandwidth; compare with Topology::path for pairs under
+  // one leaf, across leaves of a 2-level tree and across pods of a 3-level tree.
+  for (int levels : {2, 3}) {
+    ClusterSpec c;
+    c.name = "tree";
+    c.gpus_per_node = 2;
+    c.nodes = 0;
+    c.gpu.peak_tflops = 100;
+    c.intra = {IntraNodeKind::nvswitch, 400, 1.5, 0};
+    c.nic = {2, 25, 3, true};
+    c.network.topology = TopologyKind::fat_tree;
+    c.network.levels = levels;
+    c.network.nodes_per_leaf = 2;
+    c.network.switch_latency_us = 0.7;
+    const int world = 16;  // 8 nodes: 4 leaves; in 3 levels, 2 pods of 2 leaves
+    const sim::Topology topo(c, world, 2);
+    std::vector<sim::CollectiveSpec> specs;
+    const std::vector<std::pair<int, int>> pairs = {{0, 1}, {0, 2}, {0, 4}, {0, 9}, {3, 14}};
+    for (const auto& [a, b] : pairs) {
+      sim::CollectiveSpec s;
+      s.kind = OpKind::send;
+      s.members = {a, b};
+      s.root = 0;
+      s.peer = 1;
+      s.pieces = {1000, 0};
+      specs.push_back(s);
+    }
+    sim::LoweringOptions o;
+    const auto times = sim::time_collectives(c, world, 2, specs, o).times;
+    for (std::size_t i = 0; i < pairs.size(); ++i) {
+      const sim::PathInfo p = topo.path(pairs[i].first, pairs[i].second);
+      INFO("levels " << levels << ", ranks " << pairs[i].first << " -> " << pairs[i].second);
+      CHECK(times[i] == Approx(p.latency_s + 1000 / p.bandwidth_Bps).epsilon(1e-6));
+    }
+  }
+}
+
+TEST_CASE("the simulator says what is wrong before simulating", "[sim][replay]") {
+  Experiment e = point(R"(
+name: too_small
+cluster: {preset: dgx-h100, nodes: 2}
+mesh: {dims: {dp_shard: 16}}
+model: {preset: tiny-dense}
+strategy: {name: owner}
+)");
+  const StepPlan plan = plan_experiment(e);
+  e.cluster.nodes = 1;
+  CHECK_THROWS_WITH(simulate(plan, e.cluster), Catch::Contains("cluster.nodes"));
+  SimOptions bad;
+  bad.fidelity = "fine";
+  e.cluster.nodes = 2;
+  CHECK_THROWS_WITH(simulate(plan, e.cluster, bad), Catch::Contains("step, flow or auto"));
+}
