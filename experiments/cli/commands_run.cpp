@@ -310,13 +310,14 @@ int run_command(RunOptions& o) {
         }
         PointOutcome outcome = run_one(point, *plan, backend, o);
         progress.clear();
-        std::cout << fmt::format("[{:>{}}/{}] {} [{}]: step {} avg, {} worst; plan {}, {}\n",
-                                 done + 1, std::to_string(total).size(), total, label,
-                                 backend_text(outcome.record),
-                                 human_seconds(outcome.record.step.average_s),
-                                 human_seconds(outcome.record.step.worst_s), human_seconds(plan_s),
-                                 outcome.detail)
-                  << std::flush;
+        std::cout << fmt::format(
+            "[{:>{}}/{}] {} [{}]: step {} avg, {} worst; plan {}, {}\n", done + 1,
+            std::to_string(total).size(), total, label, backend_text(outcome.record),
+            human_seconds(outcome.record.step.average_s),
+            human_seconds(outcome.record.step.worst_s), human_seconds(plan_s), outcome.detail);
+        for (const std::string& note : outcome.record.notes)
+          if (note.rfind("warning:", 0) == 0) std::cout << "    " << note << "\n";
+        std::cout << std::flush;
         records.push_back(std::move(outcome.record));
       } catch (const ConfigError&) {
         throw;  // bad input is the same for every point

@@ -51,7 +51,7 @@ struct LoweringOptions {
   bool step_fidelity = true;
   double broadcast_chunk_bytes = 512.0 * 1024;
   int broadcast_max_chunks = 64;
-  int a2a_rounds = 16;
+  int a2a_rounds = 64;  // as SimOptions::flow_all_to_all_rounds
   int rooted_bundles = 64;
 };
 
