@@ -60,8 +60,9 @@ struct NsConfig {
                          double norm_scale = 1.0);
 };
 
-// What an experiment file names: set = keller_jordan | polar_express | custom. For the named
-// sets `num_steps` is the iteration count; for custom it must be 0 or custom_steps.size().
+// What an experiment file names: set = keller (alias keller_jordan) | polar_express | custom. For
+// the named sets `num_steps` is the iteration count; for custom it must be 0 or
+// custom_steps.size().
 // Throws Error listing the valid names.
 NsConfig make_ns_config(std::string_view set, int num_steps,
                         const std::vector<NsStepCoefficients>& custom_steps = {});

@@ -200,18 +200,7 @@ int run_plan(const PlanOptions& o) {
     }
   }
   const std::vector<Experiment> points = load_experiment(o.file);
-  std::vector<std::size_t> selected;
-  for (std::size_t i = 0; i < points.size(); ++i) {
-    bool keep = o.points.empty();
-    for (const std::string& f : o.points) keep = keep || point_matches(points[i], f);
-    if (keep) selected.push_back(i);
-  }
-  if (selected.empty()) {
-    std::string labels;
-    for (const Experiment& e : points) labels += "\n    " + e.point_label;
-    throw ConfigError(SourceLocation{o.file, 0, 0}, "no sweep point matches --point",
-                      "use a full label or key=value pairs; the points are:" + labels);
-  }
+  const std::vector<std::size_t> selected = select_points(points, o.points, o.file);
   int failures = 0;
   for (std::size_t i : selected) {
     try {

@@ -257,19 +257,11 @@ void make_plots(const std::vector<std::string>& output_dirs) {
 int run_command(RunOptions& o) {
   std::vector<Experiment> all = load_experiment(o.file);
   std::vector<Experiment> points;
-  for (Experiment& point : all) {
-    bool keep = o.points.empty();
-    for (const std::string& f : o.points) keep = keep || point_matches(point, f);
-    if (!keep) continue;
+  for (std::size_t i : select_points(all, o.points, o.file)) {
+    Experiment& point = all[i];
     if (!o.backends.empty()) point.backends = o.backends;
     apply_overrides(point, o);
     points.push_back(std::move(point));
-  }
-  if (points.empty()) {
-    std::string labels;
-    for (const Experiment& e : all) labels += "\n    " + e.point_label;
-    throw ConfigError(SourceLocation{o.file, 0, 0}, "no sweep point matches --point",
-                      "use a full label or key=value pairs; the points are:" + labels);
   }
   check_backends(points, o);
 

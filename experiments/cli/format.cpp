@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "core/errors.hpp"
+
 namespace muonbed::cli {
 
 std::string human_count(double n) {
@@ -110,6 +112,24 @@ bool point_matches(const Experiment& e, const std::string& filter) {
     start = comma + 1;
   }
   return true;
+}
+
+std::vector<std::size_t> select_points(const std::vector<Experiment>& points,
+                                       const std::vector<std::string>& filters,
+                                       const std::string& file) {
+  std::vector<std::size_t> selected;
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    bool keep = filters.empty();
+    for (const std::string& f : filters) keep = keep || point_matches(points[i], f);
+    if (keep) selected.push_back(i);
+  }
+  if (selected.empty()) {
+    std::string labels;
+    for (const Experiment& e : points) labels += "\n    " + e.point_label;
+    throw ConfigError(SourceLocation{file, 0, 0}, "no sweep point matches --point",
+                      "use a full label or key=value pairs; the points are:" + labels);
+  }
+  return selected;
 }
 
 }  // namespace muonbed::cli

@@ -41,5 +41,10 @@ std::string point_text(const Experiment& e, std::size_t index, std::size_t count
 // A point matches a --point filter if the filter equals its label, or every "key=value" of the
 // filter is one of its overrides ("strategy.name=owner" picks every point with that strategy).
 bool point_matches(const Experiment& e, const std::string& filter);
+// Indices of the points matching any filter (all without filters); a ConfigError listing the
+// points when none matches.
+std::vector<std::size_t> select_points(const std::vector<Experiment>& points,
+                                       const std::vector<std::string>& filters,
+                                       const std::string& file);
 
 }  // namespace muonbed::cli

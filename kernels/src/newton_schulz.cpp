@@ -175,7 +175,7 @@ NsConfig NsConfig::custom(std::vector<NsStepCoefficients> steps, double eps, dou
 NsConfig make_ns_config(std::string_view set, int num_steps,
                         const std::vector<NsStepCoefficients>& custom_steps) {
   NsConfig config;
-  if (set == "keller_jordan") {
+  if (set == "keller_jordan" || set == "keller") {  // "keller": the experiment files' name
     config = NsConfig::keller_jordan(num_steps);
   } else if (set == "polar_express") {
     config = NsConfig::polar_express(num_steps);
@@ -188,7 +188,7 @@ NsConfig make_ns_config(std::string_view set, int num_steps,
     config = NsConfig::custom(custom_steps);
   } else {
     throw Error("newton_schulz: unknown coefficient set '" + std::string(set) +
-                "'; valid: keller_jordan, polar_express, custom");
+                "'; valid: keller (or keller_jordan), polar_express, custom");
   }
   validate(config);
   return config;

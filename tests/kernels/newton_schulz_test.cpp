@@ -239,6 +239,15 @@ TEST_CASE("coefficient sets", "[ns]") {
   CHECK(custom.num_steps() == 2);
   CHECK(custom.steps[1].a == 1.5);
   CHECK(make_ns_config("polar_express", 3).num_steps() == 3);
+  // The experiment files' name and the kernels' name are the same coefficients.
+  const NsConfig from_experiment = make_ns_config("keller", 5);
+  const NsConfig reference = NsConfig::keller_jordan(5);
+  REQUIRE(from_experiment.num_steps() == 5);
+  for (int k = 0; k < 5; ++k) {
+    CHECK(from_experiment.steps[k].a == reference.steps[k].a);
+    CHECK(from_experiment.steps[k].b == reference.steps[k].b);
+    CHECK(from_experiment.steps[k].c == reference.steps[k].c);
+  }
 
   CHECK_THROWS_AS(make_ns_config("newton", 5), Error);
   CHECK_THROWS_WITH(make_ns_config("newton", 5), Catch::Contains("keller_jordan"));
