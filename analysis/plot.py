@@ -765,7 +765,13 @@ def plot_scaling(p, sweep, name):
         ax.set_yscale("log")
         readable_log_ticks(ax)
         ax.grid(True, which="both", color="#e6e6e6", linewidth=0.6)
-        ax.legend(fontsize=7, framealpha=0.92)
+        entries = len(ax.get_legend_handles_labels()[0])
+        if entries <= 4:
+            ax.legend(fontsize=7, framealpha=0.92)
+        else:  # many lines: below the panel, where it cannot hide them
+            ax.legend(fontsize=7, framealpha=0.92, loc="upper center",
+                      bbox_to_anchor=(0.5, -0.16), ncol=2 if entries > 6 else 1)
+            fig.set_figheight(max(fig.get_figheight(), 5.2 + 0.09 * entries))
     ax_t.set_ylabel(f"step time ({unit}, log scale)")
     ax_t.set_title("step time (solid: average, faded: worst step)" if any_worst else
                    "step time (every step alike)", fontsize=10)

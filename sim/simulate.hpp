@@ -12,8 +12,10 @@
 //         explains why). For scale.
 //   auto  step up to `auto_step_max_ranks` ranks (256), flow above.
 // Step and flow agree within 3% on tests/sim's matrix of collectives and group sizes, except a
-// ring all-reduce mixing NVLink and NIC edges (8%) and all-to-all groups of more than 65 members
-// on a fat tree, whose merged rounds can be off by tens of percent (a warning note in the record).
+// ring all-reduce mixing NVLink and NIC edges (8%: mostly the step model's own ~5% jumps under
+// sub-microsecond latency changes, experiments/BENCHMARKS.md) and all-to-all groups of more than
+// 65 members on a fat tree, whose merged rounds can be off by tens of percent (a warning note in
+// the record).
 //
 // SimGrid's engine is a process-wide singleton that cannot be re-created, and its fat-tree zone
 // numbers leaves with a static counter, so by default every simulate() call runs in a fork()ed

@@ -85,8 +85,12 @@ void apply_overrides(Experiment& point, const RunOptions& o) {
   point.resolved_yaml = std::string(out.c_str()) + "\n";
 }
 
-// A finished result for this point and backend, if one exists with the same configuration.
-std::optional<ResultRecord> completed_result(const Experiment& point, const std::string& backend) {
+// A finished result for this point and backend, if one exists with the same configuration and
+// was made by this muonbed (same version and git commit: another build may simulate differently).
+// `other_build` is set when a result was passed over for that reason alone.
+std::optional<ResultRecord> completed_result(const Experiment& point, const std::string& backend,
+                                             const Provenance& build, bool& other_build) {
+  other_build = false;
   const std::string path = result_path(point, backend);
   if (!fs::exists(path)) return std::nullopt;
   try {
@@ -96,6 +100,11 @@ std::optional<ResultRecord> completed_result(const Experiment& point, const std:
     if (result_identity(record.provenance.resolved_config, backend) !=
         result_identity(point.resolved_yaml, backend))
       return std::nullopt;
+    if (record.provenance.muonbed_version != build.muonbed_version ||
+        record.provenance.git_hash != build.git_hash) {
+      other_build = true;
+      return std::nullopt;
+    }
     return record;
   } catch (const std::exception&) {
     return std::nullopt;  // unreadable or from another version: run the point again
@@ -275,7 +284,8 @@ int run_command(RunOptions& o) {
   Progress progress(total, isatty(STDERR_FILENO) != 0);
   std::vector<ResultRecord> records;
   std::vector<std::string> output_dirs;
-  std::size_t done = 0, resumed = 0, failures = 0;
+  std::size_t done = 0, resumed = 0, stale = 0, failures = 0;
+  const Provenance build = make_provenance(nullptr, "");
   const auto start = Clock::now();
   for (std::size_t i = 0; i < points.size(); ++i) {
     const Experiment& point = points[i];
@@ -286,12 +296,15 @@ int run_command(RunOptions& o) {
     double plan_s = 0;
     for (const std::string& backend : point.backends) {
       if (!o.force) {
-        if (std::optional<ResultRecord> record = completed_result(point, backend)) {
+        bool other_build = false;
+        if (std::optional<ResultRecord> record =
+                completed_result(point, backend, build, other_build)) {
           ++done;
           ++resumed;
           records.push_back(std::move(*record));
           continue;
         }
+        if (other_build) ++stale;
       }
       progress.show(done, label + " [" + backend + "]");
       try {
@@ -329,6 +342,11 @@ int run_command(RunOptions& o) {
         "run again (--force reruns them)\n",
         resumed, total);
   }
+  if (stale > 0)
+    std::cout << fmt::format(
+        "rerun: {} run{} had results for the same configuration from another muonbed build "
+        "(version or git commit differs)\n",
+        stale, stale == 1 ? "" : "s");
   std::cout << fmt::format("{} run{} in {}\n", total - resumed, total - resumed == 1 ? "" : "s",
                            human_seconds(seconds_since(start)));
   if (!records.empty()) print_results_table(records, points);
@@ -371,7 +389,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--no-plots", options->no_plots, "do not call analysis/plot.py");
   cmd->footer(R"(Examples:
   muonbed run experiments/quickstart.yaml            simulate every strategy on one DGX H100 node
-  muonbed run experiments/scaling.yaml --point strategy.name=owner
+  muonbed run experiments/scaling.yaml --point mesh.dp_shard=128   one point of a sweep
   muonbed run experiments/quickstart.yaml --backend analytic --output results/qs-analytic
 Results: <output>/<point>/<backend>.json (schema in core/results.hpp) and <backend>.trace.json
 (Chrome/Perfetto trace of the worst step: open in ui.perfetto.dev). Rerunning skips finished

@@ -70,10 +70,26 @@ double shift_latency(const std::vector<int>& members, int shift, const Topology&
 // ---- Rings: all_gather, reduce_scatter, all_reduce
 // -----------------------------------------------
 
+// NCCL pipelines every ring step in small slices. With equal pieces, whole-piece steps are as
+// fast (every edge is busy every step), but with uneven pieces (owner_allgather: a few owners
+// contribute whole matrices, everybody else nothing) whole-piece steps would carry each big piece
+// hop by hop, n-1 times its transfer time instead of once plus a short pipeline fill. Such rings
+// take the flow lowering, whose edge flows are the pipelined limit, at both fidelities.
+bool uneven_pieces(const CollectiveSpec& spec) {
+  if (spec.kind != OpKind::all_gather && spec.kind != OpKind::reduce_scatter) return false;
+  if (spec.pieces.size() < 2) return false;
+  double total = 0, largest = 0;
+  for (double p : spec.pieces) {
+    total += p;
+    largest = std::max(largest, p);
+  }
+  return largest > 2 * total / static_cast<double>(spec.pieces.size());
+}
+
 class Ring final : public CollectiveAlgorithm {
  public:
   Ring(const CollectiveSpec& spec, CollectiveHost& host, const LoweringOptions& options)
-      : spec_(spec), host_(host), step_mode_(options.step_fidelity) {
+      : spec_(spec), host_(host), step_mode_(options.step_fidelity && !uneven_pieces(spec)) {
     n_ = static_cast<int>(spec.members.size());
     rings_ = ring_channels(spec.members, host.topology());
     channels_ = static_cast<int>(rings_.size());

@@ -9,6 +9,9 @@
 //                                leaves from the one before it, so consecutive nodes are joined
 //                                on the same rail and every NIC carries one channel: a node
 //                                pushes g x NIC bandwidth (hierarchical, node-aware rings).
+//                                Uneven pieces (largest > 2x mean) take the flow lowering at
+//                                both fidelities: NCCL pipelines ring steps in slices, which
+//                                whole-piece steps would not (collectives.cpp: uneven_pieces).
 //   broadcast                    pipelined chain from the root along each channel's ring, data
 //                                split over channels, each channel's share cut into chunks.
 //   all_to_all                   pairwise exchange: round t, member i sends to i+t (mod n) and
