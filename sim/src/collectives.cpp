@@ -304,13 +304,14 @@ class Rounds final : public CollectiveAlgorithm {
       for (int s : shifts) tail_ += shift_latency(spec.members, s, host.topology());
       return;
     } else {
-      // Contiguous ranges of shifts; each merged round sends to the range's first shift.
+      // Contiguous ranges of shifts; a merged round carries the range's bytes of each member
+      // to its heaviest peer in the range, plus the latencies of the rounds it stands for.
       const int rounds = std::max(1, std::min(logical, options.a2a_rounds));
       for (int r = 0; r < rounds; ++r) {
         const int lo = shifts[static_cast<std::size_t>(r) * logical / rounds];
         const int hi = shifts[static_cast<std::size_t>(r + 1) * logical / rounds - 1];
         groups_.push_back({lo, lo, hi});
-        tail_ += merge_penalty(lo, hi, host.topology());
+        for (int s = lo + 1; s <= hi; ++s) tail_ += shift_latency(spec.members, s, host.topology());
       }
     }
   }
@@ -323,16 +324,22 @@ class Rounds final : public CollectiveAlgorithm {
     const std::size_t r = groups_.size();
     round_.assign(n_, 0);
     sent_.assign(n_, 0);
-    received_.assign(static_cast<std::size_t>(n_) * r, 0);
+    // With per-member targets a member may expect zero or several messages in a merged round.
+    awaited_.assign(static_cast<std::size_t>(n_) * r, 0);
+    for (std::size_t k = 0; k < r; ++k)
+      for (int i = 0; i < n_; ++i) {
+        const int j = (i + target_shift(i, groups_[k])) % n_;
+        ++awaited_[static_cast<std::size_t>(j) * r + k];
+      }
     for (int i = 0; i < n_; ++i) begin_round(i);
   }
 
   void done(std::uint64_t tag) override {
     if (tag == kDelayTag) return host_.finished();
     const int i = field_b(tag), r = field_c(tag);
-    const int j = (i + groups_[r].target) % n_;
+    const int j = (i + target_shift(i, groups_[r])) % n_;
     sent_[i] = 1;
-    received_[static_cast<std::size_t>(j) * groups_.size() + r] = 1;
+    --awaited_[static_cast<std::size_t>(j) * groups_.size() + r];
     advance(i);
     if (j != i) advance(j);
   }
@@ -343,32 +350,21 @@ class Rounds final : public CollectiveAlgorithm {
     int lo, hi;  // logical shifts merged into this round
   };
 
-  // What merging shifts lo..hi into one round saves over the step model, from nominal paths of
-  // a sample of members: the step model pays sum over shifts of the slowest member's latency +
-  // transfer; the merged round pays the slowest member's one latency + all its transfers.
-  double merge_penalty(int lo, int hi, const Topology& topo) const {
-    const int samples = std::min(n_, 64);
-    double rounds = 0, merged = 0;
-    for (int s = lo; s <= hi; ++s) {
-      double slowest = 0;
-      for (int k = 0; k < samples; ++k) {
-        const int i = static_cast<int>(static_cast<long>(k) * n_ / samples);
-        const PathInfo p = topo.path(spec_.members[i], spec_.members[(i + s) % n_]);
-        const double b = spec_.a2a[i][(i + s) % n_];
-        slowest = std::max(slowest, p.latency_s + (p.bandwidth_Bps > 0 ? b / p.bandwidth_Bps : 0));
+  // Where member i sends a merged round: its heaviest peer among the merged shifts (the first on
+  // ties). Skewed exchanges (Muon's shards to owners) then keep each owner's ingress on the
+  // owner's links instead of spreading it over the range's first peers.
+  int target_shift(int i, const Group& g) const {
+    if (barrier_ || g.lo == g.hi) return g.target;
+    int best = g.lo;
+    double most = spec_.a2a[i][(i + g.lo) % n_];
+    for (int s = g.lo + 1; s <= g.hi; ++s) {
+      const double b = spec_.a2a[i][(i + s) % n_];
+      if (b > most) {
+        most = b;
+        best = s;
       }
-      rounds += slowest;
     }
-    for (int k = 0; k < samples; ++k) {
-      const int i = static_cast<int>(static_cast<long>(k) * n_ / samples);
-      double total = topo.path(spec_.members[i], spec_.members[(i + lo) % n_]).latency_s;
-      for (int s = lo; s <= hi; ++s) {
-        const PathInfo p = topo.path(spec_.members[i], spec_.members[(i + s) % n_]);
-        total += p.bandwidth_Bps > 0 ? spec_.a2a[i][(i + s) % n_] / p.bandwidth_Bps : 0;
-      }
-      merged = std::max(merged, total);
-    }
-    return std::max(0.0, rounds - merged);
+    return best;
   }
 
   double bytes(int i, const Group& g) const {
@@ -388,13 +384,13 @@ class Rounds final : public CollectiveAlgorithm {
     }
     sent_[i] = 0;
     const Group& g = groups_[r];
-    host_.transfer(spec_.members[i], spec_.members[(i + g.target) % n_], bytes(i, g),
+    host_.transfer(spec_.members[i], spec_.members[(i + target_shift(i, g)) % n_], bytes(i, g),
                    pack(0, i, r));
   }
   void advance(int i) {
     const int r = round_[i];
     if (r < static_cast<int>(groups_.size()) && sent_[i] &&
-        received_[static_cast<std::size_t>(i) * groups_.size() + r]) {
+        awaited_[static_cast<std::size_t>(i) * groups_.size() + r] == 0) {
       ++round_[i];
       begin_round(i);
     }
@@ -409,7 +405,7 @@ class Rounds final : public CollectiveAlgorithm {
   std::vector<Group> groups_;
   std::vector<int> round_;
   std::vector<char> sent_;
-  std::vector<char> received_;
+  std::vector<int> awaited_;  // per member and round: messages not yet received
 };
 
 // ---- Rooted: gather, scatter, send/recv ---------------------------------------------------------

@@ -24,8 +24,10 @@
 // all its steps as one flow and the other n-2 (2n-3) step latencies are added as a delay; a chain
 // hop carries all chunks at once, plus the pipeline fill (n+k-3) latencies and (n-2) chunk times;
 // all-to-all rounds are merged into at most `a2a_rounds` rounds (shifts grouped in contiguous
-// ranges, bytes summed, the skipped rounds' latencies added); cross-node senders to a root are
-// bundled into at most `rooted_bundles` flows (the root's link is the bottleneck either way).
+// ranges; each member sends its range's bytes to its heaviest peer in the range, so skewed
+// exchanges keep their receivers' load; the skipped rounds' latencies added); cross-node senders
+// to a root are bundled into at most `rooted_bundles` flows (the root's link is the bottleneck
+// either way).
 // Zero-byte messages cost their path latency.
 #pragma once
 
