@@ -4,9 +4,11 @@
 // points whose results already exist for the same resolved configuration, prints one summary line
 // per point plus seed 000's claims table when the sweep holds its configurations, and finally
 // draws the plots with analysis/plot.py when matplotlib is available.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -231,6 +233,30 @@ void print_results_table(const std::vector<ResultRecord>& records,
   table.print(std::cout);
 }
 
+// A run killed while writing leaves "<file>.tmp.<pid>" (core/results.cpp writes atomically
+// through one). Remove those whose writer is gone; a live writer (a concurrent run) keeps its own.
+int remove_stale_temp_files(const std::string& dir) {
+  int removed = 0;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return 0;
+  std::vector<fs::path> stale;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::size_t at = name.rfind(".tmp.");
+    if (at == std::string::npos || !it->is_regular_file(ec)) continue;
+    const std::string pid_text = name.substr(at + 5);
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos ||
+        pid_text.size() > 9)
+      continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    if (::kill(pid, 0) != 0 && errno == ESRCH) stale.push_back(it->path());
+  }
+  for (const fs::path& path : stale)
+    if (fs::remove(path, ec)) ++removed;
+  return removed;
+}
+
 bool matplotlib_available() {
   return std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
 }
@@ -281,16 +307,21 @@ int run_command(RunOptions& o) {
                            points.size(), points.size() == 1 ? "" : "s", total,
                            total == 1 ? "" : "s", first.output_dir);
 
+  std::vector<std::string> output_dirs;
+  for (const Experiment& point : points)
+    if (std::find(output_dirs.begin(), output_dirs.end(), point.output_dir) == output_dirs.end())
+      output_dirs.push_back(point.output_dir);
+  for (const std::string& dir : output_dirs)
+    if (const int removed = remove_stale_temp_files(dir); removed > 0)
+      std::cout << fmt::format("removed {} unfinished temporary file{} of an interrupted run\n",
+                               removed, removed == 1 ? "" : "s");
   Progress progress(total, isatty(STDERR_FILENO) != 0);
   std::vector<ResultRecord> records;
-  std::vector<std::string> output_dirs;
   std::size_t done = 0, resumed = 0, stale = 0, failures = 0;
   const Provenance build = make_provenance(nullptr, "");
   const auto start = Clock::now();
   for (std::size_t i = 0; i < points.size(); ++i) {
     const Experiment& point = points[i];
-    if (std::find(output_dirs.begin(), output_dirs.end(), point.output_dir) == output_dirs.end())
-      output_dirs.push_back(point.output_dir);
     const std::string label = point.point_label.empty() ? point.name : point.point_label;
     std::optional<StepPlan> plan;  // built once per point, when a backend first needs it
     double plan_s = 0;

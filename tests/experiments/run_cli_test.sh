@@ -59,6 +59,17 @@ rm out/strategy.name=owner/analytic.json
 grep -q "^1 run in" third.log || { cat third.log; fail "expected exactly one run"; }
 grep -q "strategy.name=owner \[analytic\]" third.log || { cat third.log; fail "wrong point rerun"; }
 
+# A run killed mid-write leaves a temporary file; the next run removes it (its writer is gone)
+# but keeps one whose writer still lives.
+dead_pid=$(sh -c 'echo $$')
+echo partial >"out/strategy.name=owner/analytic.json.tmp.$dead_pid"
+echo busy >"out/strategy.name=owner/analytic.json.tmp.$$"
+"$muonbed" run tiny.yaml --no-plots >temp.log 2>&1 || { cat temp.log; fail "run after a kill failed"; }
+grep -q "removed 1 unfinished temporary file" temp.log || { cat temp.log; fail "stale temp file kept"; }
+[ ! -e "out/strategy.name=owner/analytic.json.tmp.$dead_pid" ] || fail "stale temp file still there"
+[ -e "out/strategy.name=owner/analytic.json.tmp.$$" ] || fail "a live writer's temp file was removed"
+rm "out/strategy.name=owner/analytic.json.tmp.$$"
+
 # A damaged file is run again, not trusted.
 echo '{"schema_version": 1, "backe' >out/strategy.name=sequential/analytic.json
 "$muonbed" run tiny.yaml --no-plots >fourth.log 2>&1 || { cat fourth.log; fail "rerun of damaged file failed"; }
