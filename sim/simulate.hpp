@@ -44,8 +44,9 @@ struct SimOptions {
   double broadcast_chunk_bytes = 512.0 * 1024;  // pipelined chain: chunk size ...
   int broadcast_max_chunks = 64;                // ... and at most this many chunks
   // flow: pairwise rounds merged into at most this many. Groups of up to 65 members keep every
-  // round (exact); merging larger groups' rounds erases per-round routing collisions on fat
-  // trees (measured -16% to +38% vs step at 72-160 members), and the record says so.
+  // round (exact); merging larger groups' rounds changes how neighbouring rounds overlap as
+  // members drift apart (measured -13% to +38% vs step at 96-160 members), and the record says
+  // so.
   int flow_all_to_all_rounds = 64;
   int flow_rooted_bundles = 64;  // flow: cross-node senders to a root in at most this many flows
   // Network model (SimGrid configuration). CM02 with no cross traffic and a huge TCP-gamma makes a

@@ -134,8 +134,9 @@ SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
           "warning: flow fidelity merged the pairwise rounds of all-to-all groups of up to " +
           std::to_string(largest_merged) + " members into " +
           std::to_string(options.flow_all_to_all_rounds) +
-          "; merged rounds miss per-round routing collisions on fat trees (measured -16% to "
-          "+38% against step fidelity at 72-160 members for uniform exchanges, +8% on the "
+          "; merged rounds change how neighbouring rounds overlap as members drift apart "
+          "(measured -13% to +38% against step fidelity at 96-160 members for uniform "
+          "exchanges, +8% on the "
           "all_to_all strategy's step at 256 GPUs, experiments/BENCHMARKS.md); fix: use "
           "sim.fidelity: step for this plan");
   }

@@ -231,8 +231,8 @@ TEST_CASE("step and flow fidelity agree within 3%", "[sim][collectives][fidelity
         s.root = n / 3;
         specs.push_back(s);
       }
-      // A bandwidth-bound all-to-all too (128 MB per member): on the fat tree its rounds hit
-      // routing collisions that merged rounds would average away.
+      // A bandwidth-bound all-to-all too (128 MB per member): its neighbouring rounds overlap
+      // and contend as members drift apart, which merged rounds would change.
       specs.push_back(spec_of(OpKind::all_to_all, n, 128e6 / n));
       const HarnessResult step =
           time_collectives(layout.cluster, n, layout.gpn, specs, step_options());
