@@ -155,15 +155,41 @@ class Record:
         return None
 
 
+MANIFEST = "muonbed-run.json"
+
+
+def manifest_files(root):
+    """The files `muonbed run` lists in root/muonbed-run.json: the current sweep's results and
+    traces. Files of points an edited experiment no longer has stay in the folder but are not
+    plotted. None without a manifest (every JSON under root is read)."""
+    path = os.path.join(root, MANIFEST)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        listed = doc["results"] + doc.get("traces", [])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"plot: ignoring unreadable {path} ({e}); reading every JSON file", file=sys.stderr)
+        return None
+    return {os.path.normpath(os.path.join(root, rel)) for rel in listed}
+
+
 def load_dir(root):
-    """Result records and traces under root (recursively), in a stable order."""
+    """Result records and traces under root (recursively), in a stable order; only those the
+    manifest lists when there is one."""
     records, traces, skipped = [], [], []
+    only = manifest_files(root)
+    ignored = 0
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         for name in sorted(filenames):
-            if not name.endswith(".json"):
+            if not name.endswith(".json") or name == MANIFEST:
                 continue
             path = os.path.join(dirpath, name)
+            if only is not None and os.path.normpath(path) not in only:
+                ignored += 1
+                continue
             try:
                 with open(path, encoding="utf-8") as f:
                     doc = json.load(f)
@@ -181,6 +207,9 @@ def load_dir(root):
     attach_traces(records, traces)
     for s in skipped:
         print(f"plot: skipped unreadable {s}", file=sys.stderr)
+    if ignored:
+        print(f"plot: note: {ignored} JSON file(s) under {root} are not in {MANIFEST} (points "
+              f"the last `muonbed run` of this folder did not have); not plotted")
     return records
 
 

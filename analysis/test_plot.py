@@ -246,6 +246,24 @@ class PlotTest(unittest.TestCase):
             self.assertIn("holds", res.stdout)
 
     @unittest.skipUnless(HAVE_MPL, "matplotlib is not importable by this interpreter")
+    def test_manifest_limits_plots_to_the_current_sweep(self):
+        # An edited experiment no longer has the sequential point; its old files stay in the
+        # folder, and muonbed run's manifest lists only the current points.
+        with tempfile.TemporaryDirectory() as d:
+            make_strategies(d, claims=False, only={"sequential", "owner"})
+            owner = slug("strategy.name=owner")
+            write(os.path.join(d, "muonbed-run.json"),
+                  {"experiment": "quickstart",
+                   "results": [f"{owner}/analytic.json", f"{owner}/sim.json"],
+                   "traces": [f"{owner}/sim.trace.json"]})
+            res = self.run_cli(d, "--formats", "png")
+            self.assertEqual(res.returncode, 0, res.stderr)
+            self.assertIn("read 2 result file(s)", res.stdout)
+            self.assertIn("3 JSON file(s)", res.stdout)  # sequential's two results and trace
+            timelines = [f for f in os.listdir(d) if f.startswith("quickstart-timeline-")]
+            self.assertEqual(timelines, ["quickstart-timeline-sim-owner.png"])
+
+    @unittest.skipUnless(HAVE_MPL, "matplotlib is not importable by this interpreter")
     def test_scaling_and_big_mesh(self):
         with tempfile.TemporaryDirectory() as d:
             src, out = os.path.join(d, "res"), os.path.join(d, "plots")

@@ -22,6 +22,7 @@
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
@@ -257,6 +258,42 @@ int remove_stale_temp_files(const std::string& dir) {
   return removed;
 }
 
+// <output>/muonbed-run.json: the result files (and traces) of the experiment's current sweep,
+// every point of the file, whichever run made them, as long as they match the point's
+// configuration. analysis/plot.py plots only these, so files of points an edited experiment no
+// longer has (left in the folder) never end up in a plot.
+void write_manifests(const std::vector<Experiment>& points) {
+  std::map<std::string, nlohmann::json> manifests;
+  for (const Experiment& point : points) {
+    nlohmann::json& m = manifests[point.output_dir];
+    if (m.is_null())
+      m = {{"experiment", point.name},
+           {"experiment_file", point.file},
+           {"results", nlohmann::json::array()},
+           {"traces", nlohmann::json::array()}};
+    for (const char* backend : {"analytic", "sim"}) {
+      const fs::path path = result_path(point, backend);
+      std::error_code ec;
+      if (!fs::exists(path, ec)) continue;
+      try {
+        const ResultRecord record = read_result_file(path.string());
+        if (result_identity(record.provenance.resolved_config, backend) !=
+            result_identity(point.resolved_yaml, backend))
+          continue;
+      } catch (const std::exception&) {
+        continue;
+      }
+      const fs::path dir(point.output_dir);
+      m["results"].push_back(path.lexically_relative(dir).generic_string());
+      const fs::path trace = fs::path(path).replace_filename(std::string(backend) + ".trace.json");
+      if (fs::exists(trace, ec))
+        m["traces"].push_back(trace.lexically_relative(dir).generic_string());
+    }
+  }
+  for (const auto& [dir, manifest] : manifests)
+    write_file_atomically((fs::path(dir) / "muonbed-run.json").string(), manifest.dump(1) + "\n");
+}
+
 bool matplotlib_available() {
   return std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
 }
@@ -291,12 +328,11 @@ void make_plots(const std::vector<std::string>& output_dirs) {
 
 int run_command(RunOptions& o) {
   std::vector<Experiment> all = load_experiment(o.file);
+  for (Experiment& point : all) apply_overrides(point, o);
   std::vector<Experiment> points;
   for (std::size_t i : select_points(all, o.points, o.file)) {
-    Experiment& point = all[i];
-    if (!o.backends.empty()) point.backends = o.backends;
-    apply_overrides(point, o);
-    points.push_back(std::move(point));
+    points.push_back(all[i]);
+    if (!o.backends.empty()) points.back().backends = o.backends;
   }
   check_backends(points, o);
 
@@ -385,6 +421,7 @@ int run_command(RunOptions& o) {
   const std::string claims = seed_claims_table(records);
   if (!claims.empty()) std::cout << "\n" << claims;
 
+  write_manifests(all);
   if (failures > 0) {
     std::cerr << fmt::format("muonbed: error: {} of {} runs failed (messages above)\n", failures,
                              total);

@@ -16,7 +16,7 @@ fail() {
 
 backends=analytic
 [ "$have_sim" = 1 ] && backends="analytic, sim"
-write_experiment() {  # $1 = ns_steps
+write_experiment() {  # $1 = ns_steps, $2 = strategies swept (default: sequential, owner)
   cat >tiny.yaml <<EOF
 name: tiny
 cluster: dgx-h100
@@ -26,7 +26,7 @@ optimizer: {ns_steps: $1}
 strategy: {name: owner, prefetch_count: 1}
 backend: [$backends]
 sweep:
-  strategy.name: [sequential, owner]
+  strategy.name: [${2:-sequential, owner}]
 output: out
 EOF
 }
@@ -45,6 +45,10 @@ done
 [ -z "$(find out -name '*.tmp*')" ] || fail "temporary files left behind: $(find out -name '*.tmp*')"
 grep -q "$runs runs in" first.log || { cat first.log; fail "expected $runs runs"; }
 grep -q "speedup" first.log || { cat first.log; fail "no results table"; }
+
+# The manifest lists the sweep's results (and traces) for analysis/plot.py.
+listed=$(grep -c '\.json"' out/muonbed-run.json)
+[ "$listed" -eq $((runs + 2 * (nb - 1))) ] || { cat out/muonbed-run.json; fail "manifest lists $listed files"; }
 
 # Everything finished: nothing runs again, files untouched.
 cp -r out snapshot
@@ -87,6 +91,13 @@ done
 write_experiment 4
 "$muonbed" run tiny.yaml --no-plots >sixth.log 2>&1 || { cat sixth.log; fail "changed-config run failed"; }
 grep -q "$runs runs in" sixth.log || { cat sixth.log; fail "changed configuration reused old results"; }
+
+# A sweep that lost a point: its old files stay, the manifest no longer lists them.
+write_experiment 4 owner
+"$muonbed" run tiny.yaml --no-plots >seventh.log 2>&1 || { cat seventh.log; fail "shrunk sweep failed"; }
+grep -q "sequential" out/muonbed-run.json && { cat out/muonbed-run.json; fail "manifest lists a dropped point"; }
+grep -q "strategy.name=owner/analytic.json" out/muonbed-run.json || fail "manifest lost a current point"
+[ -e out/strategy.name=sequential/analytic.json ] || fail "old results were deleted"
 
 # Backends that cannot run yet: exit 2 before any work, with the fix.
 "$muonbed" run tiny.yaml --backend mpi >mpi.log 2>&1
