@@ -70,8 +70,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   ns->add_option("--model", b.model_preset,
                  "GPU: also time this preset's Muon set batched by shape ('' for none)")
       ->capture_default_str();
-  ns->add_option("--coefficients", b.coefficients, "keller_jordan or polar_express")
-      ->check(CLI::IsMember({"keller_jordan", "polar_express"}))
+  ns->add_option("--coefficients", b.coefficients, "keller (keller_jordan) or polar_express")
+      ->check(CLI::IsMember({"keller", "keller_jordan", "polar_express"}))
       ->capture_default_str();
   ns->add_option("--steps", b.steps, "Newton-Schulz iterations")
       ->check(CLI::PositiveNumber)
