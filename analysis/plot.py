@@ -63,6 +63,11 @@ KIND_COLORS = {
 
 # ---- Reading -------------------------------------------------------------------------------------
 
+def short_hash(git_hash):
+    """The commit's first 12 hex digits, marked when the build had uncommitted changes."""
+    return git_hash[:12] + ("+dirty" if "-dirty" in git_hash else "")
+
+
 def get(d, path, default=None):
     """d["a"]["b"]["c"] for path "a.b.c", or default when any part is missing."""
     cur = d
@@ -445,7 +450,8 @@ class Plotter:
     def footer(self, fig, sweep, extra=""):
         recs = sweep.records
         versions = sorted({str(get(r.doc, "provenance.muonbed_version") or "?") for r in recs})
-        hashes = sorted({str(get(r.doc, "provenance.git_hash") or "unknown")[:12] for r in recs})
+        hashes = sorted({short_hash(str(get(r.doc, "provenance.git_hash") or "unknown"))
+                         for r in recs})
         backends = ", ".join(
             f"{b} ({sorted({r.fidelity for r in recs if r.backend == b and r.fidelity})[0]})"
             if any(r.fidelity for r in recs if r.backend == b) else b for b in sweep.backends)

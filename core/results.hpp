@@ -9,8 +9,9 @@
 //   backend          "analytic" | "sim" (later "mpi" | "nccl")
 //   fidelity         sim: "step" | "flow"; analytic: "closed_form"
 //   timestamp        UTC ISO-8601 time the record was made: the one nondeterministic field
-//   provenance       muonbed_version, git_hash (git rev-parse HEAD of the source tree at run time,
-//                    "unknown" without git), simgrid_version ("" when the backend does not use
+//   provenance       muonbed_version, git_hash (HEAD of the sources the binary was built from, plus
+//                    "-dirty-<12 hex of the diff's SHA-1>" when tracked files had uncommitted
+//                    changes; "unknown" without git), simgrid_version ("" when the backend does not use
 //                    SimGrid), host_name, experiment (name), experiment_file, point (the sweep
 //                    label), resolved_config (Experiment::resolved_yaml: the complete input)
 //   setup            strategy, cluster, model, mesh (DeviceMesh::describe), world_size, nodes,

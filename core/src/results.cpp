@@ -28,6 +28,9 @@
 
 namespace muonbed {
 
+// Generated at build time by cmake/build_info.cmake.
+const char* build_git_hash();
+
 namespace {
 
 using ojson = nlohmann::ordered_json;
@@ -242,21 +245,6 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
 
 namespace {
 
-std::string git_hash() {
-  // Read at run time, so a rebuilt binary never reports a stale hash; "unknown" without git.
-  const std::string command =
-      "git -C \"" + std::string(MUONBED_SOURCE_DIR) + "\" rev-parse HEAD 2>/dev/null";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return "unknown";
-  char buffer[128] = {};
-  std::string out;
-  while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) out += buffer;
-  const int status = pclose(pipe);
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  if (status != 0 || out.size() != 40) return "unknown";
-  return out;
-}
-
 std::string host_name() {
   char buffer[256] = {};
   if (gethostname(buffer, sizeof buffer - 1) != 0) return "unknown";
@@ -268,7 +256,7 @@ std::string host_name() {
 Provenance make_provenance(const Experiment* experiment, const std::string& simgrid_version) {
   Provenance p;
   p.muonbed_version = MUONBED_VERSION;
-  p.git_hash = git_hash();
+  p.git_hash = build_git_hash();
   p.simgrid_version = simgrid_version;
   p.host_name = host_name();
   if (experiment != nullptr) {
