@@ -44,12 +44,20 @@ PointRun run_point(const Experiment& experiment, const std::string& backend,
 
 std::string write_point(const Experiment& experiment, const PointRun& run) {
   const std::string path = result_path(experiment, run.record.backend);
-  write_file_atomically(path, result_to_json(run.record));
+  // The trace first, the result last: a result on disk marks the point done, and the trace
+  // beside it is always this run's (or none: an older run's trace is removed, not kept).
+  const std::filesystem::path trace_path =
+      std::filesystem::path(path).replace_filename(run.record.backend + ".trace.json");
   if (!run.trace.is_null()) {
-    const std::filesystem::path trace_path =
-        std::filesystem::path(path).replace_filename(run.record.backend + ".trace.json");
     write_file_atomically(trace_path.string(), run.trace.dump() + "\n");
+  } else {
+    std::error_code ec;
+    std::filesystem::remove(trace_path, ec);
+    if (ec)
+      throw Error("cannot remove the previous run's trace " + trace_path.string() + ": " +
+                  ec.message() + "; fix: check the output folder's permissions");
   }
+  write_file_atomically(path, result_to_json(run.record));
   return path;
 }
 

@@ -87,6 +87,15 @@ for f in $(cd snapshot && find . -name '*.json'); do
     fail "$f differs between two runs of the same experiment"
 done
 
+# A rerun without a trace removes the old one: no trace of another run is left beside a result.
+if [ "$have_sim" = 1 ]; then
+  "$muonbed" run tiny.yaml --no-plots --force --trace-ranks 0 >notrace.log 2>&1 ||
+    { cat notrace.log; fail "--trace-ranks 0 run failed"; }
+  [ -z "$(find out -name 'sim.trace.json')" ] || fail "stale traces kept: $(find out -name 'sim.trace.json')"
+  grep -q "trace.json" out/muonbed-run.json && { cat out/muonbed-run.json; fail "manifest lists a stale trace"; }
+  "$muonbed" run tiny.yaml --no-plots --force >retrace.log 2>&1 || { cat retrace.log; fail "retrace failed"; }
+fi
+
 # A changed configuration is not mistaken for a finished one.
 write_experiment 4
 "$muonbed" run tiny.yaml --no-plots >sixth.log 2>&1 || { cat sixth.log; fail "changed-config run failed"; }
