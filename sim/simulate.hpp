@@ -9,13 +9,14 @@
 //         senders to a root, with the latency terms of the skipped steps added analytically
 //         (broadcast keeps its chunked chain, linear in size); intra-node links are shared by an
 //         exact per-node max-min model instead of SimGrid activities (sim/src/node_fabric.hpp
-//         explains why). For scale.
+//         explains why; not on multi-node PCIe clusters, whose GPU links also carry NIC
+//         traffic). For scale.
 //   auto  step up to `auto_step_max_ranks` ranks (256), flow above.
-// Step and flow agree within 3% on tests/sim's matrix of collectives and group sizes, except a
-// ring all-reduce mixing NVLink and NIC edges (8%: mostly the step model's own ~5% jumps under
-// sub-microsecond latency changes, experiments/BENCHMARKS.md) and all-to-all groups of more than
-// 65 members on a fat tree, whose merged rounds can be off by tens of percent (a warning note in
-// the record).
+// Step and flow agree within 3% on tests/sim's matrix of collectives, group sizes and layouts
+// (PCIe nodes included), except a smaller (64 MB) ring all-reduce mixing NVLink and NIC edges
+// (flow up to 7% slower: the step model's own jumps of a few percent under sub-microsecond
+// latency changes, experiments/BENCHMARKS.md) and all-to-all groups of more than 65 members on
+// a fat tree, whose merged rounds can be off by tens of percent (a warning note in the record).
 //
 // SimGrid's engine is a process-wide singleton that cannot be re-created, and its fat-tree zone
 // numbers leaves with a static counter, so by default every simulate() call runs in a fork()ed
@@ -53,6 +54,10 @@ struct SimOptions {
   // transfer cost exactly latency + size / bandwidth when alone, shared max-min fairly otherwise;
   // SimGrid's default LV08 is a TCP model (latency x13, bandwidth x0.97), wrong for NVLink/RDMA.
   std::string network_model = "CM02";
+  // CM02 weighs each flow's share of a link by the inverse of its route latency (TCP's RTT
+  // bias). Off (the default), links carry no latency: each transfer waits out its path latency
+  // and then shares links equally, as RDMA and NVLink do. On: SimGrid's own TCP-like sharing.
+  bool latency_weighted_sharing = false;
   double tcp_gamma = 1e20;  // in 3.32, 0 does not disable the window bound
   bool crosstraffic = false;
   std::vector<std::string> simgrid_config;  // more "key:value" settings, applied last

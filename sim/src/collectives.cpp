@@ -11,19 +11,31 @@ namespace muonbed::sim {
 
 namespace {
 
-// Tags: three fields (8, 24, 32 bits): channel, position or member, step or round or chunk.
+// Tags: three fields, sized for the inputs core accepts: a channel (12 bits; a ring has at most
+// one channel per GPU of a node, and clusters have at most 1,024 GPUs per node), a position or
+// member (25 bits; meshes have at most 2^24 ranks), a step, round or chunk (27 bits; an
+// all-reduce ring has 2(n-1) steps). A field that does not fit would alias another transfer's
+// completion, so pack() refuses it rather than mis-time the collective.
+constexpr int kBitsB = 25, kBitsC = 27;
+constexpr std::uint64_t kMaxA =
+    (std::uint64_t{1} << (64 - kBitsB - kBitsC)) - 2;  // all ones: delay
+constexpr std::uint64_t kMaxB = (std::uint64_t{1} << kBitsB) - 1;
+constexpr std::uint64_t kMaxC = (std::uint64_t{1} << kBitsC) - 1;
 constexpr std::uint64_t kDelayTag = ~std::uint64_t{0};
 std::uint64_t pack(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
-  return (a << 56) | (b << 32) | c;
+  if (a > kMaxA || b > kMaxB || c > kMaxC)
+    throw Error("internal: collective tag fields out of range (channel " + std::to_string(a) +
+                ", member " + std::to_string(b) + ", step " + std::to_string(c) + ")");
+  return (a << (kBitsB + kBitsC)) | (b << kBitsC) | c;
 }
 int field_a(std::uint64_t t) {
-  return static_cast<int>(t >> 56);
+  return static_cast<int>(t >> (kBitsB + kBitsC));
 }
 int field_b(std::uint64_t t) {
-  return static_cast<int>((t >> 32) & 0xFFFFFF);
+  return static_cast<int>((t >> kBitsC) & kMaxB);
 }
 int field_c(std::uint64_t t) {
-  return static_cast<int>(t & 0xFFFFFFFF);
+  return static_cast<int>(t & kMaxC);
 }
 
 // The largest sum of `length` consecutive entries of the cyclic sequence w.
@@ -119,6 +131,7 @@ class Ring final : public CollectiveAlgorithm {
         latency_[e] = path.latency_s;
         uncontended_[e] = path.bandwidth_Bps > 0 ? bytes / steps_ / path.bandwidth_Bps : 0;
         ++outstanding_;
+        host_.account(src, dst, bytes);
         host_.transfer(src, dst, bytes, pack(c, i, 0));
       }
   }
@@ -186,7 +199,10 @@ class Ring final : public CollectiveAlgorithm {
   }
   void post(int c, int i, int t) {
     ++outstanding_;
-    host_.transfer(member(c, i), member(c, (i + 1) % n_), chunk(c, i, t), pack(c, i, t));
+    const int src = member(c, i), dst = member(c, (i + 1) % n_);
+    const double bytes = chunk(c, i, t);
+    host_.account(src, dst, bytes);
+    host_.transfer(src, dst, bytes, pack(c, i, t));
   }
 
   const CollectiveSpec& spec_;
@@ -259,8 +275,9 @@ class Broadcast final : public CollectiveAlgorithm {
     const std::size_t k = index(c, h);
     if (busy_[k] || next_[k] >= chunks_ || next_[k] >= avail_[k]) return;
     busy_[k] = 1;
-    host_.transfer(spec_.members[chains_[c][h]], spec_.members[chains_[c][h + 1]], bytes_ / chunks_,
-                   pack(c, h, next_[k]));
+    const int src = spec_.members[chains_[c][h]], dst = spec_.members[chains_[c][h + 1]];
+    host_.account(src, dst, bytes_ / chunks_);
+    host_.transfer(src, dst, bytes_ / chunks_, pack(c, h, next_[k]));
   }
 
   const CollectiveSpec& spec_;
@@ -384,6 +401,9 @@ class Rounds final : public CollectiveAlgorithm {
     }
     sent_[i] = 0;
     const Group& g = groups_[r];
+    if (!barrier_)  // the logical messages of the rounds this one stands for
+      for (int s = g.lo; s <= g.hi; ++s)
+        host_.account(spec_.members[i], spec_.members[(i + s) % n_], spec_.a2a[i][(i + s) % n_]);
     host_.transfer(spec_.members[i], spec_.members[(i + target_shift(i, g)) % n_], bytes(i, g),
                    pack(0, i, r));
   }
@@ -449,6 +469,16 @@ class Rooted final : public CollectiveAlgorithm {
       }
     }
     if (parts.empty()) return host_.finished();
+    // Bundles stand in for several members' messages: count each member's own.
+    for (int i = 0; i < n; ++i) {
+      if (spec_.kind == OpKind::send || spec_.kind == OpKind::recv || i == spec_.root) continue;
+      if (to_root)
+        host_.account(spec_.members[i], root_rank, spec_.pieces[i]);
+      else
+        host_.account(root_rank, spec_.members[i], spec_.pieces[i]);
+    }
+    if (spec_.kind == OpKind::send || spec_.kind == OpKind::recv)
+      host_.account(root_rank, parts[0].rank, parts[0].bytes);
     outstanding_ = static_cast<long>(parts.size());
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const bool send_from_root = !to_root;

@@ -64,8 +64,11 @@ struct LoweringOptions {
 class CollectiveHost {
  public:
   virtual ~CollectiveHost() = default;
-  // A transfer of `bytes` from src to dst (ranks); zero bytes cost the path latency.
+  // A transfer of `bytes` from src to dst (ranks) for timing; zero bytes cost the path latency.
+  // At flow fidelity one transfer may stand in for several messages, so transfers are not
+  // counted as traffic: algorithms report the messages NCCL would send through account().
   virtual void transfer(int src, int dst, double bytes, std::uint64_t tag) = 0;
+  virtual void account(int src, int dst, double bytes) = 0;
   virtual void delay(double seconds, std::uint64_t tag) = 0;
   virtual const Topology& topology() const = 0;
   virtual double now() const = 0;  // simulated time, seconds

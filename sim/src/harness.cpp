@@ -20,11 +20,12 @@ namespace {
 class Harness final : public CompletionSink, public CollectiveHost {
  public:
   Harness(const Topology& topology, const std::vector<sg4::Host*>& hosts,
-          const std::vector<CollectiveSpec>& specs, const LoweringOptions& options)
+          const std::vector<CollectiveSpec>& specs, const LoweringOptions& options,
+          bool latency_in_links)
       : topology_(topology),
         specs_(specs),
         options_(options),
-        network_(topology, hosts, options.step_fidelity, *this) {}
+        network_(topology, hosts, options.step_fidelity, latency_in_links, *this) {}
 
   void start_next() {
     while (next_ < specs_.size()) {
@@ -47,6 +48,7 @@ class Harness final : public CompletionSink, public CollectiveHost {
   void transfer(int src, int dst, double bytes, std::uint64_t tag) override {
     network_.transfer(src, dst, bytes, 0, tag);
   }
+  void account(int src, int dst, double bytes) override { network_.account(src, dst, bytes); }
   void delay(double seconds, std::uint64_t tag) override { network_.delay(seconds, 0, tag); }
   const Topology& topology() const override { return topology_; }
   double now() const override { return network_.now(); }
@@ -86,7 +88,8 @@ HarnessResult time_collectives(const ClusterSpec& cluster, int world_size, int g
     xbt_log_control_set("root.thresh:warning");
     const Topology topology(cluster, world_size, gpus_per_node);
     const auto hosts = build_platform(topology, network);
-    auto* harness = new Harness(topology, hosts, specs, options);  // alive until exit
+    auto* harness = new Harness(topology, hosts, specs, options,
+                                network.latency_weighted_sharing);  // alive until exit
     harness->start_next();
     sg4::Engine::get_instance()->run();
     if (harness->times.size() != specs.size())

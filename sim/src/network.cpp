@@ -40,10 +40,18 @@ struct Network::Proc {
 };
 
 Network::Network(const Topology& topology, std::vector<sg4::Host*> hosts, bool step_fidelity,
-                 CompletionSink& sink)
-    : topology_(topology), hosts_(std::move(hosts)), step_fidelity_(step_fidelity), sink_(sink) {
+                 bool latency_in_links, CompletionSink& sink)
+    : topology_(topology),
+      hosts_(std::move(hosts)),
+      step_fidelity_(step_fidelity),
+      latency_in_links_(latency_in_links),
+      sink_(sink) {
   traffic_.sent.assign(topology.world_size(), 0);
   traffic_.received.assign(topology.world_size(), 0);
+  // A PCIe GPU's link to the switch also carries its NIC traffic (platform.cpp routes NIC DMA
+  // over it), so with several PCIe nodes the node's links are not private to intra-node flows:
+  // those stay in SimGrid, where they share the links with the network flows.
+  node_fabric_ = !step_fidelity_ && !(topology.pcie() && topology.nodes() > 1);
   if (!step_fidelity_) {
     const int gpn = topology.gpus_per_node();
     for (int n = 0; n < topology.nodes(); ++n)
@@ -101,19 +109,22 @@ void Network::delay(double seconds, std::uint32_t owner, std::uint64_t tag) {
   Timer::set(now() + std::max(0.0, seconds), [this, owner, tag] { sink_.completed(owner, tag); });
 }
 
+void Network::account(int src, int dst, double bytes) {
+  if (!(bytes > 0) || src == dst) return;
+  (topology_.node_of(src) == topology_.node_of(dst) ? traffic_.intra_node_bytes
+                                                    : traffic_.network_bytes) += bytes;
+  traffic_.sent[src] += bytes;
+  traffic_.received[dst] += bytes;
+}
+
 void Network::transfer(int src, int dst, double bytes, std::uint32_t owner, std::uint64_t tag) {
   const int src_node = topology_.node_of(src), dst_node = topology_.node_of(dst);
-  if (bytes > 0) {
-    (src_node == dst_node ? traffic_.intra_node_bytes : traffic_.network_bytes) += bytes;
-    traffic_.sent[src] += bytes;
-    traffic_.received[dst] += bytes;
-  }
   const PathInfo path = topology_.path(src, dst);
   if (!(bytes >= 1) || src == dst) {  // a zero-byte message: its latency only
     delay(path.latency_s, owner, tag);
     return;
   }
-  if (!step_fidelity_ && src_node == dst_node) {
+  if (node_fabric_ && src_node == dst_node) {
     ++node_flows_;
     const int src_local = topology_.local_of(src), dst_local = topology_.local_of(dst);
     ++timers_;
@@ -123,6 +134,13 @@ void Network::transfer(int src, int dst, double bytes, std::uint32_t owner, std:
     return;
   }
   ++simgrid_transfers_;
+  if (latency_in_links_ || !(path.latency_s > 0)) return start_comm(src, dst, bytes, owner, tag);
+  ++timers_;
+  Timer::set(now() + path.latency_s,
+             [this, src, dst, bytes, owner, tag] { start_comm(src, dst, bytes, owner, tag); });
+}
+
+void Network::start_comm(int src, int dst, double bytes, std::uint32_t owner, std::uint64_t tag) {
   const std::uint32_t s = take_slot();
   sg4::CommPtr comm = sg4::Comm::sendto_init(hosts_[src], hosts_[dst]);
   comm->set_payload_size(static_cast<std::uint64_t>(std::llround(bytes)));

@@ -2,9 +2,12 @@
 // completions delivered to one sink. One controller drives the whole replay from completion
 // callbacks (FACTS: an actor per rank with many pending communications hits slow paths).
 //
-//   transfer   a SimGrid communication (Comm::sendto) between the two GPU hosts, except at flow
+//   transfer   after the path latency (a kernel timer; with NetworkConfig::
+//              latency_weighted_sharing the links carry it instead, as SimGrid models TCP),
+//              a SimGrid communication (Comm::sendto) between the two GPU hosts, except at flow
 //              fidelity inside a node, where the node's NodeFabric shares the links after the
-//              path latency has elapsed; zero bytes cost the path latency (a kernel timer).
+//              path latency has elapsed (not on multi-node PCIe clusters, whose GPU links also
+//              carry NIC traffic); zero bytes cost the path latency (a kernel timer).
 //   compute    step fidelity: an Exec on the GPU host (concurrent Execs share the GPU's speed);
 //              flow fidelity: the same processor sharing computed here with kernel timers,
 //              because SimGrid 3.32 pays a scan over all pending maestro-owned activities on
@@ -46,13 +49,17 @@ struct TrafficCounters {
 
 class Network {
  public:
+  // `latency_in_links`: the platform's links carry the path latencies (NetworkConfig::
+  // latency_weighted_sharing); otherwise each transfer waits out its path latency with a timer.
   Network(const Topology& topology, std::vector<simgrid::s4u::Host*> hosts, bool step_fidelity,
-          CompletionSink& sink);
+          bool latency_in_links, CompletionSink& sink);
   ~Network();
   Network(const Network&) = delete;
   Network& operator=(const Network&) = delete;
 
   void transfer(int src, int dst, double bytes, std::uint32_t owner, std::uint64_t tag);
+  // Counts `bytes` of logical traffic from src to dst (transfers are not counted by themselves).
+  void account(int src, int dst, double bytes);
   void compute(int rank, double seconds, std::uint32_t owner, std::uint64_t tag);
   void delay(double seconds, std::uint32_t owner, std::uint64_t tag);
 
@@ -69,6 +76,7 @@ class Network {
   struct Slot;
   struct Proc;
   void on_activity(const simgrid::s4u::Activity& activity);
+  void start_comm(int src, int dst, double bytes, std::uint32_t owner, std::uint64_t tag);
   void release_completed();
   std::uint32_t take_slot();
   void fabric_add(int node, int src_local, int dst_local, double bytes, std::uint32_t owner,
@@ -82,6 +90,8 @@ class Network {
   const Topology& topology_;
   std::vector<simgrid::s4u::Host*> hosts_;
   bool step_fidelity_;
+  bool node_fabric_ = false;  // intra-node transfers use NodeFabric instead of SimGrid
+  bool latency_in_links_;
   CompletionSink& sink_;
   TrafficCounters traffic_;
 

@@ -113,7 +113,7 @@ namespace {
 
 // One node: a full zone with the GPUs, their NVLink/PCIe links, the NIC links and a router as
 // gateway. Returns the zone; hosts are appended to `hosts` in rank order.
-sg4::NetZone* build_node(const Topology& t, int node, sg4::NetZone* parent,
+sg4::NetZone* build_node(const Topology& t, int node, bool latency_in_links, sg4::NetZone* parent,
                          std::vector<sg4::Host*>& hosts, sg4::NetZone*& zone_out,
                          simgrid::kernel::routing::NetPoint*& router_out) {
   const ClusterSpec& c = t.cluster();
@@ -124,8 +124,9 @@ sg4::NetZone* build_node(const Topology& t, int node, sg4::NetZone* parent,
   zone->set_parent(parent);
   auto* router = zone->create_router("router-" + num(node));
   const double speed = c.gpu.peak_tflops > 0 ? c.gpu.peak_tflops * 1e12 : 1e12;
-  const double half_intra = t.intra_latency_s() / 2;
-  const double half_nic = c.nic.latency_us * kMicro / 2;
+  const double in_links = latency_in_links ? 1.0 : 0.0;  // see NetworkConfig
+  const double half_intra = in_links * t.intra_latency_s() / 2;
+  const double half_nic = in_links * c.nic.latency_us * kMicro / 2;
 
   std::vector<sg4::Host*> gpus;
   std::vector<sg4::Link*> intra;
@@ -184,13 +185,15 @@ std::vector<sg4::Host*> build_platform(const Topology& t, const NetworkConfig& c
   const ClusterSpec& c = t.cluster();
   std::vector<sg4::Host*> hosts;
   hosts.reserve(t.world_size());
-  const double half_switch = c.network.switch_latency_us * kMicro / 2;
+  const bool latency_in_links = config.latency_weighted_sharing;
+  const double half_switch =
+      (latency_in_links ? 1.0 : 0.0) * c.network.switch_latency_us * kMicro / 2;
 
   if (t.nodes() == 1) {
     auto* root = sg4::create_star_zone("cluster");
     sg4::NetZone* zone = nullptr;
     simgrid::kernel::routing::NetPoint* router = nullptr;
-    build_node(t, 0, root, hosts, zone, router);
+    build_node(t, 0, latency_in_links, root, hosts, zone, router);
     root->seal();
     return hosts;
   }
@@ -202,7 +205,7 @@ std::vector<sg4::Host*> build_platform(const Topology& t, const NetworkConfig& c
     for (int n = 0; n < t.nodes(); ++n) {
       sg4::NetZone* zone = nullptr;
       simgrid::kernel::routing::NetPoint* router = nullptr;
-      build_node(t, n, root, hosts, zone, router);
+      build_node(t, n, latency_in_links, root, hosts, zone, router);
       auto* up = root->create_split_duplex_link("uplink-" + num(n), t.node_uplink_Bps())
                      ->set_latency(half_switch)
                      ->seal();
@@ -220,14 +223,15 @@ std::vector<sg4::Host*> build_platform(const Topology& t, const NetworkConfig& c
   const std::vector<unsigned> down = t.fat_tree_down();
   const std::vector<unsigned> up = t.fat_tree_up();
   const std::vector<unsigned> count(down.size(), 1);
-  const auto netpoint_cb = [&t, &hosts](sg4::NetZone* zone, const std::vector<unsigned long>&,
-                                        unsigned long id)
+  const auto netpoint_cb = [&t, &hosts, latency_in_links](sg4::NetZone* zone,
+                                                          const std::vector<unsigned long>&,
+                                                          unsigned long id)
       -> std::pair<simgrid::kernel::routing::NetPoint*, simgrid::kernel::routing::NetPoint*> {
     const int node = static_cast<int>(id);
     if (node >= t.nodes()) return {zone->create_router("unused-" + num(node)), nullptr};
     sg4::NetZone* node_zone = nullptr;
     simgrid::kernel::routing::NetPoint* router = nullptr;
-    build_node(t, node, zone, hosts, node_zone, router);
+    build_node(t, node, latency_in_links, zone, hosts, node_zone, router);
     return {node_zone->get_netpoint(), router};
   };
   sg4::FatTreeParams params(static_cast<unsigned>(down.size()), down, up, count);

@@ -84,6 +84,12 @@ class Topology {
 // Network model settings applied before the platform is built (see SimOptions).
 struct NetworkConfig {
   std::string model = "CM02";
+  // false: links carry no latency; Network waits out each transfer's path latency with a timer
+  // and then starts the flow, so concurrent flows share links equally (RDMA, NVLink, PCIe DMA).
+  // true: latencies live in the links, as SimGrid models TCP: CM02 shares a link in inverse
+  // proportion to each flow's route latency (RTT bias), so a cross-node flow gets less of a GPU's
+  // PCIe link than an intra-node one.
+  bool latency_weighted_sharing = false;
   double tcp_gamma = 1e20;
   bool crosstraffic = false;
   std::vector<std::string> extra;  // more "key:value" SimGrid settings

@@ -63,6 +63,7 @@ class InstanceHost final : public CollectiveHost {
  public:
   InstanceHost(Replay& replay, std::uint32_t index) : replay_(replay), index_(index) {}
   void transfer(int src, int dst, double bytes, std::uint64_t tag) override;
+  void account(int src, int dst, double bytes) override;
   void delay(double seconds, std::uint64_t tag) override;
   const Topology& topology() const override;
   double now() const override;
@@ -98,7 +99,7 @@ class Replay final : public CompletionSink {
         topo_(topology),
         mesh_(plan.mesh()),
         options_(options),
-        network_(topology, hosts, options.step_fidelity, *this) {
+        network_(topology, hosts, options.step_fidelity, options.latency_in_links, *this) {
     world_ = mesh_.world_size();
     nd_ = mesh_.ndims();
     ns_ = std::max<int>(1, static_cast<int>(plan.streams.size()));
@@ -141,11 +142,45 @@ class Replay final : public CompletionSink {
                     std::to_string(r) + " waits at op " + std::to_string(op) + " ('" +
                     plan_.ops[op].label + "', " + std::string(to_string(plan_.ops[op].kind)) +
                     ") on stream '" + stream_name(s) +
-                    (busy_[k] ? "' (started)" : "' (waiting for ops " + waiting + ")") +
+                    (busy_[k] ? "' (started" + missing_members(r, op) + ")"
+                              : "' (waiting for ops " + waiting + ")") +
                     "; fix: check the plan with `muonbed plan` (a collective some members "
                     "never reach, or a dependency that never completes)");
       }
     }
+  }
+
+  // For a collective op `op` that rank r has reached: the group members that never did, and
+  // where each of them stopped (at most 8 named).
+  std::string missing_members(int r, int op) const {
+    const OpInfo& info = info_[op];
+    if (!info.collective) return "";
+    std::vector<int> group;
+    if (info.pair) {
+      const std::vector<int> all = members_of(leader_of(r, info), info);
+      group = {all.at(plan_.ops[op].root), all.at(plan_.ops[op].peer)};
+    } else {
+      group = members_of(leader_of(r, info), info);
+    }
+    std::string out;
+    int named = 0, missing = 0;
+    for (int m : group) {
+      const std::size_t k = slot(m, info.stream);
+      const bool reached = !ended_[k] && stream_ops_[info.stream][pos_[k]] == op && busy_[k];
+      if (reached) continue;
+      ++missing;
+      if (named++ >= 8) continue;
+      out += (out.empty() ? "" : "; ") + std::string("rank ") + std::to_string(m);
+      if (ended_[k] || streams_left_[m] == 0)
+        out += " finished the stream";
+      else
+        out += " is at op " + std::to_string(stream_ops_[info.stream][pos_[k]]) + " ('" +
+               plan_.ops[stream_ops_[info.stream][pos_[k]]].label + "')";
+    }
+    if (missing == 0) return "; every member arrived";
+    if (missing > 8) out += "; and " + std::to_string(missing - 8) + " more";
+    return "; " + std::to_string(missing) + " of " + std::to_string(group.size()) +
+           " members never arrived: " + out;
   }
 
   ReplayOutput take_output() {
@@ -651,6 +686,9 @@ class Replay final : public CompletionSink {
 
 void InstanceHost::transfer(int src, int dst, double bytes, std::uint64_t tag) {
   replay_.network().transfer(src, dst, bytes, index_, tag);
+}
+void InstanceHost::account(int src, int dst, double bytes) {
+  replay_.network().account(src, dst, bytes);
 }
 void InstanceHost::delay(double seconds, std::uint64_t tag) {
   replay_.network().delay(seconds, index_, tag);

@@ -31,6 +31,7 @@ namespace muonbed::sim {
 
 struct ReplayOptions {
   bool step_fidelity = true;
+  bool latency_in_links = false;  // NetworkConfig::latency_weighted_sharing
   int trace_max_ranks = 64;
   LoweringOptions lowering;
 };

@@ -88,12 +88,17 @@ SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
 
   const DeviceMesh& mesh = plan.mesh();
   const sim::Topology topology(cluster, mesh.world_size(), physical_gpus_per_node(cluster, mesh));
-  sim::NetworkConfig network{options.network_model, options.tcp_gamma, options.crosstraffic,
-                             options.simgrid_config};
+  sim::NetworkConfig network;
+  network.model = options.network_model;
+  network.latency_weighted_sharing = options.latency_weighted_sharing;
+  network.tcp_gamma = options.tcp_gamma;
+  network.crosstraffic = options.crosstraffic;
+  network.extra = options.simgrid_config;
   const auto hosts = sim::build_platform(topology, network);
 
   sim::ReplayOptions replay;
   replay.step_fidelity = fidelity == "step";
+  replay.latency_in_links = options.latency_weighted_sharing;
   replay.trace_max_ranks = options.trace_max_ranks;
   replay.lowering.step_fidelity = replay.step_fidelity;
   replay.lowering.broadcast_chunk_bytes = options.broadcast_chunk_bytes;
@@ -114,6 +119,9 @@ SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
   std::ostringstream note;
   note << "sim: SimGrid " << simgrid_version() << ", network model " << options.network_model
        << " (crosstraffic " << (options.crosstraffic ? 1 : 0) << ", TCP-gamma " << options.tcp_gamma
+       << (options.latency_weighted_sharing
+               ? ", latency-weighted sharing"
+               : ", latency paid before the flow, links shared equally")
        << "), fidelity " << fidelity << ": "
        << (fidelity == "step"
                ? "every ring step, all-to-all round and broadcast chunk is a transfer"

@@ -187,7 +187,8 @@ strategy: {name: all_to_all}
 
 TEST_CASE("path latencies of the platform are what the lowering assumes", "[sim][platform]") {
   // A 1 kB send costs latency + 1 kB / bandwidth; compare with Topology::path for pairs under
-  // one leaf, across leaves of a 2-level tree and across pods of a 3-level tree.
+  // one leaf, across leaves of a 2-level tree and across pods of a 3-level tree. With latencies
+  // in SimGrid's links this checks the platform's routes; by default they are timers.
   for (int levels : {2, 3}) {
     ClusterSpec c;
     c.name = "tree";
@@ -214,11 +215,17 @@ TEST_CASE("path latencies of the platform are what the lowering assumes", "[sim]
       specs.push_back(s);
     }
     sim::LoweringOptions o;
-    const auto times = sim::time_collectives(c, world, 2, specs, o).times;
-    for (std::size_t i = 0; i < pairs.size(); ++i) {
-      const sim::PathInfo p = topo.path(pairs[i].first, pairs[i].second);
-      INFO("levels " << levels << ", ranks " << pairs[i].first << " -> " << pairs[i].second);
-      CHECK(times[i] == Approx(p.latency_s + 1000 / p.bandwidth_Bps).epsilon(1e-6));
+    // Latencies in SimGrid's links (the platform's routes are measured) and as timers.
+    for (bool in_links : {true, false}) {
+      sim::NetworkConfig network;
+      network.latency_weighted_sharing = in_links;
+      const auto times = sim::time_collectives(c, world, 2, specs, o, network).times;
+      for (std::size_t i = 0; i < pairs.size(); ++i) {
+        const sim::PathInfo p = topo.path(pairs[i].first, pairs[i].second);
+        INFO("levels " << levels << ", ranks " << pairs[i].first << " -> " << pairs[i].second
+                       << (in_links ? ", latency in links" : ", latency as timers"));
+        CHECK(times[i] == Approx(p.latency_s + 1000 / p.bandwidth_Bps).epsilon(1e-6));
+      }
     }
   }
 }
