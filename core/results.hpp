@@ -11,8 +11,8 @@
 //   timestamp        UTC ISO-8601 time the record was made: the one nondeterministic field
 //   provenance       muonbed_version, git_hash (HEAD of the sources the binary was built from, plus
 //                    "-dirty-<12 hex of the diff's SHA-1>" when tracked files had uncommitted
-//                    changes; "unknown" without git), simgrid_version ("" when the backend does not use
-//                    SimGrid), host_name, experiment (name), experiment_file, point (the sweep
+//                    changes; "unknown" without git), simgrid_version ("" when the backend does not
+//                    use SimGrid), host_name, experiment (name), experiment_file, point (the sweep
 //                    label), resolved_config (Experiment::resolved_yaml: the complete input)
 //   setup            strategy, cluster, model, mesh (DeviceMesh::describe), world_size, nodes,
 //                    gpus_per_node, params (elements of all parameters), muon_matrices,

@@ -447,11 +447,17 @@ class Rooted final : public CollectiveAlgorithm {
     if (spec_.kind == OpKind::send || spec_.kind == OpKind::recv) {
       const double b = spec_.pieces.at(spec_.root);
       parts.push_back({spec_.members.at(spec_.peer), b});
+      host_.account(root_rank, parts[0].rank, b);
     } else {
       const Topology& topo = host_.topology();
       std::vector<Part> remote;
       for (int i = 0; i < n; ++i) {
         if (i == spec_.root || !(spec_.pieces[i] > 0)) continue;
+        // Counted per member: remote members' messages are timed in bundles below.
+        if (to_root)
+          host_.account(spec_.members[i], root_rank, spec_.pieces[i]);
+        else
+          host_.account(root_rank, spec_.members[i], spec_.pieces[i]);
         if (topo.node_of(spec_.members[i]) == topo.node_of(root_rank))
           parts.push_back({spec_.members[i], spec_.pieces[i]});
         else
@@ -469,16 +475,6 @@ class Rooted final : public CollectiveAlgorithm {
       }
     }
     if (parts.empty()) return host_.finished();
-    // Bundles stand in for several members' messages: count each member's own.
-    for (int i = 0; i < n; ++i) {
-      if (spec_.kind == OpKind::send || spec_.kind == OpKind::recv || i == spec_.root) continue;
-      if (to_root)
-        host_.account(spec_.members[i], root_rank, spec_.pieces[i]);
-      else
-        host_.account(root_rank, spec_.members[i], spec_.pieces[i]);
-    }
-    if (spec_.kind == OpKind::send || spec_.kind == OpKind::recv)
-      host_.account(root_rank, parts[0].rank, parts[0].bytes);
     outstanding_ = static_cast<long>(parts.size());
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const bool send_from_root = !to_root;

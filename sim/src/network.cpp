@@ -52,15 +52,15 @@ Network::Network(const Topology& topology, std::vector<sg4::Host*> hosts, bool s
   // over it), so with several PCIe nodes the node's links are not private to intra-node flows:
   // those stay in SimGrid, where they share the links with the network flows.
   node_fabric_ = !step_fidelity_ && !(topology.pcie() && topology.nodes() > 1);
-  if (!step_fidelity_) {
+  if (node_fabric_) {
     const int gpn = topology.gpus_per_node();
     for (int n = 0; n < topology.nodes(); ++n)
       fabrics_.push_back(
           std::make_unique<NodeFabric>(gpn, topology.intra_link_Bps(), topology.bridge_Bps()));
     fabric_timers_.assign(topology.nodes(), nullptr);
     fabric_timer_dates_.assign(topology.nodes(), -1);
-    procs_.resize(topology.world_size());
   }
+  if (!step_fidelity_) procs_.resize(topology.world_size());
   sg4::Activity::on_completion_cb([this](const sg4::Activity& a) { on_activity(a); });
   sg4::Engine::on_time_advance_cb([this](double) { release_completed(); });
 }
