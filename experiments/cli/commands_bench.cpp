@@ -9,6 +9,7 @@
 #include "core/errors.hpp"
 #include "experiments/cli/commands.hpp"
 #include "kernels/bench.hpp"
+#include "kernels/gpu.hpp"
 
 namespace muonbed::cli {
 
@@ -17,6 +18,7 @@ namespace {
 struct BenchNsOptions {
   NsBenchOptions bench;
   std::vector<std::string> shapes;
+  bool list_versions = false;
 };
 
 // "ROWSxCOLS" or "BATCHxROWSxCOLS".
@@ -47,6 +49,16 @@ MatrixShape parse_shape(const std::string& text) {
 }
 
 int run_bench_ns(BenchNsOptions& o) {
+  if (o.list_versions) {
+    // One line per version, its number first (scripts/gpu-bundle loops over them).
+    for (const NsKernelVersion& v : ns_kernel_versions()) {
+      std::cout << v.version << " " << v.name << ": " << v.description << "\n";
+    }
+    if (ns_kernel_versions().empty()) {
+      std::cerr << "no GPU Newton-Schulz kernel versions: this build has no CUDA\n";
+    }
+    return 0;
+  }
   for (const std::string& s : o.shapes) o.bench.shapes.push_back(parse_shape(s));
   return run_ns_benchmark(o.bench, std::cout);
 }
@@ -76,7 +88,10 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   ns->add_option("--steps", b.steps, "Newton-Schulz iterations")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  ns->add_option("--kernel-version", b.version, "GPU NS kernel version")->capture_default_str();
+  ns->add_option("--kernel-version", b.version, "GPU NS kernel version (see --list-versions)")
+      ->capture_default_str();
+  ns->add_flag("--list-versions", options->list_versions,
+               "print the GPU kernel versions this build has, then exit");
   ns->add_option("--warmup", b.warmup, "untimed runs before timing (-1: 5 on GPU, 1 on CPU)");
   ns->add_option("--repeats", b.repeats, "timed runs, median reported (-1: 30 on GPU, 5 on CPU)");
   ns->add_option("--seed", b.seed, "random data seed")->capture_default_str();

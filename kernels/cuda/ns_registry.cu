@@ -14,6 +14,11 @@ const std::vector<NsKernelVersion>& ns_kernel_versions() {
       {1, "cublas-bf16",
        "cuBLAS strided-batched GEMMs, bf16 storage, fp32 accumulation, beta-folded terms",
        &cuda_detail::make_ns_v1_cublas},
+      {2, "cublas-bf16-symmetric",
+       "v1 with X X^T and A A computed on their lower block triangle only (one pointer-array "
+       "batched GEMM over blocks of >= 512 rows, mirrored by a transpose kernel) when the "
+       "small dimension is >= 4096",
+       [] { return cuda_detail::make_ns_v2_symmetric(); }},
   };
   return versions;
 }

@@ -12,9 +12,14 @@ Without torch (or without torch.optim.Muon) it says so and exits 0. Without CUDA
 CPU on the smaller CPU shapes and says so.
 
   python3 kernels/dev/bench_torch_muon.py [--repeats 30] [--warmup 5] [--no-model-set]
+                                         [--json torch.json]
+
+--json writes the rows in the layout of `muonbed bench ns --json`, for kernels/dev/compare_ns.py.
 """
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import time
@@ -45,6 +50,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--no-model-set", action="store_true", help="skip the llama-7b groups")
+    parser.add_argument("--json", help="also write the results as JSON to this file")
     args = parser.parse_args()
 
     try:
@@ -108,6 +114,7 @@ def main():
     if cuda and not args.no_model_set:
         rows += [(s, "llama-7b") for s in LLAMA_7B_GROUPS]
 
+    records = []
     print(f"{'shape':<16}{'batch':>7}{'median_ms':>12}{'p95_ms':>12}{'TFLOP/s':>11}{'%GEMM':>10}")
     for (batch, r, c), group in rows:
         try:
@@ -124,13 +131,29 @@ def main():
             del inputs
         except torch.cuda.OutOfMemoryError:
             print(f"{f'{r}x{c}':<16}{batch:>7}  skipped: out of memory")
+            records.append({"batch": batch, "rows": r, "cols": c, "group": group,
+                            "flops": ns_flops(batch, r, c), "skipped": "out of memory"})
             continue
         median = statistics.median(ms)
         tflops = ns_flops(batch, r, c) / (median * 1e-3) / 1e12
         tail = f"  ({group})" if group else ""
         print(f"{f'{r}x{c}':<16}{batch:>7}{median:>12.3f}{percentile95(ms):>12.3f}"
               f"{tflops:>11.{4 if tflops < 1 else 1}f}{100 * tflops / gemm_tflops:>9.1f}%{tail}")
+        records.append({"batch": batch, "rows": r, "cols": c, "group": group,
+                        "flops": ns_flops(batch, r, c), "skipped": "", "median_ms": median,
+                        "p95_ms": percentile95(ms), "max_ms": max(ms), "tflops": tflops,
+                        "fraction_of_gemm": tflops / gemm_tflops})
     print("TFLOP/s counts batch * steps * (4 m^2 n + 2 m^3), m <= n; % is of the GEMM rate above.")
+    if args.json:
+        record = {"device": "gpu" if cuda else "cpu", "implementation": "torch",
+                  "torch_version": torch.__version__,
+                  "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
+                  "coefficients": "keller_jordan", "steps": STEPS, "gemm_tflops": gemm_tflops,
+                  "results": records}
+        tmp = f"{args.json}.tmp.{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(record, f, indent=2)
+        os.replace(tmp, args.json)
     return 0
 
 

@@ -1,6 +1,7 @@
 // Every CUDA kernel against the CPU reference on fresh random inputs (never zeros), outputs
 // poisoned with NaN before each run so an element a kernel forgot to write cannot pass:
-// Newton-Schulz v1 within 2e-2 of the CPU bf16 emulation, the fp32 elementwise kernels within
+// every Newton-Schulz version within 2e-2 of the CPU bf16 emulation (v2's block-triangular path
+// also on small blocks), the fp32 elementwise kernels within
 // 1e-6, random fills and shard pack/unpack exactly, and a whole-model step on the GPU against
 // the reference optimizer.
 #include <catch2/catch.hpp>
@@ -14,6 +15,7 @@
 #include "core/mesh.hpp"
 #include "core/model.hpp"
 #include "kernels/bench.hpp"
+#include "kernels/cuda/ns_versions.cuh"
 #include "kernels/gpu.hpp"
 #include "kernels/random.hpp"
 #include "kernels/reference_optimizer.hpp"
@@ -58,15 +60,13 @@ DeviceBuffer poisoned(std::size_t bytes) {
   return b;
 }
 
-}  // namespace
-
-TEST_CASE("Newton-Schulz v1 matches the CPU bf16 emulation", "[gpu][ns]") {
+// One kernel against the CPU bf16 emulation (2e-2) and the fp64 reference (5e-2) on `shapes`,
+// out of place into a poisoned buffer and in place, the input left untouched.
+void check_ns_kernel(const NsKernel& kernel, const std::vector<MatrixShape>& shapes) {
   CudaContext& ctx = context();
-  const std::vector<MatrixShape> shapes = {{1, 96, 160}, {1, 160, 96},  {1, 256, 256},
-                                           {3, 64, 80},  {2, 200, 136}, {1, 1, 300}};
   for (const NsConfig& config : {NsConfig::keller_jordan(5), NsConfig::polar_express(5)}) {
     for (const MatrixShape& s : shapes) {
-      INFO(config.name << " " << s.to_string());
+      INFO("v" << kernel.version() << " " << config.name << " " << s.to_string());
       const std::vector<float> g = random_vector(s.numel(), 1000 + s.rows);
       std::vector<float> emulated(g.size());
       newton_schulz(g.data(), emulated.data(), s, config, NsPrecision::bf16);
@@ -75,7 +75,10 @@ TEST_CASE("Newton-Schulz v1 matches the CPU bf16 emulation", "[gpu][ns]") {
 
       DeviceBuffer in = to_device(g);
       DeviceBuffer out = poisoned(g.size() * sizeof(float));
-      newton_schulz_cuda(ctx, in.as<float>(), out.as<float>(), s, config, 1);
+      DeviceBuffer workspace = poisoned(kernel.workspace_bytes(s));
+      NsDeviceArgs args{in.as<float>(), out.as<float>(),  s,
+                        &config,        workspace.data(), workspace.bytes()};
+      kernel.run(ctx, args);
       const std::vector<float> got = to_host<float>(out, g.size());
       REQUIRE(all_finite(got));
       CHECK(relative_error(got, emulated) <= 2e-2);
@@ -83,23 +86,66 @@ TEST_CASE("Newton-Schulz v1 matches the CPU bf16 emulation", "[gpu][ns]") {
       // The input is untouched.
       CHECK(to_host<float>(in, g.size()) == g);
 
-      // In place.
-      newton_schulz_cuda(ctx, in.as<float>(), in.as<float>(), s, config, 1);
+      // In place, on a re-poisoned workspace.
+      workspace.fill_bytes(0xff);
+      args.out = in.as<float>();
+      kernel.run(ctx, args);
       CHECK(relative_error(to_host<float>(in, g.size()), emulated) <= 2e-2);
     }
   }
 }
 
+const std::vector<MatrixShape> kNsShapes = {{1, 96, 160}, {1, 160, 96},  {1, 256, 256},
+                                            {3, 64, 80},  {2, 200, 136}, {1, 1, 300}};
+
+}  // namespace
+
+TEST_CASE("every Newton-Schulz version matches the CPU bf16 emulation", "[gpu][ns]") {
+  for (const NsKernelVersion& v : ns_kernel_versions()) check_ns_kernel(*v.make(), kNsShapes);
+  // The convenience entry point allocates its own workspace.
+  const MatrixShape s{2, 48, 72};
+  const std::vector<float> g = random_vector(s.numel(), 9);
+  std::vector<float> emulated(g.size());
+  const NsConfig config = NsConfig::keller_jordan(5);
+  newton_schulz(g.data(), emulated.data(), s, config, NsPrecision::bf16);
+  DeviceBuffer d = to_device(g);
+  newton_schulz_cuda(context(), d.as<float>(), d.as<float>(), s, config, 2);
+  CHECK(relative_error(to_host<float>(d, g.size()), emulated) <= 2e-2);
+}
+
+TEST_CASE("Newton-Schulz v2's block-triangular path on small blocks", "[gpu][ns]") {
+  // Blocks of at least 16 rows: 96 -> 6 blocks of 16, 120 -> 5 of 24 (tiles straddle block
+  // edges), 64 -> 4 of 16, 136 -> unblocked (no multiple of 8 >= 16 divides it but 136).
+  for (auto method :
+       {cuda_detail::TriangleMethod::row_panels, cuda_detail::TriangleMethod::block_pointers}) {
+    const std::unique_ptr<NsKernel> v2 = cuda_detail::make_ns_v2_symmetric(16, 0, method);
+    check_ns_kernel(*v2, {{1, 96, 160},
+                          {1, 160, 96},
+                          {2, 120, 200},
+                          {1, 300, 120},
+                          {3, 64, 80},
+                          {2, 200, 136},
+                          {1, 1024, 96}});
+  }
+  // Blocks of at least 8 rows: 264 = 33 x 8 exceeds the 32-block cap, so it takes 11 blocks of 24.
+  const std::unique_ptr<NsKernel> fine = cuda_detail::make_ns_v2_symmetric(8, 0);
+  check_ns_kernel(*fine, {{2, 264, 300}});
+  CHECK_THROWS_AS(cuda_detail::make_ns_v2_symmetric(4, 0), Error);
+}
+
 TEST_CASE("Newton-Schulz kernel registry", "[gpu][ns]") {
-  REQUIRE(!ns_kernel_versions().empty());
-  CHECK(ns_kernel_versions().front().version == 1);
+  REQUIRE(ns_kernel_versions().size() >= 2);
+  for (std::size_t i = 0; i < ns_kernel_versions().size(); ++i) {
+    CHECK(ns_kernel_versions()[i].version == static_cast<int>(i) + 1);
+    CHECK(ns_kernel_versions()[i].make()->version() == static_cast<int>(i) + 1);
+  }
   const std::unique_ptr<NsKernel> v1 = make_ns_kernel(1);
   CHECK(v1->version() == 1);
   CHECK(v1->can_implement({4, 128, 64}, nullptr));
   std::string why;
   CHECK_FALSE(v1->can_implement({1, 0, 64}, &why));
   CHECK(!why.empty());
-  CHECK_THROWS_WITH(make_ns_kernel(99), Catch::Contains("available: 1"));
+  CHECK_THROWS_WITH(make_ns_kernel(99), Catch::Contains("available: 1 (cublas-bf16), 2"));
 
   // Too small a workspace is an error, not a silent overrun.
   const MatrixShape s{1, 32, 48};
