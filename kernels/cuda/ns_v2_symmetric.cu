@@ -25,18 +25,14 @@
 #include <utility>
 
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/ns_common.cuh"
 #include "kernels/cuda/ns_versions.cuh"
 
 namespace muonbed::cuda_detail {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr long long kMaxNormBlocks = 1024;  // per matrix
-constexpr int kMaxBlocks = 32;              // per dimension: 528 lower blocks per matrix
-
-std::size_t align256(std::size_t bytes) {
-  return (bytes + 255) / 256 * 256;
-}
+constexpr int kMaxBlocks = 32;  // per dimension: 528 lower blocks per matrix
 
 // The largest block count k <= kMaxBlocks whose block m / k divides m, is a multiple of 8 and is
 // at least min_block; 1 when none is or when m < min_dim (small products gain too little to pay
@@ -69,8 +65,7 @@ Layout layout_of(const MatrixShape& s, int min_block, int min_dim) {
   l.n = s.large_dim();
   l.batch = s.batch;
   const long long per = l.m * l.n;
-  l.norm_blocks =
-      std::min(kMaxNormBlocks, std::max(1LL, (per + kThreads * 16 - 1) / (kThreads * 16)));
+  l.norm_blocks = norm_block_count(per);
   l.k = block_count(l.m, min_block, min_dim);
   l.lower = static_cast<long long>(l.k) * (l.k + 1) / 2;
   l.pointers = l.batch * l.lower;
@@ -80,58 +75,6 @@ Layout layout_of(const MatrixShape& s, int min_block, int min_dim) {
   l.scale_bytes = align256(static_cast<std::size_t>(l.batch) * sizeof(float));
   l.table_bytes = align256(static_cast<std::size_t>(l.pointers) * sizeof(void*));
   return l;
-}
-
-// The normalization kernels are v1's (same reduction order, so v1 and v2 start from the same X0).
-__global__ void sum_squares_kernel(const float* in, long long per, float* partial) {
-  const float* x = in + blockIdx.y * per;
-  float acc = 0.0f;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < per;
-       i += static_cast<long long>(blockDim.x) * gridDim.x) {
-    const float v = x[i];
-    acc += v * v;
-  }
-  __shared__ float warp_sums[kThreads / 32];
-  for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_down_sync(0xffffffffu, acc, offset);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float sum = 0.0f;
-    for (int w = 0; w < kThreads / 32; ++w) sum += warp_sums[w];
-    partial[blockIdx.y * gridDim.x + blockIdx.x] = sum;
-  }
-}
-
-__global__ void norm_scale_kernel(const float* partial, long long blocks, double norm_scale,
-                                  double eps, float* scale) {
-  __shared__ double sums[kThreads];
-  double acc = 0.0;
-  for (long long i = threadIdx.x; i < blocks; i += blockDim.x)
-    acc += partial[blockIdx.x * blocks + i];
-  sums[threadIdx.x] = acc;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) sums[threadIdx.x] += sums[threadIdx.x + stride];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    scale[blockIdx.x] = static_cast<float>(1.0 / (sqrt(sums[0]) * norm_scale + eps));
-  }
-}
-
-__global__ void scale_to_bf16_kernel(const float* in, __nv_bfloat16* x, long long per,
-                                     long long total, const float* scale) {
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<long long>(blockDim.x) * gridDim.x) {
-    x[i] = __float2bfloat16_rn(__fmul_rn(in[i], scale[i / per]));
-  }
-}
-
-__global__ void bf16_to_float_kernel(const __nv_bfloat16* x, float* out, long long total) {
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<long long>(blockDim.x) * gridDim.x) {
-    out[i] = __bfloat162float(x[i]);
-  }
 }
 
 // The pointer tables of the two block-triangular GEMMs, built on the device so that a run never
@@ -242,15 +185,12 @@ class NsV2Symmetric final : public NsKernel {
   std::string name() const override { return "cublas-bf16-symmetric"; }
 
   bool can_implement(const MatrixShape& s, std::string* why) const override {
-    auto no = [&](const std::string& reason) {
-      if (why) *why = reason;
-      return false;
-    };
-    if (s.batch < 1 || s.rows < 1 || s.cols < 1) return no("empty shape " + s.to_string());
-    if (s.large_dim() > INT_MAX) return no("a dimension exceeds cuBLAS's int");
-    if (s.batch > 65535) return no("more than 65535 matrices in one batch");
+    if (!fits_batched_cublas(s, why)) return false;
     const Layout l = layout_of(s, min_block_, min_dim_);
-    if (l.pointers > INT_MAX) return no("too many blocks for one batched GEMM");
+    if (l.pointers > INT_MAX) {
+      if (why) *why = "too many blocks for one batched GEMM";
+      return false;
+    }
     return true;
   }
 
@@ -298,15 +238,7 @@ class NsV2Symmetric final : public NsKernel {
     const bool tall = args.shape.is_tall();
 
     // X0 = bf16(G / (||G||_F * norm_scale + eps)), per matrix (as v1).
-    sum_squares_kernel<<<dim3(static_cast<unsigned>(l.norm_blocks), static_cast<unsigned>(l.batch)),
-                         kThreads, 0, stream>>>(args.in, per, partial);
-    MUONBED_CUDA_CHECK(cudaGetLastError());
-    norm_scale_kernel<<<static_cast<unsigned>(l.batch), kThreads, 0, stream>>>(
-        partial, l.norm_blocks, config.norm_scale, config.eps, scale);
-    MUONBED_CUDA_CHECK(cudaGetLastError());
-    scale_to_bf16_kernel<<<grid_for(total), kThreads, 0, stream>>>(args.in, xs[0], per, total,
-                                                                   scale);
-    MUONBED_CUDA_CHECK(cudaGetLastError());
+    normalize_to_bf16(stream, args.in, xs[0], per, l.batch, l.norm_blocks, config, partial, scale);
     if (method_ == TriangleMethod::block_pointers) {
       block_tables_kernel<<<grid_for(l.pointers), kThreads, 0, stream>>>(
           t, xs[0], xs[1], a, b, l.m, l.n, block, l.lower, l.pointers, tall);
@@ -382,8 +314,7 @@ class NsV2Symmetric final : public NsKernel {
       current = 1 - current;
     }
 
-    bf16_to_float_kernel<<<grid_for(total), kThreads, 0, stream>>>(xs[current], args.out, total);
-    MUONBED_CUDA_CHECK(cudaGetLastError());
+    bf16_to_float(stream, xs[current], args.out, total);
   }
 
  private:
