@@ -67,6 +67,20 @@ __global__ void bf16_to_float_kernel(const __nv_bfloat16* x, float* out, long lo
 
 }  // namespace
 
+NsBuffers NsBuffers::of(const MatrixShape& s) {
+  NsBuffers b;
+  b.m = s.small_dim();
+  b.n = s.large_dim();
+  b.batch = s.batch;
+  const long long per = b.m * b.n;
+  b.norm_blocks = norm_block_count(per);
+  b.x_bytes = align256(static_cast<std::size_t>(b.batch * per) * sizeof(__nv_bfloat16));
+  b.a_bytes = align256(static_cast<std::size_t>(b.batch * b.m * b.m) * sizeof(__nv_bfloat16));
+  b.partial_bytes = align256(static_cast<std::size_t>(b.batch * b.norm_blocks) * sizeof(float));
+  b.scale_bytes = align256(static_cast<std::size_t>(b.batch) * sizeof(float));
+  return b;
+}
+
 bool fits_batched_cublas(const MatrixShape& s, std::string* why) {
   auto no = [&](const std::string& reason) {
     if (why) *why = reason;

@@ -18,6 +18,17 @@ inline std::size_t align256(std::size_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
+// The buffers every version's workspace starts with, in this order, each 256-byte aligned: two
+// bf16 X buffers (batch * m * n, m the small dimension), bf16 A and B (batch * m * m), and the
+// normalization scratch (partial sums, per-matrix scales).
+struct NsBuffers {
+  long long m = 0, n = 0, batch = 0, norm_blocks = 0;
+  std::size_t x_bytes = 0, a_bytes = 0, partial_bytes = 0, scale_bytes = 0;
+
+  static NsBuffers of(const MatrixShape& shape);
+  std::size_t total() const { return 2 * x_bytes + 2 * a_bytes + partial_bytes + scale_bytes; }
+};
+
 // Whether a batch of this shape fits the int sizes of cuBLAS's batched GEMMs and the kernels'
 // grids; if not, *why (if given) says why.
 bool fits_batched_cublas(const MatrixShape& shape, std::string* why);

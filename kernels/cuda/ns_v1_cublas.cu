@@ -29,24 +29,10 @@
 namespace muonbed::cuda_detail {
 namespace {
 
-struct Layout {
-  long long m = 0, n = 0, batch = 0, norm_blocks = 0;
-  std::size_t x_bytes = 0, a_bytes = 0, partial_bytes = 0, scale_bytes = 0;
-  std::size_t total() const { return 2 * x_bytes + 2 * a_bytes + partial_bytes + scale_bytes; }
-};
+using Layout = NsBuffers;
 
 Layout layout_of(const MatrixShape& s) {
-  Layout l;
-  l.m = s.small_dim();
-  l.n = s.large_dim();
-  l.batch = s.batch;
-  const long long per = l.m * l.n;
-  l.norm_blocks = norm_block_count(per);
-  l.x_bytes = align256(static_cast<std::size_t>(l.batch * per) * sizeof(__nv_bfloat16));
-  l.a_bytes = align256(static_cast<std::size_t>(l.batch * l.m * l.m) * sizeof(__nv_bfloat16));
-  l.partial_bytes = align256(static_cast<std::size_t>(l.batch * l.norm_blocks) * sizeof(float));
-  l.scale_bytes = align256(static_cast<std::size_t>(l.batch) * sizeof(float));
-  return l;
+  return NsBuffers::of(s);
 }
 
 class NsV1Cublas final : public NsKernel {

@@ -47,32 +47,22 @@ int block_count(long long m, int min_block, int min_dim) {
   return 1;
 }
 
-struct Layout {
-  long long m = 0, n = 0, batch = 0, norm_blocks = 0;
+// v1's buffers plus the pointer tables of the block-triangular GEMMs.
+struct Layout : NsBuffers {
   int k = 1;               // blocks per dimension
   long long lower = 0;     // k (k + 1) / 2 lower blocks per matrix
   long long pointers = 0;  // batch * lower entries per pointer array
-  std::size_t x_bytes = 0, a_bytes = 0, partial_bytes = 0, scale_bytes = 0, table_bytes = 0;
+  std::size_t table_bytes = 0;
   static constexpr int kTables = 8;  // gram A/B for each of the two X buffers, gram C, A A's A/B/C
-  std::size_t total() const {
-    return 2 * x_bytes + 2 * a_bytes + partial_bytes + scale_bytes + kTables * table_bytes;
-  }
+  std::size_t total() const { return NsBuffers::total() + kTables * table_bytes; }
 };
 
 Layout layout_of(const MatrixShape& s, int min_block, int min_dim) {
   Layout l;
-  l.m = s.small_dim();
-  l.n = s.large_dim();
-  l.batch = s.batch;
-  const long long per = l.m * l.n;
-  l.norm_blocks = norm_block_count(per);
+  static_cast<NsBuffers&>(l) = NsBuffers::of(s);
   l.k = block_count(l.m, min_block, min_dim);
   l.lower = static_cast<long long>(l.k) * (l.k + 1) / 2;
   l.pointers = l.batch * l.lower;
-  l.x_bytes = align256(static_cast<std::size_t>(l.batch * per) * sizeof(__nv_bfloat16));
-  l.a_bytes = align256(static_cast<std::size_t>(l.batch * l.m * l.m) * sizeof(__nv_bfloat16));
-  l.partial_bytes = align256(static_cast<std::size_t>(l.batch * l.norm_blocks) * sizeof(float));
-  l.scale_bytes = align256(static_cast<std::size_t>(l.batch) * sizeof(float));
   l.table_bytes = align256(static_cast<std::size_t>(l.pointers) * sizeof(void*));
   return l;
 }
