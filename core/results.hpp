@@ -250,9 +250,18 @@ ResultRecord result_from_json(const std::string& text);  // throws Error on malf
 void write_file_atomically(const std::string& path, const std::string& text);
 ResultRecord read_result_file(const std::string& path);
 
-// Where a point's results go: <output_dir>/<point slug>/<backend>.json (slug: the point label
-// with characters outside [A-Za-z0-9._=-] replaced by '_', "default" without a sweep).
+// Where a point's results go: <output_dir>/<point slug>/<backend>.json. The slug is the point
+// label with every byte outside [A-Za-z0-9._=,-] percent-encoded ("a/b" -> "a%2Fb"), so distinct
+// labels never share a folder; "default" without a sweep; labels longer than 200 bytes keep a
+// prefix and a 64-bit hash of the whole label.
 std::string result_path(const Experiment& experiment, const std::string& backend);
 std::string point_slug(const std::string& point_label);
+
+// Temporary files of write_file_atomically: "<file name>.muonbed-tmp-<writer pid>" in the
+// target's folder. Only names of this form (for a file muonbed writes) are ever cleaned up.
+inline constexpr const char* kTempMarker = ".muonbed-tmp-";
+std::string temp_file_name(const std::string& file_name, long pid);
+// True when `name` is such a temporary file; sets the target's file name and the writer's pid.
+bool parse_temp_file_name(const std::string& name, std::string& file_name, long& pid);
 
 }  // namespace muonbed

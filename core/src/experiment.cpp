@@ -4,6 +4,7 @@
 // Every check says file:line:column, the offending value and the fix; a parsed point is complete
 // (its model lays out on its mesh) and carries its resolved configuration as YAML.
 #include "core/experiment.hpp"
+#include "core/results.hpp"
 
 #include <algorithm>
 #include <array>
@@ -1290,6 +1291,21 @@ std::vector<Experiment> parse_experiment(const std::string& yaml_text, const std
     Experiment e = parse_point(Context{file, label}, tree);
     e.overrides = std::move(overrides);
     points.push_back(std::move(e));
+  }
+  // Each point's results live in a folder named after its label: two points in one folder would
+  // overwrite each other's results and rerun forever. point_slug is injective, so this can only
+  // fire on a hash collision of very long labels or a case-insensitive file system's view.
+  std::map<std::string, const Experiment*> folders;
+  for (const Experiment& e : points) {
+    std::string folder = point_slug(e.point_label);
+    for (char& c : folder) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const auto [it, added] = folders.emplace(folder, &e);
+    if (!added)
+      fail(ctx, *sweep,
+           "sweep points '" + it->second->point_label + "' and '" + e.point_label +
+               "' would share the results folder '" + point_slug(e.point_label) +
+               "' (names that differ only in upper/lower case collide on some file systems)",
+           "make the swept values differ in more than letter case");
   }
   return points;
 }

@@ -643,8 +643,9 @@ void write_file_atomically(const std::string& path, const std::string& text) {
       throw Error("cannot create folder '" + target.parent_path().string() + "': " + ec.message() +
                   "; fix: choose a writable output directory");
   }
-  // Same folder as the target, so rename() is atomic; pid keeps concurrent writers apart.
-  const fs::path temp = target.string() + ".tmp." + std::to_string(getpid());
+  // Same folder as the target, so rename() is atomic; pid keeps concurrent writers apart. The
+  // name is muonbed's own (temp_file_name), so cleanup never mistakes a user's file for it.
+  const fs::path temp = target.parent_path() / temp_file_name(target.filename().string(), getpid());
   {
     std::ofstream out(temp, std::ios::binary | std::ios::trunc);
     if (!out)
@@ -672,13 +673,53 @@ ResultRecord read_result_file(const std::string& path) {
   return result_from_json(buffer.str());
 }
 
+std::string temp_file_name(const std::string& file_name, long pid) {
+  return file_name + kTempMarker + std::to_string(pid);
+}
+
+bool parse_temp_file_name(const std::string& name, std::string& file_name, long& pid) {
+  const std::size_t at = name.rfind(kTempMarker);
+  if (at == std::string::npos || at == 0) return false;
+  const std::string digits = name.substr(at + std::string_view(kTempMarker).size());
+  if (digits.empty() || digits.size() > 9 ||
+      digits.find_first_not_of("0123456789") != std::string::npos)
+    return false;
+  file_name = name.substr(0, at);
+  pid = std::stol(digits);
+  return true;
+}
+
+// Percent-encoding of every byte outside a small safe set ('%' itself included) is injective:
+// distinct labels give distinct folder names, whatever characters sweep values hold. Names too
+// long for a file system (255 bytes) keep a readable prefix and a hash of the whole label.
 std::string point_slug(const std::string& point_label) {
   if (point_label.empty()) return "default";
+  static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out;
-  for (char c : point_label) {
-    const bool ok =
-        std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '=' || c == '-';
-    out += ok ? c : '_';
+  for (const char c : point_label) {
+    const auto u = static_cast<unsigned char>(c);
+    const bool safe = std::isalnum(u) || c == '.' || c == '_' || c == '=' || c == '-' || c == ',';
+    if (safe) {
+      out += c;
+    } else {
+      out += '%';
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    }
+  }
+  constexpr std::size_t kMaxSlug = 200;
+  if (out.size() > kMaxSlug) {
+    std::uint64_t hash = 1469598103934665603ull;  // FNV-1a 64 of the label
+    for (const char c : point_label) {
+      hash ^= static_cast<unsigned char>(c);
+      hash *= 1099511628211ull;
+    }
+    std::size_t cut = 150;
+    while (cut > 0 && out[cut - 1] == '%') --cut;  // never split an escape
+    if (cut >= 2 && out[cut - 2] == '%') cut -= 2;
+    char tail[24];
+    std::snprintf(tail, sizeof tail, "~%016llx", static_cast<unsigned long long>(hash));
+    out = out.substr(0, cut) + tail;
   }
   return out;
 }

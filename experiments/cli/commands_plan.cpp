@@ -16,6 +16,7 @@
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
 #include "core/plan_json.hpp"
+#include "core/results.hpp"
 #include "experiments/cli/commands.hpp"
 #include "experiments/cli/format.hpp"
 
@@ -31,33 +32,6 @@ struct PlanOptions {
   std::vector<std::string> points;
   std::string ranks = "8";
 };
-
-// Characters safe in a file name; the rest become '_'.
-std::string file_safe(const std::string& text) {
-  std::string out;
-  for (char c : text)
-    out += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '=' ||
-            c == '_')
-               ? c
-               : '_';
-  return out;
-}
-
-void write_json_atomically(const fs::path& path, const std::string& text) {
-  const fs::path temp = path.string() + ".tmp";
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error("cannot write '" + temp.string() + "'; fix: check --json DIR");
-    out << text << "\n";
-    out.close();
-    if (!out) throw Error("writing '" + temp.string() + "' failed (disk full?)");
-  }
-  std::error_code ec;
-  fs::rename(temp, path, ec);
-  if (ec)
-    throw Error("cannot rename '" + temp.string() + "' to '" + path.string() +
-                "': " + ec.message());
-}
 
 std::vector<std::string> summary_row(const std::string& label, const std::string& node,
                                      double matrices, double gflop, double sent, double received,
@@ -178,9 +152,9 @@ void print_point(const Experiment& e, std::size_t index, std::size_t count, int 
   if (!json_dir.empty()) {
     fs::create_directories(json_dir);
     const std::string name =
-        e.name + (e.point_label.empty() ? "" : "-" + file_safe(e.point_label)) + ".plan.json";
+        e.name + (e.point_label.empty() ? "" : "-" + point_slug(e.point_label)) + ".plan.json";
     const fs::path path = fs::path(json_dir) / name;
-    write_json_atomically(path, plan_to_json(plan).dump());
+    write_file_atomically(path.string(), plan_to_json(plan).dump() + "\n");
     std::cout << "json      " << path.string() << "\n";
   }
   std::cout << "\n";

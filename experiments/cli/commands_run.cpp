@@ -234,27 +234,37 @@ void print_results_table(const std::vector<ResultRecord>& records,
   table.print(std::cout);
 }
 
-// A run killed while writing leaves "<file>.tmp.<pid>" (core/results.cpp writes atomically
-// through one). Remove those whose writer is gone; a live writer (a concurrent run) keeps its own.
-int remove_stale_temp_files(const std::string& dir) {
-  int removed = 0;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return 0;
-  std::vector<fs::path> stale;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const std::size_t at = name.rfind(".tmp.");
-    if (at == std::string::npos || !it->is_regular_file(ec)) continue;
-    const std::string pid_text = name.substr(at + 5);
-    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos ||
-        pid_text.size() > 9)
-      continue;
-    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
-    if (::kill(pid, 0) != 0 && errno == ESRCH) stale.push_back(it->path());
+// A run killed while writing leaves "<file>.muonbed-tmp-<pid>" (write_file_atomically). Remove
+// those whose writer is gone, and only where muonbed writes and for the names it writes: the
+// manifest in each output folder and the result and trace files in each point's folder. Nothing
+// else is touched, however it is named; a live writer (a concurrent run) keeps its own.
+int remove_stale_temp_files(const std::vector<Experiment>& points) {
+  std::map<fs::path, std::vector<std::string>> names;  // folder -> file names muonbed writes
+  for (const Experiment& point : points) {
+    names[fs::path(point.output_dir)].push_back("muonbed-run.json");
+    const fs::path folder = fs::path(result_path(point, "x")).parent_path();
+    for (const char* backend : {"analytic", "sim", "mpi", "nccl"}) {
+      names[folder].push_back(std::string(backend) + ".json");
+      names[folder].push_back(std::string(backend) + ".trace.json");
+    }
   }
-  for (const fs::path& path : stale)
-    if (fs::remove(path, ec)) ++removed;
+  int removed = 0;
+  for (const auto& [folder, known] : names) {
+    std::error_code ec;
+    if (!fs::is_directory(folder, ec)) continue;
+    std::vector<fs::path> stale;
+    for (auto it = fs::directory_iterator(folder, ec); !ec && it != fs::directory_iterator();
+         it.increment(ec)) {
+      std::string target;
+      long pid = 0;
+      if (!parse_temp_file_name(it->path().filename().string(), target, pid)) continue;
+      if (std::find(known.begin(), known.end(), target) == known.end()) continue;
+      if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
+      if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) stale.push_back(it->path());
+    }
+    for (const fs::path& path : stale)
+      if (fs::remove(path, ec)) ++removed;
+  }
   return removed;
 }
 
@@ -347,10 +357,9 @@ int run_command(RunOptions& o) {
   for (const Experiment& point : points)
     if (std::find(output_dirs.begin(), output_dirs.end(), point.output_dir) == output_dirs.end())
       output_dirs.push_back(point.output_dir);
-  for (const std::string& dir : output_dirs)
-    if (const int removed = remove_stale_temp_files(dir); removed > 0)
-      std::cout << fmt::format("removed {} unfinished temporary file{} of an interrupted run\n",
-                               removed, removed == 1 ? "" : "s");
+  if (const int removed = remove_stale_temp_files(all); removed > 0)
+    std::cout << fmt::format("removed {} unfinished temporary file{} of an interrupted run\n",
+                             removed, removed == 1 ? "" : "s");
   Progress progress(total, isatty(STDERR_FILENO) != 0);
   std::vector<ResultRecord> records;
   std::size_t done = 0, resumed = 0, stale = 0, failures = 0;

@@ -42,7 +42,7 @@ for point in strategy.name=sequential strategy.name=owner; do
     [ -s "out/$point/sim.trace.json" ] || fail "missing out/$point/sim.trace.json"
   fi
 done
-[ -z "$(find out -name '*.tmp*')" ] || fail "temporary files left behind: $(find out -name '*.tmp*')"
+[ -z "$(find out -name '*tmp*')" ] || fail "temporary files left behind: $(find out -name '*tmp*')"
 grep -q "$runs runs in" first.log || { cat first.log; fail "expected $runs runs"; }
 grep -q "speedup" first.log || { cat first.log; fail "no results table"; }
 
@@ -64,15 +64,29 @@ grep -q "^1 run in" third.log || { cat third.log; fail "expected exactly one run
 grep -q "strategy.name=owner \[analytic\]" third.log || { cat third.log; fail "wrong point rerun"; }
 
 # A run killed mid-write leaves a temporary file; the next run removes it (its writer is gone)
-# but keeps one whose writer still lives.
+# but keeps one whose writer still lives, and never touches a file muonbed did not write, however
+# it is named or wherever it lies (a user's notes, another tool's temp files, nested folders).
 dead_pid=$(sh -c 'echo $$')
-echo partial >"out/strategy.name=owner/analytic.json.tmp.$dead_pid"
-echo busy >"out/strategy.name=owner/analytic.json.tmp.$$"
+echo partial >"out/strategy.name=owner/analytic.json.muonbed-tmp-$dead_pid"
+echo partial >"out/muonbed-run.json.muonbed-tmp-$dead_pid"
+echo busy >"out/strategy.name=owner/analytic.json.muonbed-tmp-$$"
+mkdir -p out/notes out/strategy.name=owner/mine
+user_files=("out/thesis.tmp.$dead_pid" "out/notes/analytic.json.muonbed-tmp-$dead_pid"
+  "out/strategy.name=owner/mine/sim.json.muonbed-tmp-$dead_pid"
+  "out/strategy.name=owner/paper.pdf.muonbed-tmp-$dead_pid"
+  "out/strategy.name=owner/analytic.json.tmp.$dead_pid")
+for f in "${user_files[@]}"; do echo "user data" >"$f"; done
 "$muonbed" run tiny.yaml --no-plots >temp.log 2>&1 || { cat temp.log; fail "run after a kill failed"; }
-grep -q "removed 1 unfinished temporary file" temp.log || { cat temp.log; fail "stale temp file kept"; }
-[ ! -e "out/strategy.name=owner/analytic.json.tmp.$dead_pid" ] || fail "stale temp file still there"
-[ -e "out/strategy.name=owner/analytic.json.tmp.$$" ] || fail "a live writer's temp file was removed"
-rm "out/strategy.name=owner/analytic.json.tmp.$$"
+grep -q "removed 2 unfinished temporary files" temp.log || { cat temp.log; fail "stale temp files not removed exactly"; }
+[ ! -e "out/strategy.name=owner/analytic.json.muonbed-tmp-$dead_pid" ] || fail "stale temp file still there"
+[ ! -e "out/muonbed-run.json.muonbed-tmp-$dead_pid" ] || fail "stale manifest temp file still there"
+[ -e "out/strategy.name=owner/analytic.json.muonbed-tmp-$$" ] || fail "a live writer's temp file was removed"
+for f in "${user_files[@]}"; do
+  [ "$(cat "$f" 2>/dev/null)" = "user data" ] || fail "a file muonbed did not write was deleted: $f"
+done
+rm -r "out/strategy.name=owner/analytic.json.muonbed-tmp-$$" out/notes out/strategy.name=owner/mine \
+  "out/thesis.tmp.$dead_pid" "out/strategy.name=owner/paper.pdf.muonbed-tmp-$dead_pid" \
+  "out/strategy.name=owner/analytic.json.tmp.$dead_pid"
 
 # A damaged file is run again, not trusted.
 echo '{"schema_version": 1, "backe' >out/strategy.name=sequential/analytic.json
