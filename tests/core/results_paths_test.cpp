@@ -12,16 +12,16 @@ using namespace muonbed;
 
 TEST_CASE("point folders are distinct for distinct labels", "[results][paths]") {
   // Values that a replace-by-underscore scheme maps to one folder.
-  const std::vector<std::string> labels = {
-      "k=a/b", "k=a b", "k=a_b", "k=a%2Fb", "k=a:b", "k=a\\b", "k=a\nb", "k=..", "k=a,b",
-      "k=a%b", "k=é",   "k=e",   "k=",      "k=A",   "k=a",    "k=a_",   "k=a%5F"};
+  const std::vector<std::string> labels = {"k=a/b",  "k=a b", "k=a_b", "k=a%2Fb", "k=a:b", "k=a\\b",
+                                           "k=a\nb", "k=..",  "k=a,b", "k=a%b",   "k=é",   "k=e",
+                                           "k=",     "k=A",   "k=a",   "k=a_",    "k=a%5F"};
   std::set<std::string> slugs;
   for (const auto& label : labels) {
     const std::string slug = point_slug(label);
     INFO(label << " -> " << slug);
     CHECK(slug.find('/') == std::string::npos);
     CHECK(slug.find('\0') == std::string::npos);
-    CHECK(slug != "." );
+    CHECK(slug != ".");
     CHECK(slug != "..");
     CHECK(slugs.insert(slug).second);
   }
@@ -48,9 +48,9 @@ TEST_CASE("temporary file names round-trip and nothing else parses as one", "[re
   REQUIRE(parse_temp_file_name(temp_file_name("sim.json", 4242), target, pid));
   CHECK(target == "sim.json");
   CHECK(pid == 4242);
-  for (const std::string name : {"thesis.tmp.4000000", "sim.json.tmp.12", "sim.json",
-                                 ".muonbed-tmp-12", "sim.json.muonbed-tmp-", "a.muonbed-tmp-1x",
-                                 "a.muonbed-tmp-1234567890"}) {
+  for (const std::string name :
+       {"thesis.tmp.4000000", "sim.json.tmp.12", "sim.json", ".muonbed-tmp-12",
+        "sim.json.muonbed-tmp-", "a.muonbed-tmp-1x", "a.muonbed-tmp-1234567890"}) {
     INFO(name);
     CHECK_FALSE(parse_temp_file_name(name, target, pid));
   }
