@@ -3,11 +3,12 @@
 // file.
 //
 // Golden file: tests/sim/golden/small_fsdp_tp.json. Every field is compared except the
-// timestamp and the provenance fields that depend on the machine or checkout (git_hash,
-// host_name, muonbed_version, experiment_file, and the resolved configuration's header line
-// naming the file); numbers to a relative 1e-9. After an intended
-// change of the simulator, regenerate it and review the diff:
-//   MUONBED_UPDATE_GOLDEN=1 ./build/sim_tests "[golden]"
+// timestamp, the checksum (it covers the timestamp) and the provenance fields that depend on the
+// machine or checkout (git_hash, host_name, muonbed_version, experiment_file, and the resolved
+// configuration's header line naming the file); numbers to a relative 1e-9. After an intended
+// change of the simulator, regenerate it, review the diff, and run the test again:
+//   MUONBED_UPDATE_GOLDEN=1 ./build/sim_tests "[golden]"   (reports the change and fails)
+//   git diff tests/sim/golden/; ./build/sim_tests "[golden]"
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -89,6 +90,7 @@ bool same(const nlohmann::json& a, const nlohmann::json& b, const std::string& p
 nlohmann::json comparable(const std::string& text) {
   nlohmann::json j = nlohmann::json::parse(text);
   j.erase("timestamp");
+  j.erase("checksum");
   for (const char* key : {"git_hash", "host_name", "muonbed_version", "experiment_file"})
     j["provenance"].erase(key);
   // The resolved configuration's header names the file it came from: an absolute path.
@@ -155,23 +157,45 @@ TEST_CASE("a small simulated experiment matches its golden result", "[sim][resul
   const Experiment e = point(kSmall);
   const PointRun run = run_point(e, "sim");
   const std::string golden = std::string(MUONBED_SIM_GOLDEN_DIR) + "/small_fsdp_tp.json";
+  std::string pinned_text;
+  {
+    std::ifstream in(golden);
+    std::stringstream text;
+    text << in.rdbuf();
+    pinned_text = text.str();
+  }
+  const std::string fresh = result_to_json(run.record);
+  std::string why;
+  const bool equal =
+      !pinned_text.empty() && same(comparable(pinned_text), comparable(fresh), "", why);
   if (std::getenv("MUONBED_UPDATE_GOLDEN") != nullptr) {
+    // Update mode never passes: it rewrites the file from this run and fails, so the new golden
+    // is only accepted by a later run that compares against it (after the diff is reviewed).
     ResultRecord pinned = run.record;
     pinned.timestamp = "";
     pinned.provenance.git_hash = "";
     pinned.provenance.host_name = "";
     pinned.provenance.experiment_file = "";
+    // The header line names the checkout's absolute path: keep the part below the checkout.
+    std::string& config = pinned.provenance.resolved_config;
+    const std::string source = std::string(MUONBED_SOURCE_DIR) + "/";
+    if (const std::size_t at = config.find(source);
+        at != std::string::npos && at < config.find('\n'))
+      config.erase(at, source.size());
     write_file_atomically(golden, result_to_json(pinned));
-    WARN("rewrote " << golden);
+    FAIL("rewrote " << golden << (equal ? " (no change)" : " (first change: " + why + ")")
+                    << "; review `git diff`, then run again without MUONBED_UPDATE_GOLDEN");
   }
-  std::ifstream in(golden);
-  REQUIRE(in.good());
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string why;
-  const bool equal = same(comparable(text.str()), comparable(result_to_json(run.record)), "", why);
+  REQUIRE_FALSE(pinned_text.empty());
+  // The golden is muonbed's own output, not an edited file.
+  CHECK(verify_checksum(pinned_text));
   INFO("first difference: " << why);
   CHECK(equal);
+  // The comparison sees the numbers: a changed step time must fail it.
+  nlohmann::json changed = nlohmann::json::parse(fresh);
+  changed["step"]["average_s"] = changed["step"]["average_s"].get<double>() * (1 + 1e-6);
+  std::string ignored;
+  CHECK_FALSE(same(comparable(pinned_text), comparable(changed.dump()), "", ignored));
 }
 
 TEST_CASE("seed claims table puts claims beside predictions", "[sim][results]") {
