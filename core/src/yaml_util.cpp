@@ -3,9 +3,12 @@
 // value and the fix. See yaml_util.hpp.
 #include "core/src/yaml_util.hpp"
 
+#include <yaml-cpp/eventhandler.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <sstream>
 #include <system_error>
 #include <unordered_map>
 
@@ -181,48 +184,99 @@ SourceLocation location_in_text(const std::string& text, std::size_t offset,
 
 }  // namespace
 
+namespace {
+
+// The documents of a YAML text as the parser's events show them: where each starts and whether it
+// holds anything but an empty (null) node. yaml-cpp's LoadAll loops forever on text it cannot
+// start a document with (", b"): the parser then reports empty documents at the same mark
+// without consuming anything, which the caller detects here.
+class DocumentScan : public YAML::EventHandler {
+ public:
+  struct Document {
+    YAML::Mark start;
+    bool empty = true;  // only a null node
+    bool started = false;
+  };
+  std::vector<Document> documents;
+
+  void OnDocumentStart(const YAML::Mark& mark) override { documents.push_back({mark}); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override { content(true); }
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override { content(false); }
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    content(false);
+  }
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    content(false);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    content(false);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void content(bool null) {
+    if (documents.empty()) return;
+    Document& d = documents.back();
+    if (!d.started || !null) d.empty = d.empty && null;
+    d.started = true;
+  }
+};
+
+bool same_place(const YAML::Mark& a, const YAML::Mark& b) {
+  return a.pos == b.pos && a.line == b.line && a.column == b.column;
+}
+
+}  // namespace
+
 YAML::Node load_yaml(const std::string& text, const std::string& file) {
   if (const std::size_t nul = text.find('\0'); nul != std::string::npos)
     throw ConfigError(location_in_text(text, nul, file),
                       "the file contains a NUL byte: it is binary data, not YAML text",
                       "pass a YAML text file (experiments/*.yaml shows the format)");
-  std::vector<YAML::Node> documents;
+  // First the document structure: nothing after the first document may be ignored.
   try {
-    documents = YAML::LoadAll(text);
+    std::istringstream stream(text);
+    YAML::Parser parser(stream);
+    DocumentScan scan;
+    while (parser.HandleNextDocument(scan)) {
+      const auto& docs = scan.documents;
+      const std::size_t n = docs.size();
+      if (n >= 2 && same_place(docs[n - 1].start, docs[n - 2].start)) {
+        // The parser stopped consuming text: it cannot start a document with what is there.
+        const YAML::Mark& at = docs[n - 1].start;
+        const std::size_t pos = static_cast<std::size_t>(std::max(at.pos, 0));
+        std::string shown = text.substr(std::min(pos, text.size()), 20);
+        if (const std::size_t cut = shown.find('\n'); cut != std::string::npos) shown.resize(cut);
+        syntax_error(
+            text, file, at,
+            "unexpected " + quote(shown) +
+                (n > 2 ? " after the end of the document" : " at the start of a document"));
+      }
+      if (n >= 2 && !docs.back().empty) {
+        SourceLocation where{file, docs.back().start.line + 1, docs.back().start.column + 1};
+        throw ConfigError(where,
+                          "a second YAML document starts here; muonbed reads one document per "
+                          "file and would ignore it",
+                          "remove the '---' line and merge the keys into one document, or put "
+                          "the second experiment into a file of its own");
+      }
+    }
   } catch (const YAML::ParserException& e) {
     syntax_error(text, file, e.mark, e.msg);
   } catch (const YAML::Exception& e) {
     // Anything else yaml-cpp refuses (e.g. nesting too deep) is a syntax problem of the file.
     syntax_error(text, file, e.mark, e.msg);
   }
-  // A second document ('---' after the first) would be ignored: refuse it unless it is empty.
-  for (std::size_t d = 1; d < documents.size(); ++d) {
-    if (documents[d].IsNull()) continue;
-    SourceLocation where = location_of(documents[d], file);
-    // Point at the '---' line that starts the document (blank and comment lines may come between).
-    if (where.line > 0) {
-      std::vector<std::size_t> starts{0};
-      for (std::size_t i = 0; i < text.size(); ++i)
-        if (text[i] == '\n') starts.push_back(i + 1);
-      for (int l = std::min<int>(where.line, static_cast<int>(starts.size())); l >= 1; --l) {
-        const std::size_t begin = starts[l - 1];
-        const std::size_t end = l < static_cast<int>(starts.size()) ? starts[l] : text.size();
-        const std::string_view line(text.data() + begin, end - begin);
-        if (line.starts_with("---")) {
-          where = SourceLocation{file, l, 1};
-          break;
-        }
-        const std::size_t first = line.find_first_not_of(" \t\r\n");
-        if (l != where.line && first != std::string_view::npos && line[first] != '#') break;
-      }
-    }
-    throw ConfigError(where,
-                      "a second YAML document starts here; muonbed reads one document per file "
-                      "and would ignore it",
-                      "remove the '---' line and merge the keys into one document, or put the "
-                      "second experiment into a file of its own");
+  try {
+    return YAML::Load(text);  // the first (and only non-empty) document
+  } catch (const YAML::Exception& e) {
+    syntax_error(text, file, e.mark, e.msg);
   }
-  return documents.empty() ? YAML::Node(YAML::NodeType::Null) : documents.front();
 }
 
 std::string read_text_file(const std::string& path, const std::string& what) {

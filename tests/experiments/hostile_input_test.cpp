@@ -180,6 +180,12 @@ TEST_CASE("nothing in the file is silently ignored", "[experiments][hostile]") {
   CHECK(parse_experiment("---\n" + one + "...\n", "ok.yaml").size() == 1);
   // Binary data.
   expect_error(one + std::string("# x\0y\n", 6), 4, 4, {"NUL byte", "binary"});
+  // Text yaml-cpp cannot start a document with: its LoadAll looped forever on these (found by
+  // the fuzzer); trailing junk after a flow map was silently dropped.
+  expect_error(", b\n", 1, 1, {"YAML syntax error: unexpected ', b'"});
+  expect_error("# a comment\n, 000's\nname: x\n", 2, 1, {"unexpected ', 000's'"});
+  expect_error("{name: x, mesh: {dims: {dp_shard: 2}}, model: {preset: tiny-dense}}, junk\n", 1, 68,
+               {"unexpected ', junk' after the end of the document"});
 }
 
 TEST_CASE("names and paths that end up in file names are checked", "[experiments][hostile]") {
