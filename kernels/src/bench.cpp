@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/errors.hpp"
+#include "core/results.hpp"
 #include "kernels/gpu.hpp"
 #include "kernels/random.hpp"
 #include "kernels/reference_optimizer.hpp"
@@ -128,9 +129,7 @@ void write_json(const std::string& path, nlohmann::json header, const std::vecto
   header["validation"] = validation;
   header["results"] = records;
   header["muonbed_version"] = MUONBED_VERSION;
-  std::ofstream file(path);
-  if (!file) throw Error("bench ns: cannot write '" + path + "'");
-  file << header.dump(2) << "\n";
+  write_file_atomically(path, header.dump(2) + "\n");  // Error with the OS reason and the fix
 }
 
 void print_validation(std::ostream& out, const std::vector<Validation>& checks) {
@@ -364,7 +363,88 @@ std::vector<MatrixShape> muon_shape_groups(const Model& model) {
   return groups;
 }
 
+namespace {
+
+// Bytes the system can still give (MemAvailable), or 0 when unknown.
+double available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+std::string gib_text(double bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << bytes / (1024.0 * 1024.0 * 1024.0) << " GiB";
+  return os.str();
+}
+
+[[noreturn]] void bench_limit(const std::string& what, const std::string& fix) {
+  throw ConfigError(SourceLocation{}, "bench ns: " + what, fix);
+}
+
+}  // namespace
+
+void check_ns_bench_options(const NsBenchOptions& o, bool on_gpu) {
+  if (o.steps < 1 || o.steps > 100)
+    bench_limit("--steps " + std::to_string(o.steps) + " is outside 1..100",
+                "use --steps 5 (Muon's usual count) or another count in 1..100");
+  if (o.warmup < -1 || o.warmup > 1000)
+    bench_limit("--warmup " + std::to_string(o.warmup) + " is outside 0..1000",
+                "use -1 for the default (5 on GPU, 1 on CPU) or a count in 0..1000");
+  if (o.repeats < -1 || o.repeats == 0 || o.repeats > 10000)
+    bench_limit("--repeats " + std::to_string(o.repeats) + " is outside 1..10000",
+                "use -1 for the default (30 on GPU, 5 on CPU) or a count in 1..10000");
+  constexpr std::int64_t kMaxDim = 65536;
+  constexpr std::int64_t kMaxElements = std::int64_t{1} << 31;
+  for (const MatrixShape& s : o.shapes) {
+    for (const std::int64_t d : {s.batch, s.rows, s.cols})
+      if (d < 1 || d > kMaxDim)
+        bench_limit("shape " + s.to_string() + " has a size outside 1.." + std::to_string(kMaxDim),
+                    "use sizes in 1.." + std::to_string(kMaxDim) + ", e.g. --shape 4096x4096");
+    std::int64_t n = 0;
+    if (__builtin_mul_overflow(s.batch * s.rows, s.cols, &n) || n > kMaxElements)
+      bench_limit("shape " + s.to_string() + " has more than 2^31 elements (8 GiB in fp32)",
+                  "use a smaller shape or batch, e.g. --shape 8x4096x4096");
+  }
+  const std::vector<MatrixShape> shapes =
+      o.shapes.empty() ? (on_gpu ? default_gpu_bench_shapes() : default_cpu_bench_shapes())
+                       : o.shapes;
+  const int warmup = o.warmup >= 0 ? o.warmup : (on_gpu ? 5 : 1);
+  const int repeats = o.repeats > 0 ? o.repeats : (on_gpu ? 30 : 5);
+  double flops = 0, peak_bytes = 0;
+  for (const MatrixShape& s : shapes) {
+    flops += ns_flops(s, o.steps) * (warmup + repeats);
+    // CPU: three rotated inputs and the result, plus X, X' ([m, n]) and A, B ([m, m]) per matrix.
+    const double m = static_cast<double>(s.small_dim()), n = static_cast<double>(s.large_dim());
+    peak_bytes =
+        std::max(peak_bytes, 4.0 * (4.0 * static_cast<double>(s.numel()) + 2 * m * n + 2 * m * m));
+  }
+  const double budget = on_gpu ? kMaxGpuBenchFlops : kMaxCpuBenchFlops;
+  if (flops > budget) {
+    std::ostringstream what;
+    what << std::scientific << std::setprecision(2) << "the runs add up to " << flops
+         << " FLOP, more than the " << budget << " FLOP a " << (on_gpu ? "GPU" : "CPU")
+         << " benchmark may take (" << warmup << " warm-up + " << repeats
+         << " timed runs of every shape)";
+    bench_limit(what.str(), "use fewer --repeats / --warmup or smaller shapes" +
+                                std::string(on_gpu ? "" : " (or run on a GPU)"));
+  }
+  const double available = available_memory_bytes();
+  if (!on_gpu && available > 0 && peak_bytes > 0.8 * available)
+    bench_limit("the largest shape needs about " + gib_text(peak_bytes) +
+                    " of memory, and this machine has " + gib_text(available) + " available",
+                "use a smaller shape or batch");
+}
+
 int run_ns_benchmark(const NsBenchOptions& options, std::ostream& out) {
+  // Limits first: nothing is allocated or run for options outside them (ConfigError).
+  std::string why;
+  const bool have_gpu = options.device != "cpu" && cuda_device_available(&why);
+  check_ns_bench_options(options, have_gpu);
   NsConfig config;
   try {
     if (options.coefficients == "custom") {
@@ -386,8 +466,6 @@ int run_ns_benchmark(const NsBenchOptions& options, std::ostream& out) {
     return 2;
   }
 
-  std::string why;
-  const bool have_gpu = options.device != "cpu" && cuda_device_available(&why);
   if (options.device == "gpu" && !have_gpu) {
     out << "error: bench ns --device gpu: no usable CUDA device: " << why << "\n";
     return 2;
