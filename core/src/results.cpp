@@ -225,11 +225,12 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
     c.label = op.label;
     c.kind = std::string(to_string(op.kind));
     c.group_size = m.group_size;
+    const int id = op_id;  // clang < 16 cannot capture a structured binding
     const int patterns_seen = [&] {
       int n = 0;
       for (std::size_t i = 0; i < collectives.size() && i < steps.size(); ++i)
         for (const auto& x : collectives[i])
-          if (x.op == op_id && x.instances > 0) ++n;
+          if (x.op == id && x.instances > 0) ++n;
       return n;
     }();
     c.instances = m.instances / std::max(1, patterns_seen);
