@@ -22,6 +22,7 @@
 #include "core/experiment.hpp"
 #include "muonbed/config.hpp"
 #include "sim/run_point.hpp"
+#include "tests/common/temp_dir.hpp"
 
 using namespace muonbed;
 
@@ -139,8 +140,8 @@ TEST_CASE("records hold every rank and consistent per-rank times", "[sim][result
 
 TEST_CASE("results are written atomically where result_path says", "[sim][results]") {
   Experiment e = point(kSmall);
-  const auto dir = std::filesystem::temp_directory_path() / "muonbed_sim_results_test";
-  std::filesystem::remove_all(dir);
+  const testing::TempDir scratch("sim-results");  // unique: build trees never share it
+  const auto dir = scratch.path() / "out";
   e.output_dir = dir.string();
   const PointRun run = run_point(e, "sim");
   const std::string path = write_point(e, run);
@@ -149,8 +150,10 @@ TEST_CASE("results are written atomically where result_path says", "[sim][result
   const ResultRecord back = read_result_file(path);
   CHECK(back.step.average_s == run.record.step.average_s);
   for (const auto& entry : std::filesystem::directory_iterator(dir / "default"))
-    CHECK(entry.path().string().find(".tmp.") == std::string::npos);
-  std::filesystem::remove_all(dir);
+    CHECK(entry.path().string().find(kTempMarker) == std::string::npos);
+  // What was written verifies: point identity and checksum.
+  CHECK(back.provenance.point_id == point_identity(e.name, "", "sim", e.resolved_yaml));
+  CHECK(back.checksum.size() == 64);
 }
 
 TEST_CASE("a small simulated experiment matches its golden result", "[sim][results][golden]") {
