@@ -65,6 +65,8 @@ class Loaded:
 
 def read_json(path):
     """(document, raw bytes) of a JSON file, or LoadError saying why not."""
+    if not os.path.isfile(path):  # a FIFO or device would block or never end
+        raise LoadError("not a regular file")
     try:
         size = os.path.getsize(path)
         if size > MAX_JSON_BYTES:

@@ -132,7 +132,12 @@ std::vector<std::size_t> select_points(const std::vector<Experiment>& points,
   }
   if (selected.empty()) {
     std::string labels;
-    for (const Experiment& e : points) labels += "\n    " + e.point_label;
+    constexpr std::size_t kShown = 20;  // a 10,000-point sweep must not print 10,000 lines
+    for (std::size_t i = 0; i < points.size() && i < kShown; ++i)
+      labels += "\n    " + points[i].point_label;
+    if (points.size() > kShown)
+      labels += "\n    ... and " + std::to_string(points.size() - kShown) +
+                " more ('muonbed validate " + file + "' lists them all)";
     throw ConfigError(SourceLocation{file, 0, 0}, "no sweep point matches --point",
                       "use a full label or key=value pairs; the points are:" + labels);
   }
