@@ -92,6 +92,7 @@ TEST_CASE("provenance carries the build and the point", "[results][provenance]")
   // The binary's hash names this checkout's HEAD (when this is a checkout and git is here).
   const std::string head =
       have_git() ? run(std::string("git -C \"") + MUONBED_SOURCE_DIR + "\" rev-parse HEAD") : "";
+  INFO("a mismatch after a commit means the test binary is stale: cmake --build BUILD first");
   if (p.git_hash != "unknown" && head.size() == 40) CHECK(p.git_hash.substr(0, 40) == head);
 
   const auto points = parse_experiment(
