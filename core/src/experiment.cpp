@@ -1458,7 +1458,13 @@ class TreeEdits {
   TreeEdits() = default;
   TreeEdits(const TreeEdits&) = delete;
   TreeEdits& operator=(const TreeEdits&) = delete;
-  ~TreeEdits() { undo(); }
+  ~TreeEdits() {
+    try {
+      undo();
+    } catch (...) {
+      // Unwinding from a point's error: the tree is not used again.
+    }
+  }
 
   // parent[key] = value (parent is a map).
   void set(YAML::Node parent, const std::string& key, const YAML::Node& value) {
