@@ -37,6 +37,13 @@
 //                     both sides (recv is the same transfer seen from the receiver, for
 //                     readability); other members of the group do nothing.
 //   barrier           no data.
+//
+// Which tensor a data op moves is explicit (Op::tensor): the gradient (reductions), Muon's update
+// (the momentum direction to orthogonalize, in the comm dtype) or the result (the orthogonalized
+// update, in the comm dtype). Compute ops read and write fixed roles: momentum turns the gradient
+// into the update, newton_schulz the update into the result, apply_update applies the result;
+// pack and unpack stage the role in Op::tensor. core/program.hpp lowers a plan to per-rank
+// programs with concrete buffers, per-peer counts and element maps.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +52,7 @@
 #include <vector>
 
 #include "core/assignment.hpp"
+#include "core/optimizer.hpp"
 #include "core/parallelize.hpp"
 
 namespace muonbed {
@@ -76,6 +84,11 @@ bool is_compute(OpKind kind);
 bool is_memory(OpKind kind);
 
 enum class AllToAllDirection { to_owners, from_owners };
+
+// The tensor a collective, pack or unpack op moves (see the header comment).
+enum class TensorRole { none, gradient, update, result };
+std::string_view to_string(TensorRole role);
+TensorRole tensor_role_from_string(std::string_view text);
 
 // A set of ranks: per mesh dim either one fixed coordinate or every coordinate (kAll).
 struct RankBox {
@@ -115,18 +128,25 @@ struct Op {
   // on the params it owns (newton_schulz without it: every rank of the box computes every param)
   bool owned_only = false;
   AllToAllDirection direction = AllToAllDirection::to_owners;
-  int buffer = -1;   // alloc/release
-  int ns_steps = 0;  // newton_schulz
+  TensorRole tensor = TensorRole::none;  // data ops; PlanBuilder fills default_tensor() when none
+  int buffer = -1;                       // alloc/release
+  int ns_steps = 0;                      // newton_schulz
   int period = 1;
   std::vector<int> deps;
   std::string label;  // human-readable, for tables and traces
 };
 
+// The role a data op moves when the plan does not say: gather, all_to_all to owners, all_gather
+// of pieces, pack and unpack move the update; scatter, broadcast, all_to_all from owners,
+// all_gather of owned results and pack of owned results move the result; reductions move the
+// gradient; send, recv and barrier none (send/recv must name theirs).
+TensorRole default_tensor(const Op& op);
+
 struct PlanSettings {
-  int ns_steps = 5;
-  DType comm_dtype = DType::bf16;   // dtype of updates moved between ranks
+  OptimizerConfig optimizer;        // what every executor and the reference compute
   DType state_dtype = DType::fp32;  // momentum and Adam moments
-  bool nesterov = true;
+  int ns_steps() const { return optimizer.muon.ns_steps; }
+  DType comm_dtype() const { return optimizer.comm_dtype; }  // of updates moved between ranks
 };
 
 struct StepPlan {
@@ -195,7 +215,7 @@ RankSummary summarize_rank(const StepPlan& plan, int rank);
 // Checks the structural invariants and throws PlanError naming the op and the rule broken:
 // ids are positions, deps point backwards, streams/buffers/params/roots in range, boxes fit the
 // mesh, group dims are free dims of the box, every alloc has a release, collectives' params are
-// held by every member.
+// held by every member, data ops move a role that fits their kind.
 void validate_plan(const StepPlan& plan);
 
 }  // namespace muonbed

@@ -35,7 +35,7 @@ constexpr std::pair<OpKind, std::string_view> kOpNames[] = {
 };
 
 std::int64_t comm_bytes(const StepPlan& plan) {
-  return bytes_of(plan.settings.comm_dtype);
+  return bytes_of(plan.settings.comm_dtype());
 }
 
 // Elements of param p that `rank` holds before the op (the piece rule of plan.hpp).
@@ -88,6 +88,48 @@ OpKind op_kind_from_string(std::string_view text) {
   for (const auto& [k, name] : kOpNames)
     if (name == text) return k;
   throw PlanError("unknown op kind '" + std::string(text) + "'");
+}
+
+constexpr std::pair<TensorRole, std::string_view> kRoleNames[] = {
+    {TensorRole::none, "none"},
+    {TensorRole::gradient, "gradient"},
+    {TensorRole::update, "update"},
+    {TensorRole::result, "result"},
+};
+
+std::string_view to_string(TensorRole role) {
+  for (const auto& [r, name] : kRoleNames)
+    if (r == role) return name;
+  return "?";
+}
+
+TensorRole tensor_role_from_string(std::string_view text) {
+  for (const auto& [r, name] : kRoleNames)
+    if (name == text) return r;
+  throw PlanError("unknown tensor role '" + std::string(text) +
+                  "'; known: none, gradient, update, result");
+}
+
+TensorRole default_tensor(const Op& op) {
+  switch (op.kind) {
+    case OpKind::gather:
+      return TensorRole::update;
+    case OpKind::scatter:
+    case OpKind::broadcast:
+      return TensorRole::result;
+    case OpKind::all_gather:
+    case OpKind::pack:
+      return op.owned_only ? TensorRole::result : TensorRole::update;
+    case OpKind::unpack:
+      return TensorRole::update;
+    case OpKind::all_to_all:
+      return op.direction == AllToAllDirection::to_owners ? TensorRole::update : TensorRole::result;
+    case OpKind::reduce_scatter:
+    case OpKind::all_reduce:
+      return TensorRole::gradient;
+    default:
+      return TensorRole::none;
+  }
 }
 
 bool is_memory(OpKind kind) {
@@ -358,7 +400,8 @@ double op_flops(const StepPlan& plan, const Op& op, int rank) {
     }
     case OpKind::momentum:
       // buf = beta*buf + g (2 flops/element); Nesterov adds g + beta*buf (2 more).
-      return (plan.settings.nesterov ? 4.0 : 2.0) * elementwise_numel(plan, op, rank);
+      return (plan.settings.optimizer.muon.nesterov ? 4.0 : 2.0) *
+             elementwise_numel(plan, op, rank);
     case OpKind::apply_update:
       // p = p*(1 - lr*wd) - lr*scale*u: 4 flops/element.
       return 4.0 * elementwise_numel(plan, op, rank);
@@ -487,6 +530,19 @@ void validate_plan(const StepPlan& plan) {
             fail(op, "moves '" + plan.model.params[p].name + "' on ranks that do not hold it");
         }
       }
+    }
+    const bool moves_data = is_collective(op.kind) && op.kind != OpKind::barrier;
+    if (moves_data || op.kind == OpKind::pack || op.kind == OpKind::unpack) {
+      const bool reduction = op.kind == OpKind::reduce_scatter || op.kind == OpKind::all_reduce;
+      if (op.tensor == TensorRole::none)
+        fail(op, "moves data but names no tensor (gradient, update or result)");
+      if (reduction != (op.tensor == TensorRole::gradient))
+        fail(op, reduction
+                     ? "reductions move the gradient, not the " + std::string(to_string(op.tensor))
+                     : "only reductions move the gradient");
+    } else if (op.tensor != TensorRole::none) {
+      fail(op, "names a tensor (" + std::string(to_string(op.tensor)) +
+                   ") but moves no data; leave it none");
     }
     if (is_memory(op.kind)) {
       if (op.buffer < 0 || op.buffer >= static_cast<int>(plan.buffers.size()))

@@ -60,6 +60,7 @@ int PlanBuilder::emit(Op op) {
   for (int dep : op.deps)
     if (dep < 0 || dep >= op.id) throw PlanError("internal: op depends on a later op");
   if (op.ranks.coord.empty()) op.ranks = RankBox::everyone(mesh());
+  if (op.tensor == TensorRole::none) op.tensor = default_tensor(op);
   plan_.ops.push_back(std::move(op));
   return plan_.ops.back().id;
 }
@@ -946,10 +947,10 @@ StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
     auto policy = options.assign == "explicit"
                       ? make_explicit_assign_policy(options.explicit_owners)
                       : make_assign_policy(options.assign);
-    assignment = policy->assign(model, settings.ns_steps);
+    assignment = policy->assign(model, settings.ns_steps());
     validate_assignment(model, assignment);
   }
-  summarize(model, settings.ns_steps, assignment);
+  summarize(model, settings.ns_steps(), assignment);
 
   PlanBuilder b(model, assignment, settings);
   const int compute = b.stream("compute");
@@ -996,12 +997,12 @@ StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
     StrategyOptions r = options;
     r.name = "replicated";
     Composition small_path = compose(r);
-    Scheduler scheduler(b, small_path, settings.ns_steps);
+    Scheduler scheduler(b, small_path, settings.ns_steps());
     auto done = scheduler.run(make_units(b, small, small_path, options.chunk_size), start);
     finished.insert(finished.end(), done.begin(), done.end());
   }
   if (!large.empty()) {
-    Scheduler scheduler(b, main, settings.ns_steps);
+    Scheduler scheduler(b, main, settings.ns_steps());
     auto done = scheduler.run(make_units(b, large, main, options.chunk_size), start);
     finished.insert(finished.end(), done.begin(), done.end());
   }

@@ -286,7 +286,7 @@ std::int64_t max_full_bytes(const StepPlan& plan) {
   std::int64_t m = 0;
   for (const auto& dp : plan.model.params)
     if (dp.optimizer == OptimizerKind::muon) m = std::max(m, dp.numel());
-  return m * bytes_of(plan.settings.comm_dtype);
+  return m * bytes_of(plan.settings.comm_dtype());
 }
 
 }  // namespace
