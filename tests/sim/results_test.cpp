@@ -10,17 +10,15 @@
 //   MUONBED_UPDATE_GOLDEN=1 ./build/sim_tests "[golden]"
 #include <catch2/catch.hpp>
 
-#include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/experiment.hpp"
 #include "muonbed/config.hpp"
 #include "sim/run_point.hpp"
+#include "tests/golden_json.hpp"
 
 using namespace muonbed;
 
@@ -42,62 +40,6 @@ strategy: {name: owner, prefetch_count: 1, grad_sync: {enabled: true, level_peri
 backend: [sim]
 sim: {fidelity: step}
 )";
-
-// Compares two JSON values; numbers to a relative tolerance; reports the first difference.
-bool same(const nlohmann::json& a, const nlohmann::json& b, const std::string& path,
-          std::string& why) {
-  if (a.is_number() && b.is_number()) {
-    const double x = a.get<double>(), y = b.get<double>();
-    if (std::fabs(x - y) <= 1e-9 * std::max(std::fabs(x), std::fabs(y))) return true;
-    why = path + ": " + a.dump() + " vs " + b.dump();
-    return false;
-  }
-  if (a.type() != b.type()) {
-    why = path + ": type differs";
-    return false;
-  }
-  if (a.is_object()) {
-    if (a.size() != b.size()) {
-      why = path + ": keys differ";
-      return false;
-    }
-    for (auto it = a.begin(); it != a.end(); ++it) {
-      if (!b.contains(it.key())) {
-        why = path + "." + it.key() + ": missing";
-        return false;
-      }
-      if (!same(it.value(), b.at(it.key()), path + "." + it.key(), why)) return false;
-    }
-    return true;
-  }
-  if (a.is_array()) {
-    if (a.size() != b.size()) {
-      why = path + ": " + std::to_string(a.size()) + " vs " + std::to_string(b.size()) + " items";
-      return false;
-    }
-    for (std::size_t i = 0; i < a.size(); ++i)
-      if (!same(a[i], b[i], path + "[" + std::to_string(i) + "]", why)) return false;
-    return true;
-  }
-  if (a != b) {
-    why = path + ": " + a.dump() + " vs " + b.dump();
-    return false;
-  }
-  return true;
-}
-
-nlohmann::json comparable(const std::string& text) {
-  nlohmann::json j = nlohmann::json::parse(text);
-  j.erase("timestamp");
-  for (const char* key : {"git_hash", "host_name", "muonbed_version", "experiment_file"})
-    j["provenance"].erase(key);
-  // The resolved configuration's header names the file it came from: an absolute path.
-  std::string config = j["provenance"]["resolved_config"].get<std::string>();
-  if (config.rfind("# resolved configuration of", 0) == 0)
-    config = config.substr(config.find('\n') + 1);
-  j["provenance"]["resolved_config"] = config;
-  return j;
-}
 
 }  // namespace
 
@@ -164,12 +106,12 @@ TEST_CASE("a small simulated experiment matches its golden result", "[sim][resul
     write_file_atomically(golden, result_to_json(pinned));
     WARN("rewrote " << golden);
   }
-  std::ifstream in(golden);
-  REQUIRE(in.good());
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = testing::read_text_file(golden);
+  REQUIRE(!text.empty());
   std::string why;
-  const bool equal = same(comparable(text.str()), comparable(result_to_json(run.record)), "", why);
+  const bool equal =
+      testing::same_json(testing::comparable_record(text),
+                         testing::comparable_record(result_to_json(run.record)), 1e-9, "", why);
   INFO("first difference: " << why);
   CHECK(equal);
 }

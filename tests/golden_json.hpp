@@ -1,0 +1,84 @@
+// Golden-file comparison of result records, shared by the analytic (tests/core) and simulated
+// (tests/sim) golden tests: a record's JSON without the fields that depend on the machine or the
+// checkout, compared field by field with numbers to a relative tolerance, reporting the first
+// difference.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace muonbed::testing {
+
+// Compares two JSON values; numbers to `tolerance` (relative); sets `why` to the first difference.
+inline bool same_json(const nlohmann::json& a, const nlohmann::json& b, double tolerance,
+                      const std::string& path, std::string& why) {
+  if (a.is_number() && b.is_number()) {
+    const double x = a.get<double>(), y = b.get<double>();
+    if (std::fabs(x - y) <= tolerance * std::max(std::fabs(x), std::fabs(y))) return true;
+    why = path + ": " + a.dump() + " vs " + b.dump();
+    return false;
+  }
+  if (a.type() != b.type()) {
+    why = path + ": type differs";
+    return false;
+  }
+  if (a.is_object()) {
+    if (a.size() != b.size()) {
+      why = path + ": keys differ";
+      return false;
+    }
+    for (auto it = a.begin(); it != a.end(); ++it) {
+      if (!b.contains(it.key())) {
+        why = path + "." + it.key() + ": missing";
+        return false;
+      }
+      if (!same_json(it.value(), b.at(it.key()), tolerance, path + "." + it.key(), why))
+        return false;
+    }
+    return true;
+  }
+  if (a.is_array()) {
+    if (a.size() != b.size()) {
+      why = path + ": " + std::to_string(a.size()) + " vs " + std::to_string(b.size()) + " items";
+      return false;
+    }
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (!same_json(a[i], b[i], tolerance, path + "[" + std::to_string(i) + "]", why))
+        return false;
+    return true;
+  }
+  if (a != b) {
+    why = path + ": " + a.dump() + " vs " + b.dump();
+    return false;
+  }
+  return true;
+}
+
+// A record's JSON without the timestamp and the provenance fields that depend on the machine or
+// checkout (git_hash, host_name, muonbed_version, experiment_file, and the resolved
+// configuration's header line naming the file).
+inline nlohmann::json comparable_record(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text);
+  j.erase("timestamp");
+  for (const char* key : {"git_hash", "host_name", "muonbed_version", "experiment_file"})
+    j["provenance"].erase(key);
+  std::string config = j["provenance"]["resolved_config"].get<std::string>();
+  if (config.rfind("# resolved configuration of", 0) == 0)
+    config = config.substr(config.find('\n') + 1);
+  j["provenance"]["resolved_config"] = config;
+  return j;
+}
+
+inline std::string read_text_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return in.good() || in.eof() ? text.str() : std::string();
+}
+
+}  // namespace muonbed::testing
