@@ -150,7 +150,7 @@ class Engine {
     return static_cast<std::size_t>(local) * ns_ + stream;
   }
   bool dep_done(int rank, int local, int dep) const;
-  bool deps_ok(int rank, int local, int op) const;
+  bool head_deps_ok(int rank, int local, int stream, int op);
   void schedule(int local);
   void drain();
   void advance(int local, int stream);
@@ -165,6 +165,10 @@ class Engine {
   int ns_ = 1;
   int step_ = 0;
   std::vector<int> pos_;
+  // Per stream slot: the head op whose deps were last checked and how many of them were complete
+  // (a dep, once complete, stays complete in a step): an op with thousands of deps is not
+  // rescanned from its first dep on every completion of its rank.
+  std::vector<int> dep_op_, dep_next_;
   std::vector<char> busy_, ended_;
   std::vector<int> streams_left_;
   int ranks_left_ = 0;

@@ -135,6 +135,8 @@ Engine::Engine(const PlanIndex& index, OpHandler& handler, std::vector<int> loca
   ns_ = index_.num_streams();
   const std::size_t slots = local_.size() * static_cast<std::size_t>(ns_);
   pos_.assign(slots, 0);
+  dep_op_.assign(slots, -1);
+  dep_next_.assign(slots, 0);
   busy_.assign(slots, 0);
   ended_.assign(slots, 1);
   streams_left_.assign(local_.size(), 0);
@@ -146,6 +148,7 @@ void Engine::begin_step(int step) {
   if (!open_.empty()) throw Error("engine: collective instances of the last step are still open");
   step_ = step;
   std::fill(pos_.begin(), pos_.end(), 0);
+  std::fill(dep_op_.begin(), dep_op_.end(), -1);
   std::fill(busy_.begin(), busy_.end(), 0);
   std::fill(ended_.begin(), ended_.end(), 0);
   std::fill(streams_left_.begin(), streams_left_.end(), ns_);
@@ -177,9 +180,17 @@ bool Engine::dep_done(int rank, int local, int d) const {
   return true;
 }
 
-bool Engine::deps_ok(int rank, int local, int op) const {
-  for (int d : index_.deps(op))
-    if (index_.contains(d, rank) && !dep_done(rank, local, d)) return false;
+// Are the deps of the op at the head of a stream complete on the rank (those it takes part in)?
+// Resumes after the deps found complete before.
+bool Engine::head_deps_ok(int rank, int local, int stream, int op) {
+  const std::size_t k = slot(local, stream);
+  if (dep_op_[k] != op) {
+    dep_op_[k] = op;
+    dep_next_[k] = 0;
+  }
+  const std::vector<int>& deps = index_.deps(op);
+  for (int& next = dep_next_[k]; next < static_cast<int>(deps.size()); ++next)
+    if (index_.contains(deps[next], rank) && !dep_done(rank, local, deps[next])) return false;
   return true;
 }
 
@@ -226,7 +237,7 @@ void Engine::advance(int local, int s) {
       schedule(local);  // other streams of the rank may depend on it
       continue;
     }
-    if (!deps_ok(rank, local, op)) return;  // re-checked when something of this rank completes
+    if (!head_deps_ok(rank, local, s, op)) return;  // re-checked when this rank completes an op
     handler_.reached(rank, op);
     switch (index_.op_class(op)) {
       case OpClass::memory:
