@@ -56,8 +56,10 @@ struct EstimateSummary {
   StepEstimate worst;  // the slowest step's detail
 };
 
-// Replays the plan for step `step` with closed-form op durations. Collective instances start when
-// all members are ready (stream order and deps), so waiting shows up as idle time.
+// Replays the plan for step `step` on the execution engine (core/engine.hpp) with closed-form op
+// durations. Collective instances start when all members are ready (stream order and deps), so
+// waiting shows up as idle time; the breakdown follows core/timeline.hpp's rules. Throws
+// PlanError for a plan the engine cannot run or finish.
 StepEstimate estimate_step(const StepPlan& plan, const ClusterSpec& cluster, int step = 0);
 EstimateSummary estimate(const StepPlan& plan, const ClusterSpec& cluster);
 

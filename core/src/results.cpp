@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/cost_model.hpp"
+#include "core/engine.hpp"
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
 #include "muonbed/config.hpp"
@@ -364,23 +365,13 @@ InstanceTraffic closed_form_traffic(const StepPlan& plan, const Op& op,
   return t;
 }
 
-// Calls fn(leader) for the lowest rank of every group instance of `op` (ranks of the box that
-// differ only along op.group share an instance).
-template <typename F>
-void for_each_instance(const DeviceMesh& mesh, const Op& op, F fn) {
-  std::vector<int> outer = op.ranks.coord;
-  for (int d = 0; d < mesh.ndims(); ++d)
-    if (op.group.contains(d)) outer[d] = 0;
-  RankBox box{outer};
-  for (int r : box.ranks(mesh)) fn(r);
-}
-
 }  // namespace
 
 ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster) {
   const DeviceMesh& mesh = plan.mesh();
   const int world = mesh.world_size();
   const int gpn = physical_gpus_per_node(cluster, mesh);
+  const PlanIndex index(plan);
   std::vector<StepMeasurement> steps;
   std::vector<std::vector<CollectiveMeasurement>> collectives;
   for (const StepPatternSpec& pattern : step_patterns(plan)) {
@@ -406,11 +397,9 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster) {
       if (!is_collective(op.kind)) continue;
       CollectiveMeasurement c;
       c.op = op.id;
-      const bool pair = op.kind == OpKind::send || op.kind == OpKind::recv;
-      for_each_instance(mesh, op, [&](int leader) {
-        std::vector<int> members = mesh.group_members(leader, op.group);
-        const std::vector<int> group = members;
-        if (pair) members = {members.at(op.root), members.at(op.peer)};
+      index.for_each_instance(op.id, [&](int leader) {
+        const std::vector<int> group = index.members(op.id, leader);
+        const std::vector<int> members = index.participants(op.id, leader);
         const LinkParams link = link_for_group(cluster, mesh, members, op.kind);
         const double bytes = static_cast<double>(collective_bytes(plan, op, leader));
         const double time = collective_time(op.kind, static_cast<int>(members.size()), bytes, link);
