@@ -92,4 +92,10 @@ SimulationResult simulate(const StepPlan& plan, const ClusterSpec& cluster,
 // SimGrid's version string of this build ("3.32.0").
 std::string simgrid_version();
 
+// Registers the "sim" backend with core/run_point.hpp's registry (again: harmless): it simulates
+// a point at its experiment's sim.fidelity in a child process, with the Chrome trace of
+// RunSettings::trace_max_ranks ranks. Static libraries drop self-registering objects, so programs
+// call this themselves (the CLI in experiments/cli/backends.cpp).
+void register_sim_backend();
+
 }  // namespace muonbed

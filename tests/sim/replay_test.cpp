@@ -8,7 +8,6 @@
 #include "core/cost_model.hpp"
 #include "core/experiment.hpp"
 #include "muonbed/config.hpp"
-#include "sim/run_point.hpp"
 #include "sim/simulate.hpp"
 #include "sim/src/harness.hpp"
 

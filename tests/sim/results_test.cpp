@@ -10,21 +10,25 @@
 //   MUONBED_UPDATE_GOLDEN=1 ./build/sim_tests "[golden]"
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
 
 #include "core/experiment.hpp"
+#include "core/run_point.hpp"
 #include "muonbed/config.hpp"
-#include "sim/run_point.hpp"
+#include "sim/simulate.hpp"
 #include "tests/golden_json.hpp"
 
 using namespace muonbed;
 
 namespace {
 
+// Every test here may run points on "sim": registered as the CLI does.
 Experiment point(const std::string& yaml) {
+  register_sim_backend();
   auto points =
       parse_experiment(yaml, std::string(MUONBED_SOURCE_DIR) + "/experiments/sim_test.yaml");
   REQUIRE(points.size() == 1);
@@ -42,6 +46,19 @@ sim: {fidelity: step}
 )";
 
 }  // namespace
+
+TEST_CASE("the sim backend registers itself with the point runner", "[sim][results]") {
+  register_sim_backend();
+  register_sim_backend();  // again: harmless
+  REQUIRE(find_backend("sim") != nullptr);
+  const auto names = registered_backends();
+  CHECK(std::count(names.begin(), names.end(), "sim") == 1);
+  const PointRun run = run_point(point(kSmall), "sim");
+  CHECK(run.record.backend == "sim");
+  CHECK(run.cost.what == "simulation");
+  CHECK(run.cost.messages > 0);
+  CHECK(!run.trace.is_null());
+}
 
 TEST_CASE("result records round-trip through JSON exactly", "[sim][results]") {
   const Experiment e = point(kSmall);
