@@ -1,16 +1,21 @@
 // Golden-file comparison of result records, shared by the analytic (tests/core) and simulated
 // (tests/sim) golden tests: a record's JSON without the fields that depend on the machine or the
 // checkout, compared field by field with numbers to a relative tolerance, reporting the first
-// difference.
+// difference. MUONBED_UPDATE_GOLDEN=1 in the environment rewrites the golden files instead.
 #pragma once
+
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
+
+#include "core/results.hpp"
 
 namespace muonbed::testing {
 
@@ -79,6 +84,28 @@ inline std::string read_text_file(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return in.good() || in.eof() ? text.str() : std::string();
+}
+
+// Checks `record` against the golden file `path` (after rewriting it from `record` when
+// MUONBED_UPDATE_GOLDEN is set), numbers to a relative `tolerance`.
+inline void check_golden_record(const ResultRecord& record, const std::string& path,
+                                double tolerance) {
+  if (std::getenv("MUONBED_UPDATE_GOLDEN") != nullptr) {
+    ResultRecord pinned = record;
+    pinned.timestamp = "";
+    pinned.provenance.git_hash = "";
+    pinned.provenance.host_name = "";
+    pinned.provenance.experiment_file = "";
+    write_file_atomically(path, result_to_json(pinned));
+    WARN("rewrote " << path);
+  }
+  const std::string text = read_text_file(path);
+  REQUIRE(!text.empty());
+  std::string why;
+  const bool equal = same_json(comparable_record(text), comparable_record(result_to_json(record)),
+                               tolerance, "", why);
+  INFO("first difference from " << path << ": " << why);
+  CHECK(equal);
 }
 
 }  // namespace muonbed::testing

@@ -12,7 +12,6 @@
 //   MUONBED_UPDATE_GOLDEN=1 ./build/core_tests "[golden]"
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
 #include <string>
 
 #include "core/experiment.hpp"
@@ -75,23 +74,7 @@ TEST_CASE("small experiments match their golden analytic results", "[analytic][g
     const Experiment& e = points[0];
     ResultRecord record = analytic_record(plan_experiment(e), e.cluster);
     record.provenance = make_provenance(&e, "");
-    const std::string golden =
-        std::string(MUONBED_SOURCE_DIR) + "/tests/core/golden/" + c.name + ".json";
-    if (std::getenv("MUONBED_UPDATE_GOLDEN") != nullptr) {
-      ResultRecord pinned = record;
-      pinned.provenance.git_hash = "";
-      pinned.provenance.host_name = "";
-      pinned.provenance.experiment_file = "";
-      write_file_atomically(golden, result_to_json(pinned));
-      WARN("rewrote " << golden);
-    }
-    const std::string text = testing::read_text_file(golden);
-    REQUIRE(!text.empty());
-    std::string why;
-    const bool equal =
-        testing::same_json(testing::comparable_record(text),
-                           testing::comparable_record(result_to_json(record)), 1e-12, "", why);
-    INFO("first difference: " << why);
-    CHECK(equal);
+    testing::check_golden_record(
+        record, std::string(MUONBED_SOURCE_DIR) + "/tests/core/golden/" + c.name + ".json", 1e-12);
   }
 }

@@ -2,8 +2,9 @@
 // the closed forms per collective, the link a group sees inside a node and across nodes (NVSwitch,
 // PCIe, single switch, fat tree), and the plan replay on tiny hand-made plans (overlap, deps,
 // waiting at a collective, exposed communication, periods). The replay is also checked against a
-// naive per-rank reference replay on strategy-built plans and on a synthetic plan long enough to
-// exercise interval folding; a hidden [perf] case times a 16,384-rank synthetic plan.
+// naive plan-order reference replay on strategy-built plans and on a synthetic plan spanning
+// nodes with uneven shards (many completions due at one time, sizes cached and not); a hidden
+// [perf] case times a 16,384-rank synthetic plan.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -584,7 +585,7 @@ TEST_CASE("estimate: periods give different steps; average and worst", "[cost_mo
 }
 
 TEST_CASE("estimate_step matches a naive reference replay", "[cost_model]") {
-  SECTION("synthetic plan long enough to fold intervals, across nodes") {
+  SECTION("synthetic plan across nodes, uneven shards") {
     const StepPlan plan = synthetic_plan(32, 60);
     ClusterSpec c = h100_like();
     c.network.nodes_per_leaf = 2;

@@ -11,7 +11,6 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -113,24 +112,8 @@ TEST_CASE("results are written atomically where result_path says", "[sim][result
 TEST_CASE("a small simulated experiment matches its golden result", "[sim][results][golden]") {
   const Experiment e = point(kSmall);
   const PointRun run = run_point(e, "sim");
-  const std::string golden = std::string(MUONBED_SIM_GOLDEN_DIR) + "/small_fsdp_tp.json";
-  if (std::getenv("MUONBED_UPDATE_GOLDEN") != nullptr) {
-    ResultRecord pinned = run.record;
-    pinned.timestamp = "";
-    pinned.provenance.git_hash = "";
-    pinned.provenance.host_name = "";
-    pinned.provenance.experiment_file = "";
-    write_file_atomically(golden, result_to_json(pinned));
-    WARN("rewrote " << golden);
-  }
-  const std::string text = testing::read_text_file(golden);
-  REQUIRE(!text.empty());
-  std::string why;
-  const bool equal =
-      testing::same_json(testing::comparable_record(text),
-                         testing::comparable_record(result_to_json(run.record)), 1e-9, "", why);
-  INFO("first difference: " << why);
-  CHECK(equal);
+  testing::check_golden_record(run.record,
+                               std::string(MUONBED_SIM_GOLDEN_DIR) + "/small_fsdp_tp.json", 1e-9);
 }
 
 TEST_CASE("seed claims table puts claims beside predictions", "[sim][results]") {
