@@ -41,6 +41,8 @@ class PlanIndex {
   const StepPlan& plan() const { return *plan_; }
   const DeviceMesh& mesh() const { return plan_->model.mesh; }
   int world_size() const { return world_; }
+  // 0 .. world_size-1: the local ranks of an engine that executes every rank.
+  std::vector<int> all_ranks() const;
   int num_streams() const { return static_cast<int>(stream_ops_.size()); }
   int num_ops() const { return static_cast<int>(info_.size()); }
 

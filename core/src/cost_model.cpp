@@ -399,18 +399,12 @@ class AnalyticReplay final : public OpHandler {
   double now_ = 0;
 };
 
-std::vector<int> all_ranks(int world) {
-  std::vector<int> ranks(static_cast<std::size_t>(world));
-  for (int r = 0; r < world; ++r) ranks[r] = r;
-  return ranks;
-}
-
 AnalyticReplay::AnalyticReplay(const StepPlan& plan, const ClusterSpec& cluster)
     : plan_(plan),
       cluster_(cluster),
       index_(plan),
       timeline_(index_.world_size(), index_.num_ops(), 0),
-      engine_(index_, *this, all_ranks(index_.world_size())),
+      engine_(index_, *this, index_.all_ranks()),
       gpn_(physical_gpus_per_node(cluster, plan.mesh())) {
   const DeviceMesh& mesh = plan.mesh();
   const int nops = index_.num_ops();

@@ -70,6 +70,12 @@ PlanIndex::PlanIndex(const StepPlan& plan) : plan_(&plan) {
   }
 }
 
+std::vector<int> PlanIndex::all_ranks() const {
+  std::vector<int> ranks(static_cast<std::size_t>(world_));
+  for (int r = 0; r < world_; ++r) ranks[r] = r;
+  return ranks;
+}
+
 bool PlanIndex::contains(int op, int rank) const {
   const int* c = coords_.data() + static_cast<std::size_t>(rank) * nd_;
   for (const auto& [d, v] : info_[op].fixed)

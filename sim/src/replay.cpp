@@ -59,12 +59,6 @@ struct Instance {
   std::unique_ptr<CollectiveAlgorithm> algorithm;
 };
 
-std::vector<int> all_ranks(int world) {
-  std::vector<int> ranks(static_cast<std::size_t>(world));
-  for (int r = 0; r < world; ++r) ranks[r] = r;
-  return ranks;
-}
-
 // The engine's OpHandler on SimGrid: compute ops and collective algorithms started on the
 // Network, whose completion callbacks report back to the engine.
 class Replay final : public OpHandler, public CompletionSink {
@@ -77,7 +71,7 @@ class Replay final : public OpHandler, public CompletionSink {
         options_(options),
         network_(topology, hosts, options.step_fidelity, options.latency_in_links, *this),
         index_(plan),
-        engine_(index_, *this, all_ranks(index_.world_size())),
+        engine_(index_, *this, index_.all_ranks()),
         timeline_(index_.world_size(), index_.num_ops(), options.trace_max_ranks),
         patterns_(step_patterns(plan)) {
     traced_ = std::min(index_.world_size(), std::max(0, options.trace_max_ranks));
