@@ -29,9 +29,11 @@
 // or adamw). Update and result pieces are written where a live buffer has a slot of exactly their
 // index set, else into the gradient slot; they are read from the latest write (in plan order)
 // whose index set contains what is read. newton_schulz turns the update into the result in place.
-// A result that lands in a transient buffer released before apply_update reads it (replicated:
-// NS on every holder; owner_allgather: the all-gathered results) is also *kept*: the op that
-// produced it copies the rank's own piece into the gradient slot, as DTensor's local slice does.
+// A piece that lands in a transient buffer released before a later op reads it is also *kept*:
+// the op that produced it copies what is read into the gradient slot. So apply_update finds the
+// rank's own result where replicated NS or an all-gather left the whole matrix in a buffer (as
+// DTensor's local slice does), and a redistribution stage over a mesh dim of size 1, whose piece
+// equals the next stage's, does not leave the rank's result in a stage buffer.
 //
 // Element maps are runs between a sequence (a message, a compute op's operand, in packed order)
 // and a tensor: View = segments of runs (sequence offset, tensor offset, length), computed from the

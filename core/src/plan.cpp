@@ -263,10 +263,12 @@ std::vector<std::int64_t> bytes_sent(const StepPlan& plan, const Op& op, int ran
         if (i != me) out[i] = pieces_bytes(plan, op, member(i), op.gathered);
       break;
     case OpKind::all_reduce: {
-      // Logically a reduce-scatter of equal parts followed by an all-gather of them.
-      const auto total = pieces_bytes(plan, op, rank, op.gathered);
+      // Logically a reduce-scatter of equal parts followed by an all-gather of them; parts are
+      // whole elements (torch.chunk of the concatenated pieces).
+      const auto width = comm_bytes(plan);
+      const auto total = pieces_bytes(plan, op, rank, op.gathered) / width;
       for (int i = 0; i < n; ++i)
-        if (i != me) out[i] = chunk_share(total, n, i) + chunk_share(total, n, me);
+        if (i != me) out[i] = (chunk_share(total, n, i) + chunk_share(total, n, me)) * width;
       break;
     }
     case OpKind::send:
@@ -312,8 +314,9 @@ std::vector<std::int64_t> bytes_received(const StepPlan& plan, const Op& op, int
     case OpKind::all_reduce:
       for (int i = 0; i < n; ++i) {
         if (i == me) continue;
-        const auto total = pieces_bytes(plan, op, member(i), op.gathered);
-        in[i] = chunk_share(total, n, me) + chunk_share(total, n, i);
+        const auto width = comm_bytes(plan);
+        const auto total = pieces_bytes(plan, op, member(i), op.gathered) / width;
+        in[i] = (chunk_share(total, n, me) + chunk_share(total, n, i)) * width;
       }
       break;
     case OpKind::send:

@@ -4,9 +4,9 @@
 #include "core/program.hpp"
 
 #include <algorithm>
-#include <functional>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "core/errors.hpp"
 
@@ -239,7 +239,8 @@ std::string set_string(const ShardIndexSet& set) {
   return set.numel() == 0 ? "{}" : set.to_string();
 }
 
-using Keeps = std::set<std::pair<int, int>>;  // (plan op, param)
+// Pieces an op must also keep in the gradient slot: (plan op, param) -> (role, set).
+using Keeps = std::map<std::pair<int, int>, std::pair<PieceRole, ShardIndexSet>>;
 
 class Lowering {
  public:
@@ -324,7 +325,6 @@ class Lowering {
     return s;
   }
   int owner(int p) const { return plan_.assignment.owner.at(p); }
-  int comm_width() const { return bytes_of(plan_.settings.comm_dtype()); }
 
   // ---- tensors
   int add_tensor(std::string name, PieceRole role, DType dtype, int p, int buffer, bool transient) {
@@ -420,6 +420,7 @@ class Lowering {
       if (!op.ranks.contains(mesh_, rank_)) continue;
       op_ = &op;
       const Key key{op.params, op.tensor};
+      if (op.kind == OpKind::release) release_op_[op.buffer] = op.id;
       if (op.kind == OpKind::pack || op.kind == OpKind::unpack) {
         if (op.buffer < 0 || op.buffer >= static_cast<int>(plan_.buffers.size()))
           fail(
@@ -461,14 +462,23 @@ class Lowering {
                         [&](const Entry& e) { return e.role == role && contains(e.set, set); });
   }
 
-  // The storage a written piece goes to: a live buffer slot of exactly this set, newest first,
-  // else the gradient slot.
+  // The storage a written piece goes to: a live buffer slot of exactly this set, else the
+  // gradient slot. When several live buffers have one (a mesh dim of size 1 makes one stage's
+  // piece equal another's), the one released last: the piece is read again by later stages.
   std::pair<int, std::int64_t> designated(int p, const ShardIndexSet& set, bool slot_only) {
     if (!slot_only) {
-      for (auto it = live_order_.rbegin(); it != live_order_.rend(); ++it) {
-        for (const Slot& s : slots_[*it])
-          if (s.param == p && s.set == set) return {*it, s.offset};
+      int best = -1;
+      std::int64_t offset = 0;
+      for (int t : live_order_) {
+        for (const Slot& s : slots_[t]) {
+          if (s.param != p || !(s.set == set)) continue;
+          if (best < 0 || release_at(t) > release_at(best)) {
+            best = t;
+            offset = s.offset;
+          }
+        }
       }
+      if (best >= 0) return {best, offset};
     }
     const int slot = gradient_slot(p);
     grow(slot, set.numel());
@@ -482,14 +492,16 @@ class Lowering {
       if (!live_[it->tensor]) fail("internal: entry in a released tensor");
       return make_view(it->tensor, it->offset, runs_between(set, it->set), set.numel());
     }
-    if (probe_ && role == PieceRole::result && op_->kind == OpKind::apply_update) {
+    if (probe_) {
       for (auto lost = lost_[p].rbegin(); lost != lost_[p].rend(); ++lost) {
-        if (contains(lost->set, set)) {
-          keep_requests.insert({lost->producer, p});
+        if (lost->role == role && contains(lost->set, set)) {
+          // Keep what is read; when different parts are read, the whole piece.
+          auto [it, added] =
+              keep_requests.emplace(std::make_pair(lost->producer, p), std::make_pair(role, set));
+          if (!added && !(it->second.second == set)) it->second.second = lost->set;
           break;
         }
       }
-      return contiguous_view(gradient_slot(p), 0, set.numel());
     }
     if (!options_.allow_stale_reads)
       fail("reads the " + std::string(to_string(role)) + " of " + param_name(p) + " " +
@@ -583,7 +595,7 @@ class Lowering {
     for (std::size_t p = 0; p < entries_.size(); ++p) {
       auto& list = entries_[p];
       for (const Entry& e : list)
-        if (e.tensor == t && e.role == PieceRole::result) lost_[p].push_back(e);
+        if (e.tensor == t) lost_[p].push_back(e);
       list.erase(
           std::remove_if(list.begin(), list.end(), [&](const Entry& e) { return e.tensor == t; }),
           list.end());
@@ -1023,18 +1035,21 @@ class Lowering {
     if (copy.target.count > 0) rop.copies.push_back(std::move(copy));
   }
 
-  // ---- keeps: the op's results that apply_update reads after their buffer is gone
+  // ---- keeps: pieces the op leaves in a transient buffer that a later op reads after the
+  // buffer's release (apply_update reads the results replicated NS or an all-gather left in a
+  // buffer; a stage of a mesh dim of size 1 lands where the next stage would have put it).
   void apply_keeps(const Op& op, RankOp& rop) {
     for (int p : op.params) {
-      if (!keeps_.count({op.id, p})) continue;
-      const ShardIndexSet own = piece(p, rank_, DimSet{});
+      const auto keep = keeps_.find({op.id, p});
+      if (keep == keeps_.end()) continue;
+      const auto& [role, set] = keep->second;
       auto it = std::find_if(entries_[p].rbegin(), entries_[p].rend(), [&](const Entry& e) {
-        return e.role == PieceRole::result && e.producer == op.id && contains(e.set, own);
+        return e.role == role && e.producer == op.id && contains(e.set, set);
       });
-      if (it == entries_[p].rend()) continue;
+      if (it == entries_[p].rend() || !prog_.tensors[it->tensor].transient) continue;
       LocalCopy copy;
-      copy.source = make_view(it->tensor, it->offset, runs_between(own, it->set), own.numel());
-      copy.target = write(PieceRole::result, p, own, /*slot_only=*/true);
+      copy.source = make_view(it->tensor, it->offset, runs_between(set, it->set), set.numel());
+      copy.target = write(role, p, set, /*slot_only=*/true);
       if (copy.source.count > 0) rop.keep.push_back(std::move(copy));
     }
   }
@@ -1076,7 +1091,7 @@ class Lowering {
   RankProgram prog_;
   const Op* op_ = nullptr;
   std::vector<std::vector<Entry>> entries_;
-  std::vector<std::vector<Entry>> lost_;  // results in released buffers (probe pass)
+  std::vector<std::vector<Entry>> lost_;  // pieces that were in released buffers (for keeps)
   std::vector<int> gradient_slot_;
   std::vector<int> buffer_tensor_;
   std::vector<std::vector<Slot>> slots_;  // per tensor
@@ -1084,6 +1099,11 @@ class Lowering {
   std::vector<int> live_order_;           // live buffers, oldest first
   std::set<int> staging_buffer_;
   std::map<int, int> pack_target_, unpack_source_, send_staging_, recv_staging_;
+  std::map<int, int> release_op_;  // buffer -> the op that releases it on this rank
+  int release_at(int tensor) const {
+    const auto it = release_op_.find(prog_.tensors[tensor].buffer);
+    return it == release_op_.end() ? static_cast<int>(plan_.ops.size()) : it->second;
+  }
   std::map<std::tuple<int, std::uint32_t, int>, int> communicators_;
 };
 
