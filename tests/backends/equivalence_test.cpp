@@ -411,3 +411,21 @@ TEST_CASE("the check is sensitive to the seed and to the number of steps", "[equ
   same.run(kSteps);
   for (int r = 0; r < 2; ++r) CHECK_FALSE(cpu::first_mismatch(plan, same.store(r), reference));
 }
+
+TEST_CASE("QK-clip takes effect on the shards it clips", "[equivalence]") {
+  const Model model = *find_preset("tiny-dense");
+  const ShardedModel sharded =
+      parallelize(model, DeviceMesh({{"dp_shard", 2, DimRole::fsdp}, {"tp", 2, DimRole::tp}}, 4),
+                  ParallelRules{});
+  const StepPlan clipped = build_plan(sharded, StrategyOptions{}, settings_of(kVariants[0], model));
+  PlanSettings off = settings_of(kVariants[0], model);
+  off.optimizer.qk_clip.enabled = false;
+  const StepPlan unclipped = build_plan(sharded, StrategyOptions{}, off);
+  LoopbackExecutor executor(clipped, {.seed = kSeed});
+  executor.run(kSteps);
+  cpu::ReferenceRun without(unclipped, model, RoutingRules{}, kSeed);
+  without.run_to(kSteps);
+  const auto mismatch = cpu::first_mismatch(clipped, executor.store(0), without);
+  REQUIRE(mismatch.has_value());
+  CHECK_THAT(mismatch->tensor, Catch::Contains(".attn.q'") || Catch::Contains(".attn.k'"));
+}
