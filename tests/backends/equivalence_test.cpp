@@ -258,10 +258,16 @@ TEST_CASE("level-scheduled sync equals the reference over its whole hyper-period
       CHECK(!mismatch.has_value());
       if (mismatch) FAIL(mismatch->message);
     }
-    // Frozen steps ran no sync: step 1 is inactive for both levels.
-    for (const Op& op : plan.ops)
-      if (op.kind == OpKind::reduce_scatter || op.kind == OpKind::all_reduce)
-        CHECK(executor.ran(op.id) > 0);
+    // A sync op ran once per instance in the steps its period selects, never in frozen ones.
+    const PlanIndex index(plan);
+    for (const Op& op : plan.ops) {
+      if (op.kind != OpKind::reduce_scatter && op.kind != OpKind::all_reduce) continue;
+      int instances = 0, active = 0;
+      index.for_each_instance(op.id, [&](int) { ++instances; });
+      for (int k = 0; k <= plan.hyper_period(); ++k) active += k % op.period == 0 ? 1 : 0;
+      INFO("op " << op.id << " " << op.label);
+      CHECK(executor.ran(op.id) == static_cast<std::int64_t>(instances) * active);
+    }
   }
 }
 

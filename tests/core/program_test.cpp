@@ -190,6 +190,15 @@ TEST_CASE("staging buffers are allocated next to their all_to_all and delay noth
     }
   }
   CHECK(packs > 0);
+  // Views describe themselves by tensor name and element range, for error messages.
+  const RankProgram program0 = lower_rank_program(plan, 0);
+  const RankOp* momentum = nullptr;
+  for (const RankOp& op : program0.ops)
+    if (op.kind == OpKind::momentum) momentum = &op;
+  REQUIRE(momentum != nullptr);
+  CHECK_THAT(describe(program0, momentum->momentum.front().update),
+             Catch::StartsWith("gradient slot of '" +
+                               plan.model.params[momentum->momentum.front().param].name + "'[0:"));
   // The program's staging is exactly the plan's buffer on every rank.
   for (int r = 0; r < model.mesh.world_size(); ++r) {
     const RankProgram program = lower_rank_program(plan, r);
