@@ -135,6 +135,7 @@ void run_keep(const RankOp& op, RankStore& store) {
 
 std::vector<std::byte> encode(const float* values, std::int64_t count, DType wire) {
   std::vector<std::byte> bytes(static_cast<std::size_t>(count * bytes_of(wire)));
+  if (count == 0) return bytes;  // (memcpy with the null pointers of empty buffers is undefined)
   if (wire == DType::fp32) {
     std::memcpy(bytes.data(), values, bytes.size());
   } else if (wire == DType::bf16) {
@@ -153,6 +154,7 @@ void decode(const std::vector<std::byte>& bytes, DType wire, float* values, std:
     throw ExecutionError("a message of " + std::to_string(bytes.size()) + " bytes where " +
                          std::to_string(count) + " " + std::string(to_string(wire)) +
                          " elements were expected");
+  if (count == 0) return;
   if (wire == DType::fp32) {
     std::memcpy(values, bytes.data(), bytes.size());
   } else {
