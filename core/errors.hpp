@@ -46,4 +46,11 @@ class PlanError : public Error {
   using Error::Error;
 };
 
+// An executor could not run a plan's program (a read of a released buffer, a message of the wrong
+// size, an unsupported dtype): names the op, rank and tensor.
+class ExecutionError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace muonbed

@@ -37,6 +37,11 @@
 //                     both sides (recv is the same transfer seen from the receiver, for
 //                     readability); other members of the group do nothing.
 //   barrier           no data.
+//   pack / unpack     stage an all_to_all through the plan buffer they name (Op::buffer): pack
+//                     fills it in the send order of the next all_to_all of the same params and
+//                     tensor on the rank (one block per member, in group order); unpack places
+//                     what the previous one received there into the piece of the rank
+//                     (index_set(r, gathered), owned params only with owned_only).
 //
 // Which tensor a data op moves is explicit (Op::tensor): the gradient (reductions), Muon's update
 // (the momentum direction to orthogonalize, in the comm dtype) or the result (the orthogonalized
@@ -129,7 +134,7 @@ struct Op {
   bool owned_only = false;
   AllToAllDirection direction = AllToAllDirection::to_owners;
   TensorRole tensor = TensorRole::none;  // data ops; PlanBuilder fills default_tensor() when none
-  int buffer = -1;                       // alloc/release
+  int buffer = -1;                       // alloc/release; pack/unpack: their staging buffer
   int ns_steps = 0;                      // newton_schulz
   int period = 1;
   std::vector<int> deps;
@@ -192,8 +197,14 @@ struct MatrixWork {
 };
 std::vector<MatrixWork> ns_work(const StepPlan& plan, const Op& op, int rank);
 
-// Memory of a rank: static state (parameter, gradient and optimizer-state shards) and the peak of
-// transient buffers along plan order.
+// Memory of a rank, as core/program.hpp lays it out: static tensors and the peak of transient
+// buffers (comm dtype) along plan order. Static, per param the rank holds: its parameter shard (the
+// param's dtype); its gradient slot, which holds the gradient the step starts with (the input of
+// the first sync op: a reduce_scatter's unreduced index_set(r, group), as FSDP holds unsharded
+// gradients it has not reduced yet) and then Muon's update and result outside buffers, so it is the
+// largest of the shard, that gradient and the momentum piece, in the wider of the param and comm
+// dtypes; momentum where the momentum op computes (owner_allgather: the owner's full matrix);
+// AdamW's two moments where the adamw op computes (state dtype).
 struct RankMemory {
   std::int64_t static_bytes = 0;
   std::int64_t peak_transient_bytes = 0;

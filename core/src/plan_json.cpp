@@ -27,7 +27,9 @@ namespace {
 using nlohmann::json;
 
 constexpr std::string_view kFormatName = "muonbed-plan";
-constexpr int kFormatVersion = 2;  // 2: settings.optimizer, ops' tensor
+// 2: settings.optimizer, ops' tensor. 3: pack/unpack name their staging buffer, all_to_all
+// staging is allocated, owner_allgather's full-update buffers hold every matrix of a chunk.
+constexpr int kFormatVersion = 3;
 
 // ------------------------------------------------------------------------------------------------
 // Paths for error messages. A Path is a chain of stack objects (key or index) rendered only when

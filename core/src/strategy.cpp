@@ -276,8 +276,34 @@ class StagedRedistribute final : public RedistributePolicy {
   bool flat_;
 };
 
+// Alloc and release of an all_to_all staging buffer, emitted right next to their first and last
+// user, on its stream and with its deps: zero-time ops that delay nothing, so timing is unchanged
+// and rank_memory counts the staging.
+int emit_staging_alloc(PlanBuilder& b, int buffer, const RankBox& box, int stream,
+                       std::vector<int> deps) {
+  Op alloc;
+  alloc.kind = OpKind::alloc;
+  alloc.stream = stream;
+  alloc.ranks = box;
+  alloc.buffer = buffer;
+  alloc.deps = std::move(deps);
+  alloc.label = "alloc " + b.buffer_name(buffer);
+  return b.emit(std::move(alloc));
+}
+void emit_staging_release(PlanBuilder& b, int buffer, const RankBox& box, int stream, int after) {
+  Op release;
+  release.kind = OpKind::release;
+  release.stream = stream;
+  release.ranks = box;
+  release.buffer = buffer;
+  release.deps = {after};
+  release.label = "release " + b.buffer_name(buffer);
+  b.emit(std::move(release));
+}
+
 // Motif/dion: the shards of a chunk of matrices travel to their owners in one all-to-all over
-// the chunk's shard group (inside the owners' replica), packed into one send buffer.
+// the chunk's shard group (inside the owners' replica), packed into one send buffer; the owners
+// unpack the received pieces into their full updates. Both staging buffers are plan buffers.
 class AllToAllGather final : public GatherPolicy {
  public:
   std::string name() const override { return "all_to_all"; }
@@ -289,14 +315,21 @@ class AllToAllGather final : public GatherPolicy {
     const RankBox box = b.box_through(p0, b.owner(p0), layout.replicate_dims());
     const int compute = b.stream("compute");
     const std::vector<int> ps(params.begin(), params.end());
+    const std::string what = param_label(b, params);
+    const int send = b.add_buffer("all_to_all send " + what, ps, DimSet{}, false);
+    const int recv = b.add_buffer("all_to_all receive " + what, ps, layout.shard_dims(), true);
+    std::vector<int> pack_deps = deps;
+    pack_deps.push_back(emit_staging_alloc(b, send, box, compute, deps));
     Op pack;
     pack.kind = OpKind::pack;
     pack.stream = compute;
     pack.ranks = box;
     pack.params = ps;
-    pack.deps = deps;
-    pack.label = "pack " + param_label(b, params);
+    pack.buffer = send;
+    pack.deps = pack_deps;
+    pack.label = "pack " + what;
     const int pack_id = b.emit(std::move(pack));
+    const int alloc_recv = emit_staging_alloc(b, recv, box, stream, {pack_id});
     Op a2a;
     a2a.kind = OpKind::all_to_all;
     a2a.stream = stream;
@@ -304,9 +337,10 @@ class AllToAllGather final : public GatherPolicy {
     a2a.group = layout.shard_dims();
     a2a.direction = AllToAllDirection::to_owners;
     a2a.params = ps;
-    a2a.deps = {pack_id};
-    a2a.label = "all_to_all to owners: " + param_label(b, params);
+    a2a.deps = {pack_id, alloc_recv};
+    a2a.label = "all_to_all to owners: " + what;
     const int a2a_id = b.emit(std::move(a2a));
+    emit_staging_release(b, send, box, stream, a2a_id);
     Op unpack;
     unpack.kind = OpKind::unpack;
     unpack.stream = compute;
@@ -314,9 +348,12 @@ class AllToAllGather final : public GatherPolicy {
     unpack.params = ps;
     unpack.gathered = layout.shard_dims();
     unpack.owned_only = true;
+    unpack.buffer = recv;
     unpack.deps = {a2a_id};
-    unpack.label = "unpack " + param_label(b, params);
-    return {b.emit(std::move(unpack))};
+    unpack.label = "unpack " + what;
+    const int unpack_id = b.emit(std::move(unpack));
+    emit_staging_release(b, recv, box, compute, unpack_id);
+    return {unpack_id};
   }
 };
 
@@ -333,6 +370,10 @@ class AllToAllRedistribute final : public RedistributePolicy {
     if (!layout.shard_dims().empty()) {
       const RankBox box = b.box_through(p0, owner, layout.replicate_dims());
       const int compute = b.stream("compute");
+      const int send = b.add_buffer("all_to_all send results " + param_label(b, params), ps,
+                                    layout.shard_dims(), true);
+      std::vector<int> pack_deps = deps;
+      pack_deps.push_back(emit_staging_alloc(b, send, box, compute, deps));
       Op pack;
       pack.kind = OpKind::pack;
       pack.stream = compute;
@@ -340,7 +381,8 @@ class AllToAllRedistribute final : public RedistributePolicy {
       pack.params = ps;
       pack.gathered = layout.shard_dims();
       pack.owned_only = true;
-      pack.deps = deps;
+      pack.buffer = send;
+      pack.deps = pack_deps;
       pack.label = "pack results " + param_label(b, params);
       const int pack_id = b.emit(std::move(pack));
       Op a2a;
@@ -353,6 +395,7 @@ class AllToAllRedistribute final : public RedistributePolicy {
       a2a.deps = {pack_id};
       a2a.label = "all_to_all from owners: " + param_label(b, params);
       last = {b.emit(std::move(a2a))};
+      emit_staging_release(b, send, box, stream, last[0]);
     }
     if (!layout.replicate_dims().empty()) {
       Op op;
@@ -625,7 +668,11 @@ class Scheduler {
     InFlight f;
     f.unit = &u;
     f.buffer_box = result_box(u);
-    const bool owned_only = c_.ns != NsPlacement::every_holder;
+    // The buffer holds what the ranks of the box end up with: the full updates of the matrices
+    // they orthogonalize, or every matrix of the unit when every holder gets them all (replicated
+    // NS, or results all-gathered from their owners).
+    const bool owned_only =
+        c_.ns != NsPlacement::every_holder && c_.redistribute->name() != "all_gather_owned";
     f.buffer = b_.add_buffer("full updates " + param_label(b_, u.params), u.params,
                              DimSet::all(b_.mesh().ndims()), owned_only);
     // Each class of ranks inside the box waits for the release of its own unit `depth`+1 back.

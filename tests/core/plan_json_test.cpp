@@ -299,7 +299,7 @@ TEST_CASE("plan JSON uses names and compact ops", "[plan_json]") {
   const StepPlan plan = hand_made_plan();
   const json j = plan_to_json(plan);
   CHECK(j.at("format") == "muonbed-plan");
-  CHECK(j.at("version") == 2);
+  CHECK(j.at("version") == 3);
   CHECK(j.at("model").at("mesh").at("dims").at(1) ==
         json({{"name", "dp_shard"}, {"size", 2}, {"role", "fsdp"}}));
   CHECK(j.at("model").at("params").at(0).at("layout").at("placements") ==
