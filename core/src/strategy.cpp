@@ -263,7 +263,9 @@ class StagedRedistribute final : public RedistributePolicy {
         op.group = replicate;
         op.root = b.mesh().group_index(owner, replicate);
         op.params = {p};
-        op.deps = stage_deps;
+        op.deps = stage_deps;  // the owner's replica: after the scatters; the others: after
+        for (int d : deps)     // their own momentum (the input deps), whose update it overwrites
+          if (std::find(op.deps.begin(), op.deps.end(), d) == op.deps.end()) op.deps.push_back(d);
         op.label = "broadcast " + b.param(p).name;
         stage_deps = {b.emit(std::move(op))};
       }
@@ -405,7 +407,9 @@ class AllToAllRedistribute final : public RedistributePolicy {
       op.group = layout.replicate_dims();
       op.root = b.mesh().group_index(owner, layout.replicate_dims());
       op.params = ps;
-      op.deps = last;
+      op.deps = last;  // as in StagedRedistribute: receivers after their own momentum too
+      for (int d : deps)
+        if (std::find(op.deps.begin(), op.deps.end(), d) == op.deps.end()) op.deps.push_back(d);
       op.label = "broadcast " + param_label(b, params);
       last = {b.emit(std::move(op))};
     }
@@ -590,6 +594,7 @@ class Scheduler {
   // Runs the pipeline over `units` (grouped into lanes by lane_key, in first-seen order).
   // Returns the op ids after which every update of these units is in place.
   std::vector<int> run(const std::vector<Unit>& units, const std::vector<int>& start_deps) {
+    start_deps_ = start_deps;
     classify_ranks(units);
     std::vector<std::vector<int>> lanes_order;
     std::map<std::vector<int>, std::vector<const Unit*>> lanes;
@@ -723,8 +728,13 @@ class Scheduler {
     return {b_.emit(std::move(op))};
   }
 
+  // Redistribution also waits for what the step started after (the momentum op): a replica that
+  // receives the result by broadcast gathered nothing, so nothing else orders its momentum (which
+  // wrote the update where the result lands) before the broadcast writes there.
   std::vector<int> finish_unit(const InFlight& f, const std::vector<int>& ns_ids) {
-    auto done = c_.redistribute->emit(b_, f.unit->params, scatter_stream_, ns_ids);
+    std::vector<int> deps = ns_ids;
+    deps.insert(deps.end(), start_deps_.begin(), start_deps_.end());
+    auto done = c_.redistribute->emit(b_, f.unit->params, scatter_stream_, deps);
     Op release;
     release.kind = OpKind::release;
     release.stream = scatter_stream_;
@@ -802,6 +812,7 @@ class Scheduler {
     return classes_of_box_.at(it - boxes_.begin());
   }
 
+  std::vector<int> start_deps_;  // what run() started after (the momentum op)
   PlanBuilder& b_;
   const Composition& c_;
   int ns_steps_;
