@@ -22,6 +22,10 @@
 
 namespace muonbed {
 
+// The note deterministic backends (analytic, sim) add to their records: the experiment's steps,
+// repeats and seed are for measured backends.
+extern const char* const kDeterministicNote;
+
 // Settings of a run that are not part of the experiment.
 struct RunSettings {
   int trace_max_ranks = 64;  // ranks (lowest first) in the Chrome trace of backends that trace
