@@ -65,7 +65,11 @@ struct PackedPhase {
   std::vector<std::byte> sends;
   std::vector<float> own;
 };
-PackedPhase begin_phase_packed(const RankStore& store, const ExchangePhase& phase, DType wire);
+// `first_send_only`: encode phase.sends[0] alone (at its displacement), for transports that send
+// one buffer to every peer (a broadcast's root, an all-gather member) when all sends carry the
+// same elements.
+PackedPhase begin_phase_packed(const RankStore& store, const ExchangePhase& phase, DType wire,
+                               bool first_send_only = false);
 void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire,
                   const std::vector<float>& own,
                   const std::vector<std::span<const std::byte>>& received);

@@ -81,10 +81,14 @@ struct StepTimings {
   double bytes_sent = 0, bytes_received = 0;       // of the program's messages
   double intra_host_bytes = 0, network_bytes = 0;  // sent, split by the peer's host
   double messages = 0;
-  double engine_s = 0;    // main-thread time in the engine and bookkeeping
-  double handlers_s = 0;  // main-thread time packing / unpacking messages, alloc, release, keep
-  double mpi_s = 0;       // main-thread time inside MPI calls
-  double idle_s = 0;      // main-thread time waiting for something to complete
+  // The main thread's CPU time (not wall time: ranks sharing cores would inflate that) in the
+  // engine and its bookkeeping, in the handlers (packing / unpacking messages, alloc, release,
+  // keep copies) and inside MPI calls (posting and testing, which progresses them); and the wall
+  // time it slept waiting for something to complete.
+  double engine_s = 0;
+  double handlers_s = 0;
+  double mpi_s = 0;
+  double idle_s = 0;
 };
 
 class Executor {

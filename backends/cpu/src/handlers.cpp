@@ -194,14 +194,19 @@ PhaseMessages begin_phase(const RankStore& store, const ExchangePhase& phase, DT
   return out;
 }
 
-PackedPhase begin_phase_packed(const RankStore& store, const ExchangePhase& phase, DType wire) {
+PackedPhase begin_phase_packed(const RankStore& store, const ExchangePhase& phase, DType wire,
+                               bool first_send_only) {
   PackedPhase out;
   const std::int64_t width = bytes_of(wire);
+  const std::size_t sends = first_send_only ? std::min<std::size_t>(1, phase.sends.size())
+                                            : phase.sends.size();
   std::int64_t total = 0;
-  for (const Transfer& t : phase.sends) total = std::max(total, t.displacement + t.count);
+  for (std::size_t i = 0; i < sends; ++i)
+    total = std::max(total, phase.sends[i].displacement + phase.sends[i].count);
   out.sends.resize(static_cast<std::size_t>(total * width));
   std::vector<float> values;
-  for (const Transfer& t : phase.sends) {
+  for (std::size_t i = 0; i < sends; ++i) {
+    const Transfer& t = phase.sends[i];
     values.resize(static_cast<std::size_t>(t.count));
     store.read(t.data, values.data());
     encode_into(values.data(), t.count, wire, out.sends.data() + t.displacement * width);
