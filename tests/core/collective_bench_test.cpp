@@ -1,6 +1,7 @@
 // The collective benchmark harness (core/collective_bench.hpp) on the analytic backend: size
 // ranges, the synthetic plans' buffer sizes (nccl-tests' S) for every op, the row's bus factor
-// and count column, nccl-tests' line format, JSON rows.
+// and count column, nccl-tests' line format, JSON rows, and the shipped profiles' published
+// figures (each profile's `measurements`) within 10%.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -139,3 +140,32 @@ TEST_CASE("bench rows print in nccl-tests' columns and as JSON", "[core][bench]"
   CHECK(j["wrong"] == 0);
 }
 
+TEST_CASE("the analytic model meets the shipped profiles' published figures within 10%",
+          "[core][bench][calibration]") {
+  for (const char* name : {"dgx-h100", "dgx-h200"}) {
+    const ClusterSpec c = profile(name);
+    REQUIRE_FALSE(c.measurements.empty());
+    for (const MeasuredCollective& m : c.measurements) {
+      const CollectiveBenchSpec spec = spec_of(m.op, m.gpus, c.gpus_per_node);
+      double busbw = 0;
+      if (m.algorithm.empty()) {
+        busbw = run_collective_bench(spec, bench_experiment(c, spec.mesh), m.size_bytes, "analytic")
+                    .busbw_GBps;
+      } else {  // a forced all-reduce algorithm
+        REQUIRE(m.op == "all_reduce");
+        std::vector<int> members(m.gpus);
+        for (int i = 0; i < m.gpus; ++i) members[i] = i;
+        const LinkParams link = link_for_group(c, spec.mesh, members, OpKind::all_reduce);
+        const AllReduceAlgorithm a = m.algorithm == "ring"   ? AllReduceAlgorithm::ring
+                                     : m.algorithm == "nvls" ? AllReduceAlgorithm::nvls
+                                                             : AllReduceAlgorithm::nvls_tree;
+        const double S = static_cast<double>(m.size_bytes);
+        busbw =
+            S / all_reduce_time(a, m.gpus, S, link) / 1e9 * bus_factor(OpKind::all_reduce, m.gpus);
+      }
+      INFO(name << ": " << m.op << " on " << m.gpus << " GPUs, " << m.size_bytes << " B ("
+                << m.source << "): predicted " << busbw << " GB/s, published " << m.busbw_GBps);
+      CHECK(busbw == Approx(m.busbw_GBps).epsilon(0.10));
+    }
+  }
+}

@@ -54,8 +54,17 @@ TEST_CASE("shipped cluster presets load with their documented numbers", "[experi
   CHECK(h100.intra.kind == IntraNodeKind::nvswitch);
   CHECK(h100.intra.bandwidth_GBps == 450);
   CHECK(h100.nic.count_per_node == 8);
-  CHECK(h100.nic.bandwidth_GBps == 48);
+  CHECK(h100.nic.bandwidth_GBps == 50);  // the line rate; efficiency.network says what NCCL gets
   CHECK(h100.nic.rail_optimized);
+  CHECK(h100.intra.nvls);
+  CHECK(h100.efficiency.intra_node.ring == Approx(0.81));     // 365 of 450 GB/s
+  CHECK(h100.efficiency.network.all_to_all == Approx(0.94));  // 47 of 50 GB/s
+  CHECK(h100.launch_overhead.collective_us == 8);
+  CHECK(h100.gpu.ns_kernel == "v2");
+  CHECK(h100.gpu.ns_versions() == std::vector<std::string>{"pytorch", "v1", "v2"});
+  // The measured v2 time of 4096x4096 (kernels/BENCHMARKS.md).
+  CHECK(h100.gpu.ns_call_seconds(4096, 4096, 1, 5, "v2") == Approx(2.749e-3));
+  CHECK(h100.measurements.size() >= 6);
   CHECK(h100.network.topology == TopologyKind::fat_tree);
   CHECK(h100.gpu.efficiency(8192) == Approx(0.80));
   // The large-GEMM end matches the 788-798 TFLOP/s measured (FACTS.md).
@@ -66,6 +75,8 @@ TEST_CASE("shipped cluster presets load with their documented numbers", "[experi
   const ClusterSpec h200 = load_cluster_file(cluster_path("dgx-h200"));
   CHECK(h200.gpu.hbm_GBps == 4300);
   CHECK(h200.gpu.memory_GiB > 139);
+  CHECK(h200.gpu.ns_table.size() == h100.gpu.ns_table.size());  // assumed equal (see the file)
+  CHECK(h200.efficiency.intra_node.nvls == h100.efficiency.intra_node.nvls);
 
   const ClusterSpec a100 = load_cluster_file(cluster_path("a100-pcie-4x"));
   CHECK(a100.gpus_per_node == 4);
