@@ -313,7 +313,7 @@ struct InstanceTraffic {
 
 InstanceTraffic closed_form_traffic(const StepPlan& plan, const Op& op,
                                     const std::vector<int>& members, int gpn,
-                                    std::vector<double>& sent) {
+                                    AllReduceAlgorithm algorithm, std::vector<double>& sent) {
   const int n = static_cast<int>(members.size());
   InstanceTraffic t;
   if (n < 2 || op.kind == OpKind::barrier) return t;
@@ -327,6 +327,17 @@ InstanceTraffic closed_form_traffic(const StepPlan& plan, const Op& op,
     t.network += total * net_fraction;
     t.intra += total * (1 - net_fraction);
   };
+  if (op.kind == OpKind::all_reduce && algorithm != AllReduceAlgorithm::ring) {
+    // NVLS: each GPU moves S (g+1)/g over NVLink; NVLS tree adds 2(N-1)/N S/g over its NIC.
+    const double s = static_cast<double>(collective_bytes(plan, op, members[0]));
+    const double g = static_cast<double>(n) / nodes;
+    const double intra = s * (g + 1) / g;
+    const double net = nodes > 1 ? 2.0 * (nodes - 1) / nodes * s / g : 0.0;
+    t.intra += n * intra;
+    t.network += n * net;
+    for (int i = 0; i < n; ++i) sent[members[i]] += intra + net;
+    return t;
+  }
   switch (op.kind) {
     case OpKind::all_gather:
     case OpKind::reduce_scatter:
@@ -420,16 +431,22 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster) {
       index.for_each_instance(op.id, [&](int leader) {
         const std::vector<int> group = index.members(op.id, leader);
         const std::vector<int> members = index.participants(op.id, leader);
-        const LinkParams link = link_for_group(cluster, mesh, members, op.kind);
-        const double bytes = static_cast<double>(collective_bytes(plan, op, leader));
-        const double time = collective_time(op.kind, static_cast<int>(members.size()), bytes, link);
+        const int sizer = members.size() == 2 && index.is_pair(op.id) ? members.front() : leader;
+        const double bytes = static_cast<double>(collective_bytes(plan, op, sizer));
+        const double time = instance_time(plan, cluster, op, members, leader);
         c.group_size = static_cast<int>(members.size());
         ++c.instances;
         c.bytes_sum += bytes;
         c.time_sum += time;
         c.time_max = std::max(c.time_max, time);
         if (members.front() / gpn != members.back() / gpn) c.crosses_nodes = true;
-        const InstanceTraffic t = closed_form_traffic(plan, op, group, gpn, m.bytes_sent);
+        const AllReduceAlgorithm algorithm =
+            op.kind == OpKind::all_reduce
+                ? all_reduce_algorithm(static_cast<int>(members.size()), bytes,
+                                       link_for_group(cluster, mesh, members, op.kind))
+                : AllReduceAlgorithm::ring;
+        const InstanceTraffic t =
+            closed_form_traffic(plan, op, group, gpn, algorithm, m.bytes_sent);
         m.intra_node_bytes += t.intra;
         m.network_bytes += t.network;
       });
@@ -444,8 +461,10 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster) {
   record.traffic.model = "closed_form";
   fill_record(record, plan, cluster, steps, collectives);
   record.notes.push_back(
-      "analytic: alpha-beta closed forms per collective instance (core/cost_model.hpp); "
-      "instances are costed alone, so contention between concurrent collectives is not modelled");
+      "analytic: alpha-beta closed forms per collective instance (core/cost_model.hpp): link "
+      "efficiencies per collective class, per-call launch overhead, NVLS all-reduce where the "
+      "cluster has it; instances are costed alone, so contention between concurrent collectives "
+      "is not modelled");
   return record;
 }
 
