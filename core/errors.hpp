@@ -51,4 +51,11 @@ class PlanError : public Error {
 // `writing`: the path was to be written (created, renamed), not read.
 std::string path_error_fix(int error_number, bool writing = false);
 
+// An executor could not run a plan's program (a read of a released buffer, a message of the wrong
+// size, an unsupported dtype): names the op, rank and tensor.
+class ExecutionError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace muonbed

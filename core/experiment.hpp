@@ -8,10 +8,14 @@
 //   mesh: {dims: [{name: dp_shard, size: 8}], gpus_per_node: 8}   # gpus_per_node from cluster
 //   model: {preset: llama-7b}         # or {dense: {...}}, {moe: {...}}, {params: [...]}
 //   parallel: {fsdp_tensor_dim: 0, tp_dim_per_param: {layers.0.attn.o: 1}}
-//   optimizer: {lr: 0.02, momentum: 0.95, nesterov: true, ns_steps: 5, coefficients: keller}
+//   optimizer: {lr: 0.02, momentum: 0.95, nesterov: true, ns_steps: 5, ns_coefficients: keller,
+//               adamw: {lr: 3e-4, betas: [0.9, 0.95]}}   # core/optimizer.hpp: torch.optim.Muon
+//               names
 //   strategy: {name: owner, assign: flop_balanced, prefetch_count: 1}
 //   backend: sim                      # sim | analytic | mpi | nccl, or a list
-//   steps: 1
+//   steps: 2                          # measured backends: untimed warm-up steps (default 2)
+//   repeats: 10                       # measured backends: timed steps after them (default 10)
+//   seed: 1                           # measured backends: seed of the step data (default 1)
 //   sweep: {strategy.name: [sequential, owner, all_to_all]}
 //   output: results/quickstart
 #pragma once
@@ -25,26 +29,11 @@
 
 #include "core/cluster.hpp"
 #include "core/model.hpp"
+#include "core/optimizer.hpp"
 #include "core/parallelize.hpp"
 #include "core/strategy.hpp"
 
 namespace muonbed {
-
-struct OptimizerConfig {
-  double lr = 0.02;
-  double momentum = 0.95;
-  bool nesterov = true;
-  std::string momentum_form =
-      "ema";  // "ema": buf = beta*buf + g; "lerp": buf = lerp(buf, g, 1-beta)
-  double weight_decay = 0.0;
-  int ns_steps = 5;
-  std::string coefficients = "keller";                     // keller | polar_express | custom
-  std::vector<std::array<double, 3>> custom_coefficients;  // per step (a, b, c) when custom
-  std::string update_scale = "original";                   // original | match_rms_adamw
-  double ns_epsilon = 1e-7;
-  double adamw_lr = 3e-4, adamw_beta1 = 0.9, adamw_beta2 = 0.95, adamw_eps = 1e-8;
-  DType comm_dtype = DType::bf16;
-};
 
 struct Experiment {
   std::string name;
@@ -55,12 +44,16 @@ struct Experiment {
   DeviceMesh mesh;
   Model model;
   ParallelRules parallel;
-  OptimizerConfig optimizer;
+  OptimizerConfig optimizer;  // core/optimizer.hpp; routing rules live in parallel.routing
   StrategyOptions strategy;
   std::vector<std::string> backends;  // sim, analytic, mpi, nccl
   std::string sim_fidelity = "auto";  // step | flow | auto (sim backend: step up to 256 ranks)
-  int steps = 1;
-  int repeats = 1;
+  // Real executors (mpi, nccl) run `steps` untimed warm-up steps, then `repeats` timed steps,
+  // on data generated from `seed` (backends/cpu/data.hpp). The analytic model and the simulator
+  // are deterministic: they ignore all three (their records say so in their notes).
+  int steps = 2;
+  int repeats = 10;
+  std::uint64_t seed = 1;
   std::string output_dir;
   std::string resolved_yaml;  // the complete resolved configuration of this point, as YAML
   // The sharded model, built once when the file is parsed and shared by the points of a sweep

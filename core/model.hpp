@@ -58,6 +58,7 @@ struct Model {
   std::string name;
   int num_layers = 0;  // transformer blocks; PP splits these
   std::vector<Parameter> params;
+  std::int64_t head_dim = 0;  // rows per attention head of attn_q / attn_k; 0 when unknown
   std::int64_t numel() const;
 };
 

@@ -37,6 +37,18 @@
 //                     both sides (recv is the same transfer seen from the receiver, for
 //                     readability); other members of the group do nothing.
 //   barrier           no data.
+//   pack / unpack     stage an all_to_all through the plan buffer they name (Op::buffer): pack
+//                     fills it in the send order of the next all_to_all of the same params and
+//                     tensor on the rank (one block per member, in group order); unpack places
+//                     what the previous one received there into the piece of the rank
+//                     (index_set(r, gathered), owned params only with owned_only).
+//
+// Which tensor a data op moves is explicit (Op::tensor): the gradient (reductions), Muon's update
+// (the momentum direction to orthogonalize, in the comm dtype) or the result (the orthogonalized
+// update, in the comm dtype). Compute ops read and write fixed roles: momentum turns the gradient
+// into the update, newton_schulz the update into the result, apply_update applies the result;
+// pack and unpack stage the role in Op::tensor. core/program.hpp lowers a plan to per-rank
+// programs with concrete buffers, per-peer counts and element maps.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +57,7 @@
 #include <vector>
 
 #include "core/assignment.hpp"
+#include "core/optimizer.hpp"
 #include "core/parallelize.hpp"
 
 namespace muonbed {
@@ -76,6 +89,11 @@ bool is_compute(OpKind kind);
 bool is_memory(OpKind kind);
 
 enum class AllToAllDirection { to_owners, from_owners };
+
+// The tensor a collective, pack or unpack op moves (see the header comment).
+enum class TensorRole { none, gradient, update, result };
+std::string_view to_string(TensorRole role);
+TensorRole tensor_role_from_string(std::string_view text);
 
 // A set of ranks: per mesh dim either one fixed coordinate or every coordinate (kAll).
 struct RankBox {
@@ -115,18 +133,25 @@ struct Op {
   // on the params it owns (newton_schulz without it: every rank of the box computes every param)
   bool owned_only = false;
   AllToAllDirection direction = AllToAllDirection::to_owners;
-  int buffer = -1;   // alloc/release
-  int ns_steps = 0;  // newton_schulz
+  TensorRole tensor = TensorRole::none;  // data ops; PlanBuilder fills default_tensor() when none
+  int buffer = -1;                       // alloc/release; pack/unpack: their staging buffer
+  int ns_steps = 0;                      // newton_schulz
   int period = 1;
   std::vector<int> deps;
   std::string label;  // human-readable, for tables and traces
 };
 
+// The role a data op moves when the plan does not say: gather, all_to_all to owners, all_gather
+// of pieces, pack and unpack move the update; scatter, broadcast, all_to_all from owners,
+// all_gather of owned results and pack of owned results move the result; reductions move the
+// gradient; send, recv and barrier none (send/recv must name theirs).
+TensorRole default_tensor(const Op& op);
+
 struct PlanSettings {
-  int ns_steps = 5;
-  DType comm_dtype = DType::bf16;   // dtype of updates moved between ranks
+  OptimizerConfig optimizer;        // what every executor and the reference compute
   DType state_dtype = DType::fp32;  // momentum and Adam moments
-  bool nesterov = true;
+  int ns_steps() const { return optimizer.muon.ns_steps; }
+  DType comm_dtype() const { return optimizer.comm_dtype; }  // of updates moved between ranks
 };
 
 struct StepPlan {
@@ -164,16 +189,26 @@ std::int64_t buffer_bytes(const StepPlan& plan, const Buffer& buffer, int rank);
 double op_flops(const StepPlan& plan, const Op& op, int rank);
 double op_memory_bytes(const StepPlan& plan, const Op& op, int rank);
 
-// The NS work of a newton_schulz op on `rank`, one entry per matrix (stack): its FLOPs and its
-// smaller dimension, so cost models can apply size-dependent GEMM efficiency.
+// The NS work of a newton_schulz op on `rank`, one entry per matrix (stack): its FLOPs, its
+// smaller dimension (for size-dependent GEMM efficiency) and its shape (for measured NS tables;
+// a stack of `batch` matrices is one call).
 struct MatrixWork {
   double flops = 0;
   double min_dim = 0;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  std::int64_t batch = 1;
 };
 std::vector<MatrixWork> ns_work(const StepPlan& plan, const Op& op, int rank);
 
-// Memory of a rank: static state (parameter, gradient and optimizer-state shards) and the peak of
-// transient buffers along plan order.
+// Memory of a rank, as core/program.hpp lays it out: static tensors and the peak of transient
+// buffers (comm dtype) along plan order. Static, per param the rank holds: its parameter shard (the
+// param's dtype); its gradient slot, which holds the gradient the step starts with (the input of
+// the first sync op: a reduce_scatter's unreduced index_set(r, group), as FSDP holds unsharded
+// gradients it has not reduced yet) and then Muon's update and result outside buffers, so it is the
+// largest of the shard, that gradient and the momentum piece, in the wider of the param and comm
+// dtypes; momentum where the momentum op computes (owner_allgather: the owner's full matrix);
+// AdamW's two moments where the adamw op computes (state dtype).
 struct RankMemory {
   std::int64_t static_bytes = 0;
   std::int64_t peak_transient_bytes = 0;
@@ -195,7 +230,7 @@ RankSummary summarize_rank(const StepPlan& plan, int rank);
 // Checks the structural invariants and throws PlanError naming the op and the rule broken:
 // ids are positions, deps point backwards, streams/buffers/params/roots in range, boxes fit the
 // mesh, group dims are free dims of the box, every alloc has a release, collectives' params are
-// held by every member.
+// held by every member, data ops move a role that fits their kind.
 void validate_plan(const StepPlan& plan);
 
 }  // namespace muonbed

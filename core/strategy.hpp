@@ -84,6 +84,7 @@ class PlanBuilder {
 
   int stream(const std::string& name);  // index of the named stream, added on first use
   int add_buffer(std::string name, std::vector<int> params, DimSet gathered, bool owned_only);
+  const std::string& buffer_name(int buffer) const { return plan_.buffers.at(buffer).name; }
   // Appends op (its id is set here) and returns the id. Deps must be earlier ops.
   int emit(Op op);
 

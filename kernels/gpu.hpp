@@ -145,7 +145,7 @@ void momentum_update_cuda(CudaContext& ctx, const MomentumParams& params, const 
                           float* buf, float* update, std::int64_t n);
 void apply_update_cuda(CudaContext& ctx, const ApplyParams& params, float* param,
                        const float* update, std::int64_t n);
-void adamw_update_cuda(CudaContext& ctx, const AdamWParams& params, std::int64_t step, float* param,
+void adamw_update_cuda(CudaContext& ctx, const AdamWConfig& params, std::int64_t step, float* param,
                        const float* grad, float* m, float* v, std::int64_t n);
 // out[i] = float(scale * counter_uniform(seed, stream, first_index + i)): the CPU's fill_uniform.
 void fill_uniform_cuda(CudaContext& ctx, float* out, std::int64_t n, std::uint64_t seed,

@@ -18,6 +18,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/optimizer.hpp"
+
 namespace muonbed {
 
 // A stack of `batch` row-major rows x cols matrices, stored one after another.
@@ -36,10 +38,6 @@ struct MatrixShape {
 // FLOPs of one NS run: batch * steps * (4 m^2 n + 2 m^3), m = small dim, n = large dim
 // (X X^T: 2m^2n, A A: 2m^3, B X: 2m^2n; the additions are not counted).
 double ns_flops(const MatrixShape& shape, int steps);
-
-struct NsStepCoefficients {
-  double a = 0.0, b = 0.0, c = 0.0;
-};
 
 // The iteration to run: one (a, b, c) per step, plus the normalization.
 struct NsConfig {
@@ -66,6 +64,8 @@ struct NsConfig {
 // Throws Error listing the valid names.
 NsConfig make_ns_config(std::string_view set, int num_steps,
                         const std::vector<NsStepCoefficients>& custom_steps = {});
+// The iteration a MuonConfig asks for (its coefficient set, ns_steps and eps).
+NsConfig make_ns_config(const MuonConfig& muon);
 // Throws Error when the config cannot run (no steps, non-finite coefficients, eps < 0, ...).
 void validate(const NsConfig& config);
 

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/optimizer.hpp"
 #include "kernels/host_device.hpp"
 
 namespace muonbed {
@@ -25,15 +26,7 @@ MUONBED_HD inline T torch_lerp(T start, T end, T weight) {
                                                : end - diff * (T(1) - weight);
 }
 
-enum class MomentumForm {
-  classic,  // buf = beta * buf + g;          Nesterov update: g + beta * buf
-  lerp,     // buf = lerp(buf, g, 1 - beta);  Nesterov update: lerp(g, buf, beta)
-            // (the code of torch.optim.Muon, whose docs' pseudo-code shows the classic form,
-            // and of Keller Jordan's Muon: an EMA, 1 - beta times smaller)
-};
-std::string_view to_string(MomentumForm form);
-MomentumForm momentum_form_from_string(std::string_view text);  // throws Error listing names
-
+// The momentum part of MuonConfig, as the kernels take it (momentum_params builds it).
 struct MomentumParams {
   double beta = 0.95;
   bool nesterov = true;
@@ -46,14 +39,8 @@ template <typename T>
 void momentum_update(const MomentumParams& params, const T* grad, T* buf, T* update,
                      std::int64_t n);
 
-// Muon's per-matrix learning-rate multiplier (torch.optim.Muon's adjust_lr_fn).
-enum class LrScaleRule {
-  none,             // 1
-  original,         // sqrt(max(1, rows / cols))          (Keller Jordan's Muon)
-  match_rms_adamw,  // 0.2 * sqrt(max(rows, cols))        (Moonlight: update RMS like AdamW's)
-};
-std::string_view to_string(LrScaleRule rule);
-LrScaleRule lr_scale_rule_from_string(std::string_view text);  // throws Error listing names
+MomentumParams momentum_params(const MuonConfig& muon);
+
 double lr_scale(LrScaleRule rule, std::int64_t rows, std::int64_t cols);
 
 // param = param * (1 - lr * weight_decay) - adjusted_lr * update   (decoupled weight decay, as
@@ -63,28 +50,24 @@ struct ApplyParams {
   double adjusted_lr = 0.0;  // lr * lr_scale(...)
   double weight_decay = 0.0;
 };
+// The scalars of one [rows, cols] matrix (rows and cols of each matrix of a stack).
+ApplyParams apply_params(const MuonConfig& muon, std::int64_t rows, std::int64_t cols);
 template <typename T>
 void apply_update(const ApplyParams& params, T* param, const T* update, std::int64_t n);
 
-// torch.optim.AdamW (single-tensor, non-amsgrad), step counted from 1:
+// torch.optim.AdamW (single-tensor, non-amsgrad), step counted from 1, with core/optimizer.hpp's
+// AdamWConfig:
 //   p *= 1 - lr * wd;  m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g * g
 //   p -= (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-struct AdamWParams {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.01;
-};
 // The scalars of step t, computed once in fp64 so CPU and GPU use identical values.
 struct AdamWStepScalars {
   double decay = 1.0;       // 1 - lr * wd
   double step_size = 0.0;   // lr / (1 - beta1^t)
   double bias2_sqrt = 1.0;  // sqrt(1 - beta2^t)
 };
-AdamWStepScalars adamw_step_scalars(const AdamWParams& params, std::int64_t step);
+AdamWStepScalars adamw_step_scalars(const AdamWConfig& params, std::int64_t step);
 template <typename T>
-void adamw_update(const AdamWParams& params, std::int64_t step, T* param, const T* grad, T* m, T* v,
+void adamw_update(const AdamWConfig& params, std::int64_t step, T* param, const T* grad, T* m, T* v,
                   std::int64_t n);
 
 // QK-clip (MuonClip, Kimi K2): when head h's largest attention logit S_h exceeds tau, its query

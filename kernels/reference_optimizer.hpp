@@ -14,6 +14,7 @@
 
 #include "core/layout.hpp"
 #include "core/model.hpp"
+#include "core/optimizer.hpp"
 #include "kernels/newton_schulz.hpp"
 #include "kernels/optimizer_math.hpp"
 
@@ -22,28 +23,13 @@ namespace muonbed {
 template <typename T>
 using ModelTensors = std::vector<std::vector<T>>;
 
-// Defaults are torch.optim.Muon's (lr 1e-3, weight decay 0.1, momentum 0.95 lerp form with
-// Nesterov, Keller Jordan's coefficients x5, eps 1e-7, adjust_lr_fn "original").
-struct MuonParams {
-  double lr = 1e-3;
-  double weight_decay = 0.1;
-  MomentumParams momentum;
-  LrScaleRule lr_scale = LrScaleRule::original;
-  NsConfig ns = NsConfig::keller_jordan();
-  NsPrecision precision = NsPrecision::fp64;  // precision of the Newton-Schulz iteration
-};
-
-struct QkClipParams {
-  bool enabled = false;
-  double tau = 100.0;
-  std::int64_t head_dim = 0;  // rows per head of attn_q / attn_k; the Model does not record it
-};
-
-struct OptimizerConfig {
-  MuonParams muon;
-  AdamWParams adamw;  // torch.optim.AdamW's defaults
-  QkClipParams qk_clip;
-  RoutingRules routing;
+// How the reference computes, beyond the optimizer configuration itself.
+struct ReferenceOptions {
+  NsPrecision ns_precision = NsPrecision::fp64;  // precision of the Newton-Schulz iteration
+  // Round the Muon update to the config's comm_dtype before Newton-Schulz and its result after,
+  // as a distributed step does when it moves updates in that dtype: then a distributed step that
+  // only moves data agrees with the reference bit for bit.
+  bool round_to_comm_dtype = false;
 };
 
 // The largest attention logit each query head produced in the step's forward pass:
@@ -56,7 +42,8 @@ template <typename T>
 class ReferenceOptimizer {
  public:
   // Throws Error for an invalid config (bad NS config, QK-clip without head_dim, ...).
-  ReferenceOptimizer(Model model, OptimizerConfig config);
+  ReferenceOptimizer(Model model, OptimizerConfig config, RoutingRules routing = {},
+                     ReferenceOptions options = {});
 
   // One step: params[i] -= update(grads[i]) for every parameter, state advanced. Sizes must
   // match the model (throws Error). `logits` is required when QK-clip is enabled.
@@ -65,6 +52,7 @@ class ReferenceOptimizer {
 
   const Model& model() const { return model_; }
   const OptimizerConfig& config() const { return config_; }
+  const ReferenceOptions& options() const { return options_; }
   std::int64_t steps_taken() const { return steps_; }
   OptimizerKind kind(std::size_t param) const { return kinds_.at(param); }
   // State; empty vectors for parameters of the other group.
@@ -75,6 +63,9 @@ class ReferenceOptimizer {
  private:
   Model model_;
   OptimizerConfig config_;
+  RoutingRules routing_;
+  ReferenceOptions options_;
+  NsConfig ns_;
   std::vector<OptimizerKind> kinds_;
   ModelTensors<T> momentum_, adam_m_, adam_v_;
   std::int64_t steps_ = 0;

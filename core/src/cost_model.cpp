@@ -1,23 +1,23 @@
 // Analytic step-time model: nccl-tests bus factors, the link a collective instance sees on a
 // modelled cluster, alpha-beta closed forms per collective, compute at the GPU's sustained rate
-// (or HBM bandwidth for memory-bound ops), and an event-driven replay of a plan that yields each
-// rank's finish time and its busy, exposed-communication and idle time. The replay iterates
-// boxes and groups arithmetically and keeps only bounded per-rank state, so a 16,384-rank plan
-// with thousands of ops replays in seconds (see "The replay" below for the rules).
+// (or HBM bandwidth for memory-bound ops), and a replay of a plan on core/engine.hpp's execution
+// engine with these durations on a virtual clock, which yields each rank's finish time and its
+// busy, exposed-communication and idle time (see "The replay" below).
 #include "core/cost_model.hpp"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
-#include <map>
-#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/engine.hpp"
 #include "core/errors.hpp"
+#include "core/results.hpp"
+#include "core/timeline.hpp"
 
 namespace muonbed {
 
@@ -25,24 +25,6 @@ namespace {
 
 constexpr double kGB = 1e9;
 constexpr double kMicro = 1e-6;
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// How a collective's traffic crosses node boundaries (see link_from_profile).
-enum class TrafficPattern { ring, rooted, all_to_all };
-
-TrafficPattern pattern_of(OpKind kind) {
-  switch (kind) {
-    case OpKind::gather:
-    case OpKind::scatter:
-    case OpKind::send:
-    case OpKind::recv:
-      return TrafficPattern::rooted;
-    case OpKind::all_to_all:
-      return TrafficPattern::all_to_all;
-    default:
-      return TrafficPattern::ring;  // all_gather, reduce_scatter, all_reduce, broadcast
-  }
-}
 
 // Where a group's members sit: enough to pick its links. Built from members in ascending rank
 // order (nodes then come in nondecreasing order, so per-node counts are runs).
@@ -109,69 +91,117 @@ int nodes_per_leaf(const ClusterSpec& cluster) {
   return cluster.network.topology == TopologyKind::fat_tree ? cluster.network.nodes_per_leaf : 0;
 }
 
+constexpr double kUnbounded = std::numeric_limits<double>::infinity();
+
+// Per-rank bandwidth when a fraction `cross` of a member's traffic goes to other nodes (at
+// `network` per rank) and the rest stays on the node (at `intra`), both at once.
+double overlapped_bandwidth(double cross, double intra, double network) {
+  if (!(cross > 0)) return intra;
+  if (!(cross < 1)) return network;
+  return std::min(network / cross, intra / (1 - cross));
+}
+
 // The link rules.
 //
 // Inside one node: NVSwitch gives every GPU its per-GPU bandwidth and latency. PCIe gives each
 // GPU its link bandwidth, but when pcie_switch_GBps is set the group's members on the node share
-// that host bridge: per rank min(link, switch / members on the node).
+// that host bridge: per rank min(link, switch / members on the node). Every link class runs at
+// its efficiency for the kind's collective class (cluster.efficiency).
 //
-// Across nodes: latency = NIC latency + switch hops x switch latency (single switch: 1 hop; fat
-// tree: 1 hop under one leaf, else 2*levels-1 hops, the worst path up to the top level and
-// down). Bandwidth per rank = min(intra-node bandwidth, the network's share), where the share
-// depends on the traffic pattern. Let nic_total = NICs per node x NIC bandwidth and let one GPU
-// drive at most max(1, NICs / GPUs per node) NICs (a GPU reaches its own rail's NIC; a NIC shared
-// by several GPUs can be driven by one of them alone):
+// Across nodes: the crossing latency = NIC latency + switch hops x switch latency (single switch:
+// 1 hop; fat tree: 1 hop under one leaf, else 2*levels-1 hops, the worst path up to the top
+// level and down); steps inside a node keep the intra-node latency. Let nic_total = NICs per
+// node x NIC bandwidth, let one GPU drive at most max(1, NICs / GPUs per node) NICs (gpu_nic),
+// and let m be the fewest and M the most members on a node:
 //   ring (all_gather, reduce_scatter, all_reduce, broadcast chain, barrier): NCCL runs one
-//     channel (ring) per NIC, and each ring enters and leaves a node once, so a node's m members
-//     together push one rank's per-step traffic through up to min(m x per-GPU NICs, all NICs):
-//     share = min over nodes of min(m x gpu_nic, nic_total). A full 8-GPU node with 8 NICs thus
-//     reaches the aggregate NIC bandwidth, as nccl-tests measure; one rank per node gets one NIC.
-//   all_to_all: nearly all of every member's traffic leaves the node and a GPU cannot aggregate
-//     NICs, so share = min(gpu_nic, nic_total / m) with m the largest count of members on a node.
-//   rooted (gather, scatter, send, recv): the root's (or the pair's) own NIC is the bottleneck:
-//     share = gpu_nic.
-// A fat tree with oversubscription > 1 divides the share of groups that span leaves by it.
-// Concurrent instances of other groups on the same NICs are not modelled (each instance is costed
-// alone); rail-optimized wiring does not change these per-instance figures.
+//     channel per member on a node, each entering and leaving the node once on its own rail, so
+//     a rank's per-step traffic leaves the node through up to min(m x gpu_nic, nic_total), and
+//     of the m channels a GPU sends on, m-1 stay on NVLink: bandwidth = min(network share,
+//     intra x m/(m-1)) (one member per node: the network share).
+//   all_to_all: a member's traffic to the n-M members on other nodes leaves through its own NIC
+//     (a GPU cannot aggregate NICs: min(gpu_nic, nic_total / M)), the rest goes over NVLink at
+//     the same time (NCCL posts every peer at once), so the per-rank bandwidth is what makes both
+//     parts take equally long: min(net / f, intra / (1 - f)), f = (n-M)/(n-1).
+//   rooted (gather, scatter, send, recv): the same overlap through the root's own NIC (gpu_nic).
+// A fat tree with oversubscription > 1 divides the network share of groups that span leaves by
+// it. Concurrent instances of other groups on the same NICs are not modelled (each instance is
+// costed alone); rail-optimized wiring does not change these per-instance figures.
 LinkParams link_from_profile(const ClusterSpec& c, int gpus_per_node, const GroupProfile& g,
                              OpKind kind) {
+  const CollectiveClass cls = collective_class(kind);
+  const LinkEfficiency& ei = c.efficiency.intra_node;
+  const LinkEfficiency& en = c.efficiency.network;
   double intra_bw = c.intra.bandwidth_GBps * kGB;
   if (c.intra.kind == IntraNodeKind::pcie && c.intra.pcie_switch_GBps > 0 && g.max_per_node > 0)
     intra_bw = std::min(intra_bw, c.intra.pcie_switch_GBps * kGB / g.max_per_node);
-  if (g.nodes <= 1) return {c.intra.latency_us * kMicro, intra_bw};
-
+  LinkParams link;
+  link.intra_latency_s = c.intra.latency_us * kMicro;
+  link.latency_s = link.intra_latency_s;
+  link.launch_s = c.launch_overhead.collective_us * kMicro;
+  link.nodes = std::max(1, g.nodes);
   const int nic_count = std::max(1, c.nic.count_per_node);
   const double nic_bw = c.nic.bandwidth_GBps * kGB;
   const double nic_total = nic_count * nic_bw;
   const double gpu_nic = nic_bw * std::max(1, nic_count / std::max(1, gpus_per_node));
-  double share = 0;
-  switch (pattern_of(kind)) {
-    case TrafficPattern::ring:
-      share = std::min(g.min_per_node * gpu_nic, nic_total);
-      break;
-    case TrafficPattern::all_to_all:
-      share = std::min(gpu_nic, nic_total / std::max(1, g.max_per_node));
-      break;
-    case TrafficPattern::rooted:
-      share = gpu_nic;
-      break;
-  }
   int hops = 1;
-  if (c.network.topology == TopologyKind::fat_tree && g.spans_leaves) {
+  double over = 1;
+  if (g.nodes > 1 && c.network.topology == TopologyKind::fat_tree && g.spans_leaves) {
     hops = 2 * std::max(1, c.network.levels) - 1;
-    if (c.network.oversubscription > 1) share /= c.network.oversubscription;
+    if (c.network.oversubscription > 1) over = c.network.oversubscription;
   }
-  return {(c.nic.latency_us + hops * c.network.switch_latency_us) * kMicro,
-          std::min(intra_bw, share)};
+  if (g.nodes > 1)
+    link.latency_s = (c.nic.latency_us + hops * c.network.switch_latency_us) * kMicro;
+
+  // NVLS: the NVSwitch reduces; needs >= 2 members on every node, the same count on each.
+  if (kind == OpKind::all_reduce && c.intra.nvls && c.intra.kind == IntraNodeKind::nvswitch &&
+      g.min_per_node >= 2 && g.min_per_node == g.max_per_node) {
+    NvlsParams& v = link.nvls;
+    v.available = true;
+    v.per_node = g.min_per_node;
+    v.nodes = std::max(1, g.nodes);
+    v.latency_s = c.intra.nvls_latency_us * kMicro;
+    v.intra_Bps = intra_bw * ei.nvls;
+    v.network_Bps = std::min(gpu_nic, nic_total / v.per_node) * en.nvls / over;
+    v.step_latency_s = link.latency_s;
+  }
+
+  const double intra = intra_bw * ei.of(cls);
+  if (g.nodes <= 1) {
+    link.bandwidth_Bps = intra;
+    return link;
+  }
+  const int m = std::max(1, g.min_per_node), big_m = std::max(1, g.max_per_node);
+  const int n = std::max(1, g.members);
+  switch (cls) {
+    case CollectiveClass::ring:
+    case CollectiveClass::nvls: {
+      const double share = std::min(m * gpu_nic, nic_total) * en.of(cls) / over;
+      link.bandwidth_Bps = m > 1 ? std::min(share, intra * m / static_cast<double>(m - 1)) : share;
+      link.channels = m;
+      link.intra_channel_Bps = intra;
+      break;
+    }
+    case CollectiveClass::all_to_all:
+    case CollectiveClass::p2p: {
+      const double net =
+          (cls == CollectiveClass::all_to_all ? std::min(gpu_nic, nic_total / big_m) : gpu_nic) *
+          en.of(cls) / over;
+      const double cross =
+          n > 1 ? static_cast<double>(n - std::min(n, big_m)) / static_cast<double>(n - 1) : 1.0;
+      link.bandwidth_Bps = overlapped_bandwidth(cross, intra, net);
+      break;
+    }
+  }
+  return link;
 }
 
-double checked_bandwidth(const LinkParams& link, double bytes, OpKind kind) {
-  if (bytes > 0 && !(link.bandwidth_Bps > 0))
+double checked_bandwidth(double bandwidth_Bps, double bytes, OpKind kind) {
+  if (bytes > 0 && !(bandwidth_Bps > 0))
     throw PlanError("collective_time: " + std::string(to_string(kind)) + " of " +
                     std::to_string(bytes) +
                     " bytes over a link with no bandwidth; fix: give the cluster's intra-node "
                     "and NIC bandwidths (GB/s) positive values");
-  return link.bandwidth_Bps;
+  return bandwidth_Bps;
 }
 
 int ceil_log2(int n) {
@@ -180,12 +210,25 @@ int ceil_log2(int n) {
   return k;
 }
 
+// Latency of `steps` consecutive steps around a ring of n members over `nodes` nodes: the worst
+// window of `steps` edges holds ceil(steps x nodes / n) crossing edges (at most `steps`).
+double ring_latency(long steps, int n, const LinkParams& link) {
+  if (steps <= 0) return 0;
+  if (link.nodes <= 1 || n <= 1) return steps * link.latency_s;
+  const long crossing = std::min<long>(
+      steps, static_cast<long>(std::ceil(static_cast<double>(steps) * link.nodes / n - 1e-9)));
+  return crossing * link.latency_s + (steps - crossing) * link.intra_latency_s;
+}
+
 // ------------------------------------------------------------------------------------------------
-// Compute durations. Newton-Schulz runs each matrix at the GPU's sustained GEMM rate for its
-// smallest dimension (ns_work lists them); elementwise ops run their few FLOPs at peak. Either is
-// bounded below by the op's HBM traffic at HBM bandwidth (hbm_GBps = 0: not modelled).
+// Compute durations. Newton-Schulz runs each matrix (or stacked batch, one call) for the time
+// gpu.ns_table measured for the chosen kernel version, interpolated in FLOPs; without an entry of
+// that version, at the GPU's sustained GEMM rate for its smallest dimension plus one kernel
+// launch. Elementwise ops run their few FLOPs at peak, bounded below by their HBM traffic at HBM
+// bandwidth (hbm_GBps = 0: not modelled), plus one kernel launch per parameter they touch.
 double compute_seconds(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster) {
   const GpuSpec& gpu = cluster.gpu;
+  const double launch = cluster.launch_overhead.kernel_us * kMicro;
   double t = 0;
   const auto no_rate = [&](double flops) {
     return PlanError("compute_time: op " + std::to_string(op.id) + " (" +
@@ -196,18 +239,37 @@ double compute_seconds(const StepPlan& plan, const Op& op, int rank, const Clust
   if (op.kind == OpKind::newton_schulz) {
     for (const MatrixWork& w : ns_work(plan, op, rank)) {
       if (!(w.flops > 0)) continue;
+      if (!gpu.ns_kernel.empty()) {
+        const double measured =
+            gpu.ns_call_seconds(w.rows, w.cols, w.batch, op.ns_steps, gpu.ns_kernel);
+        if (measured >= 0) {
+          t += measured;
+          continue;
+        }
+      }
       const double rate = gpu.sustained_flops(w.min_dim);
       if (!(rate > 0)) throw no_rate(w.flops);
-      t += w.flops / rate;
+      t += w.flops / rate + launch;
     }
-  } else {
-    const double flops = op_flops(plan, op, rank);
-    if (flops > 0) {
-      if (!(gpu.peak_tflops > 0)) throw no_rate(flops);
-      t = flops / (gpu.peak_tflops * 1e12);
-    }
+    // The memory bound holds for the peak-rate estimate only: measured times include it.
+    if (gpu.hbm_GBps > 0 && gpu.ns_kernel.empty())
+      t = std::max(t, op_memory_bytes(plan, op, rank) / (gpu.hbm_GBps * kGB));
+    return t;
+  }
+  const double flops = op_flops(plan, op, rank);
+  if (flops > 0) {
+    if (!(gpu.peak_tflops > 0)) throw no_rate(flops);
+    t = flops / (gpu.peak_tflops * 1e12);
   }
   if (gpu.hbm_GBps > 0) t = std::max(t, op_memory_bytes(plan, op, rank) / (gpu.hbm_GBps * kGB));
+  if (launch > 0) {
+    int calls = 0;
+    for (int p : op.params)
+      if ((!op.owned_only || plan.assignment.owner[p] == rank) &&
+          plan.model.params[p].layout.holds(plan.mesh(), rank))
+        ++calls;
+    t += calls * launch;
+  }
   return t;
 }
 
@@ -238,45 +300,140 @@ double bus_factor(OpKind kind, int group_size) {
   }
 }
 
-LinkParams link_for_group(const ClusterSpec& cluster, const DeviceMesh& mesh,
+LinkParams link_for_group(const ClusterSpec& cluster, int gpus_per_node,
                           const std::vector<int>& members, OpKind kind) {
   std::vector<int> sorted = members;
   std::sort(sorted.begin(), sorted.end());
-  const int gpn = physical_gpus_per_node(cluster, mesh);
+  const int gpn = std::max(1, gpus_per_node);
   ProfileBuilder builder(gpn, nodes_per_leaf(cluster));
   for (int r : sorted) builder.add(r);
   return link_from_profile(cluster, gpn, builder.finish(), kind);
 }
 
-double collective_time(OpKind kind, int group_size, double total_bytes, const LinkParams& link) {
+LinkParams link_for_group(const ClusterSpec& cluster, const DeviceMesh& mesh,
+                          const std::vector<int>& members, OpKind kind) {
+  return link_for_group(cluster, physical_gpus_per_node(cluster, mesh), members, kind);
+}
+
+CollectiveClass collective_class(OpKind kind) {
+  switch (kind) {
+    case OpKind::gather:
+    case OpKind::scatter:
+    case OpKind::send:
+    case OpKind::recv:
+      return CollectiveClass::p2p;
+    case OpKind::all_to_all:
+      return CollectiveClass::all_to_all;
+    default:
+      return CollectiveClass::ring;  // all_gather, reduce_scatter, all_reduce, broadcast, barrier
+  }
+}
+
+std::string_view to_string(AllReduceAlgorithm algorithm) {
+  switch (algorithm) {
+    case AllReduceAlgorithm::ring:
+      return "ring";
+    case AllReduceAlgorithm::nvls:
+      return "nvls";
+    case AllReduceAlgorithm::nvls_tree:
+      return "nvls_tree";
+  }
+  return "?";
+}
+
+double all_reduce_time(AllReduceAlgorithm algorithm, int group_size, double total_bytes,
+                       const LinkParams& link) {
+  const int n = group_size;
+  const double S = total_bytes;
+  if (n <= 1) return 0;
+  if (algorithm == AllReduceAlgorithm::ring)
+    return link.launch_s + ring_latency(2L * (n - 1), n, link) +
+           (S > 0 ? 2.0 * (n - 1) * S /
+                        (n * checked_bandwidth(link.bandwidth_Bps, S, OpKind::all_reduce))
+                  : 0);
+  const NvlsParams& v = link.nvls;
+  const bool tree = v.nodes > 1;
+  if (!v.available || tree != (algorithm == AllReduceAlgorithm::nvls_tree)) return kUnbounded;
+  const double g = v.per_node;
+  double bw = S > 0 ? S * (g + 1) / g / checked_bandwidth(v.intra_Bps, S, OpKind::all_reduce) : 0;
+  if (tree && S > 0)
+    bw = std::max(bw, 2.0 * (v.nodes - 1) / v.nodes * S / g /
+                          checked_bandwidth(v.network_Bps, S, OpKind::all_reduce));
+  const double latency =
+      v.latency_s + (tree ? 2.0 * (v.nodes - 1) * v.step_latency_s : link.latency_s);
+  return link.launch_s + latency + bw;
+}
+
+AllReduceAlgorithm all_reduce_algorithm(int group_size, double total_bytes,
+                                        const LinkParams& link) {
+  if (!link.nvls.available || group_size <= 1) return AllReduceAlgorithm::ring;
+  const AllReduceAlgorithm nvls =
+      link.nvls.nodes > 1 ? AllReduceAlgorithm::nvls_tree : AllReduceAlgorithm::nvls;
+  return all_reduce_time(nvls, group_size, total_bytes, link) <
+                 all_reduce_time(AllReduceAlgorithm::ring, group_size, total_bytes, link)
+             ? nvls
+             : AllReduceAlgorithm::ring;
+}
+
+double collective_time(OpKind kind, int group_size, double total_bytes, const LinkParams& link,
+                       double min_piece_bytes) {
   if (group_size < 1)
     throw PlanError("collective_time: group size " + std::to_string(group_size) + " is below 1");
   if (total_bytes < 0)
     throw PlanError("collective_time: negative size " + std::to_string(total_bytes));
   if (group_size == 1) return 0;  // nothing leaves the rank
-  const double n = group_size;
+  const int n = group_size;
   const double a = link.latency_s;
   const double S = total_bytes;
+  const auto bw = [&](double bytes) {
+    return bytes > 0 ? bytes / checked_bandwidth(link.bandwidth_Bps, S, kind) : 0.0;
+  };
   switch (kind) {
     case OpKind::all_gather:
-    case OpKind::reduce_scatter:
-    case OpKind::all_to_all:  // pairwise exchange: n-1 rounds of S/n per peer
-      return (n - 1) * (a + (S > 0 ? S / (n * checked_bandwidth(link, S, kind)) : 0));
-    case OpKind::all_reduce:  // ring reduce-scatter then ring all-gather
-      return 2 * (n - 1) * (a + (S > 0 ? S / (n * checked_bandwidth(link, S, kind)) : 0));
+    case OpKind::reduce_scatter: {
+      // Each ring edge carries everything but its receiver's (or sender's) piece.
+      const double p_min = min_piece_bytes >= 0 ? std::min(min_piece_bytes, S) : S / n;
+      return link.launch_s + ring_latency(n - 1, n, link) + bw(S - p_min);
+    }
+    case OpKind::all_reduce:
+      return all_reduce_time(all_reduce_algorithm(n, S, link), n, S, link);
+    case OpKind::all_to_all: {
+      const long rounds = (n - 1 + kAllToAllPeersInFlight - 1) / kAllToAllPeersInFlight;
+      return link.launch_s + rounds * a + bw(S * (n - 1) / n);
+    }
     case OpKind::gather:
-    case OpKind::scatter:  // direct: the root's link carries the n-1 other pieces
-      return a + (S > 0 ? S * (n - 1) / (n * checked_bandwidth(link, S, kind)) : 0);
-    case OpKind::broadcast:
-      // Pipelined chain with k chunks: (n-2+k) (a + S/(kB)). With fine chunks (k >> n) the first
-      // chunk pays n-1 latencies and the rest streams at B: a(n-1) + S/B, the bound NCCL's
-      // pipelined ring broadcast approaches for large messages.
-      return a * (n - 1) + (S > 0 ? S / checked_bandwidth(link, S, kind) : 0);
+    case OpKind::scatter:  // direct: the root's links carry the n-1 other pieces
+      return link.launch_s + a + bw(S * (n - 1) / n);
+    case OpKind::broadcast: {
+      // Pipelined chains, one per channel (c = the fewest members on a node; 1 inside a node),
+      // each channel's S/c cut into k chunks: a hop forwards one chunk at a time, paying its
+      // latency each time. Across nodes a channel's hop uses one NIC (B / c of the ring
+      // bandwidth); inside a node a GPU's NVLink serves the c-1 channels that stay on it.
+      // The steady rate is the slowest hop's; the first chunk pays every hop, and while it
+      // fills the chains the channels reach a GPU staggered, so about half of them share it.
+      const int channels = link.nodes > 1 ? std::max(1, link.channels) : 1;
+      const double per_channel = S / channels;
+      const int k = static_cast<int>(std::clamp(std::ceil(per_channel / kBroadcastChunkBytes), 1.0,
+                                                static_cast<double>(kBroadcastMaxChunks)));
+      const double chunk = per_channel / k;
+      if (link.nodes <= 1) {
+        const double hop = a + bw(chunk);
+        return link.launch_s + (n - 2 + k) * hop;
+      }
+      const double intra = std::max(1e-300, link.intra_channel_Bps);
+      const double net_hop = a + bw(chunk * channels);
+      const double intra_steady = link.intra_latency_s + chunk * (channels - 1) / intra;
+      const double intra_fill = link.intra_latency_s + chunk * 0.5 * (channels - 1) / intra +
+                                (channels > 1 ? 0.0 : chunk / intra);
+      const long crossing = std::min<long>(n - 1, link.nodes - 1);
+      const double fill = crossing * net_hop + (n - 1 - crossing) * intra_fill;
+      return link.launch_s + fill + (k - 1) * std::max(net_hop, intra_steady);
+    }
     case OpKind::send:
     case OpKind::recv:
-      return a + (S > 0 ? S / checked_bandwidth(link, S, kind) : 0);
+      return link.launch_s + a + bw(S);
     case OpKind::barrier:  // dissemination barrier: ceil(log2 n) rounds of a message each way
-      return 2 * a * ceil_log2(group_size);
+      return link.launch_s + 2 * a * ceil_log2(group_size);
     default:
       throw PlanError("collective_time: '" + std::string(to_string(kind)) +
                       "' is not a collective");
@@ -292,121 +449,24 @@ double compute_time(const StepPlan& plan, const Op& op, int rank, const ClusterS
 }
 
 // ------------------------------------------------------------------------------------------------
-// The replay.
+// The replay: core/engine.hpp's semantics on a virtual clock.
 //
-// Rules (plan.hpp's execution semantics with closed-form durations):
-//  * Ops are visited in plan order, a valid topological order. Per rank and stream we keep the
-//    time the stream is free; per op, while a later op still needs it, its completion time on
-//    each rank of its box.
-//  * A rank is ready for an op at max(its stream free time, the completion on that rank of the
-//    op's deps the rank takes part in).
-//  * Compute op: starts when ready, takes compute_time. Memory ops (alloc/release) take 0.
-//  * Collective: the ranks of the box are grouped into instances (ranks differing only along
-//    op.group); an instance starts at the latest ready time of its members, takes
-//    collective_time(kind, n, collective_bytes(leader), link of the instance), and completes for
-//    all members at once. Members that arrive early wait; the wait is idle time.
-//  * send/recv (one op describes both sides of a transfer from group member `root` to member
-//    `peer`): per instance the pair starts when both are ready (a rendezvous, as NCCL's
-//    send/recv), takes alpha + S/B over the pair's link and completes for both. The other members
-//    of the group do nothing: they pass through as an inactive op does.
-//  * An op not active in this step (period) takes no time and leaves its stream's free time as
-//    it is; its completion, for ops that depend on it, is its ready time, so dependency chains
-//    pass through it.
-// Busy time is classified by op kind (compute ops vs communication ops), which equals a
-// classification of streams whenever a plan keeps compute and communication on separate
-// streams and stays right when one stream carries both. Per rank:
-//   compute_s = |union of compute intervals|, communication_s = |union of comm intervals|,
-//   exposed_comm_s = |comm union minus compute union|, idle_s = step time - |union of all|,
-//   finish_s = completion of the rank's last op. So compute_s + exposed_comm_s + idle_s equals
-//   the step time on every rank.
-// Scale: boxes and groups are walked with odometers (no member vectors); sizes and compute
-// durations are evaluated once per distinct value of the coordinates they can depend on (see
-// varying_dims), except for owner-dependent ops (owned_only, all_to_all), which are evaluated
-// per rank or instance. Per rank, busy intervals are kept only until no later op can overlap
-// them (they end before the earliest free time of the rank's streams that still have ops), then
-// folded into the sums; back-to-back intervals of one class merge on arrival. Completion times
-// are kept per op only until its last dependent has run. Measured on one core of this 2-core
-// machine: a synthetic 16,384-rank plan of 4,900 ops (48.7 M rank-op pairs) replays in ~2.5-4 s.
+// The engine decides when each op starts (stream order, deps, collective members); this handler
+// only says how long it takes and keeps the clock. A min-heap holds the completions in flight,
+// ordered by time and then by the order they were started (so ties resolve the same way on every
+// run); popping one advances the clock and reports it to the engine, which starts whatever it
+// unblocks at that instant. Durations are the closed forms above: a compute op takes
+// compute_time on its rank; a collective instance starts when the engine starts it (when its last
+// member arrives, so early members wait, which shows up as idle time), takes
+// collective_time(kind, n, collective_bytes, link of the instance) and completes for every
+// participant at once (send/recv: the pair, sized by the sender). StepTimeline turns the begin
+// and end events into each rank's compute, communication, exposed-communication and idle time.
+//
+// Scale: sizes and compute durations are evaluated once per distinct value of the coordinates
+// they can depend on (see varying_dims), except for owner-dependent ops (owned_only,
+// all_to_all), which are evaluated per rank or instance; an op's cache lives while the op has
+// starts left in the step.
 namespace {
-
-// Mesh dims to walk, outermost first (the last one varies fastest: ascending ranks).
-struct DimList {
-  int n = 0;
-  std::array<int, 32> dim{};
-  std::array<int, 32> size{};
-  std::array<int, 32> stride{};
-
-  void add(const DeviceMesh& mesh, int d) {
-    dim[n] = d;
-    size[n] = mesh.size(d);
-    stride[n] = mesh.stride(d);
-    ++n;
-  }
-  std::int64_t count() const {
-    std::int64_t c = 1;
-    for (int i = 0; i < n; ++i) c *= size[i];
-    return c;
-  }
-};
-
-// Calls fn(rank) for base + every combination of the dims' coordinates, ranks ascending.
-template <typename Fn>
-void for_each_rank(int base, const DimList& dims, Fn&& fn) {
-  std::array<int, 32> digit{};
-  int rank = base;
-  while (true) {
-    fn(rank);
-    int i = dims.n - 1;
-    for (; i >= 0; --i) {
-      if (++digit[i] < dims.size[i]) {
-        rank += dims.stride[i];
-        break;
-      }
-      rank -= (dims.size[i] - 1) * dims.stride[i];
-      digit[i] = 0;
-    }
-    if (i < 0) return;
-  }
-}
-
-struct OpInfo {
-  bool compute = false;
-  bool memory = false;
-  bool collective = false;
-  DimList free;   // free dims of the box
-  DimList outer;  // free dims outside the group: one instance per combination
-  DimList group;  // the group dims
-  std::vector<std::pair<int, int>> fixed;        // (dim, coord) of the box's fixed dims
-  std::array<std::int64_t, 32> position_mult{};  // box position = sum coord * mult
-  int base = 0;                                  // lowest rank of the box
-  std::int64_t count = 0;
-  int group_size = 1;
-  // Sizes and durations depend only on the coordinates along these dims (when cacheable).
-  bool cacheable = false;
-  DimList key;
-  std::array<std::int64_t, 32> key_mult{};
-  int last_use = -1;  // last op that reads this op's completion (as a dep)
-};
-
-struct Interval {
-  double start = 0;
-  double end = 0;
-  bool comm = false;
-};
-
-struct Event {
-  double t = 0;
-  int d_compute = 0;
-  int d_comm = 0;
-};
-
-constexpr std::size_t kFoldMin = 8;
-
-struct RankState {
-  std::vector<Interval> pending;
-  std::size_t fold_at = kFoldMin;
-  double busy = 0, compute = 0, comm = 0, exposed = 0, finish = 0;
-};
 
 // The mesh dims along which `layout`'s pieces may differ in size (for any set of gathered
 // dims): independent dims (a rank holds the tensor or nothing) and the shard dims of a tensor
@@ -438,116 +498,91 @@ DimSet varying_dims(const DeviceMesh& mesh, const TensorLayout& layout) {
   return out;
 }
 
-class Replayer {
+// Per op: how its duration (compute) or size (collective) is cached, and the cache itself.
+struct OpCost {
+  bool cacheable = false;
+  // Key of a rank (compute) or instance (collective, by its leader or sender): sum of the
+  // coordinates along these dims times their multipliers.
+  std::vector<std::pair<int, std::int64_t>> key;
+  std::int64_t key_count = 1;
+  std::int64_t starts = 0;  // compute: ranks of the box; collective: instances
+  std::int64_t left = 0;    // starts left in this step; the cache goes at zero
+  std::vector<double> cache;
+  std::vector<double> cache_min;  // all_gather / reduce_scatter: the smallest member piece
+};
+
+class AnalyticReplay final : public OpHandler {
  public:
-  Replayer(const StepPlan& plan, const ClusterSpec& cluster);
+  AnalyticReplay(const StepPlan& plan, const ClusterSpec& cluster);
   StepEstimate run(int step);
 
+  void reached(int rank, int /*op*/) override { timeline_.touch_finish(rank, now_); }
+  void start_compute(int rank, int op) override;
+  void start_collective(const CollectiveInstance& instance) override;
+
  private:
-  bool contains(const OpInfo& info, int rank) const;
-  std::int64_t position(const OpInfo& info, int rank) const;
-  std::int64_t key_of(const OpInfo& info, int rank) const;
-  double ready_at(const Op& op, int rank) const;
-  void push(int rank, double start, double end, bool comm);
-  void fold(RankState& st, double watermark);
-  double compute_duration(const Op& op, const OpInfo& info, int rank, std::vector<double>& cache);
-  double bytes_of(const Op& op, const OpInfo& info, int rank, std::vector<double>& cache);
-  void pass_through(int index, int rank, bool occupies_stream);
+  // Completions due at one time: the ranks that finish a compute op, or the instances of a
+  // collective op that finish. Starts of one op that end at the same time share a batch (every
+  // rank of a box typically starts an op at once and takes as long), which keeps the heap small;
+  // the order within a time does not change any figure (the schedule is the earliest one, and
+  // the accounting adds nothing over zero time).
+  struct Batch {
+    int op = -1;
+    double t = 0;
+    std::vector<int> items;  // compute: ranks; collective: engine instance ids
+  };
+  struct Due {
+    double t = 0;
+    std::uint64_t seq = 0;  // ties are taken in the order their batches opened
+    int batch = 0;
+    bool operator>(const Due& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+  };
+  template <typename Eval>
+  double cached(int op, int rank, Eval eval, bool smallest_piece = false);
+  void due(int op, double t, int item);
 
   const StepPlan& plan_;
   const ClusterSpec& cluster_;
-  const DeviceMesh& mesh_;
-  int nr_ = 1, nd_ = 0, ns_ = 1;
+  PlanIndex index_;
+  StepTimeline timeline_;
+  Engine engine_;
   int gpn_ = 1;
-  std::vector<int> coords_;  // rank * nd + dim
-  std::vector<OpInfo> info_;
-  std::vector<std::vector<int>> frees_at_;  // op index -> ops whose storage can go after it
-
-  // Per step.
-  std::vector<double> stream_free_;        // rank * ns + stream
-  std::vector<int> remaining_;             // active ops left per rank and stream
-  std::vector<std::vector<double>> done_;  // op -> completion per box position
-  std::vector<RankState> ranks_;
-  std::vector<Event> scratch_;
+  std::vector<OpCost> cost_;
+  std::vector<int> open_batch_;  // op -> its batch still in the heap, or -1
+  std::vector<Batch> batches_;
+  std::vector<int> free_batches_;
+  std::vector<Due> heap_;
+  std::uint64_t seq_ = 0;
+  std::vector<std::vector<int>> members_;  // engine instance id -> participants, while running
+  std::vector<int> done_;                  // items of the batch being completed
+  double now_ = 0;
 };
 
-Replayer::Replayer(const StepPlan& plan, const ClusterSpec& cluster)
-    : plan_(plan), cluster_(cluster), mesh_(plan.model.mesh) {
-  nr_ = mesh_.world_size();
-  nd_ = mesh_.ndims();
-  gpn_ = physical_gpus_per_node(cluster, mesh_);
-  ns_ = std::max<int>(1, static_cast<int>(plan.streams.size()));
-  coords_.resize(static_cast<std::size_t>(nr_) * nd_);
-  for (int r = 0; r < nr_; ++r)
-    for (int d = 0; d < nd_; ++d)
-      coords_[static_cast<std::size_t>(r) * nd_ + d] = mesh_.coord(r, d);
-
-  const int nops = static_cast<int>(plan.ops.size());
+AnalyticReplay::AnalyticReplay(const StepPlan& plan, const ClusterSpec& cluster)
+    : plan_(plan),
+      cluster_(cluster),
+      index_(plan),
+      timeline_(index_.world_size(), index_.num_ops(), 0),
+      engine_(index_, *this, index_.all_ranks()),
+      gpn_(physical_gpus_per_node(cluster, plan.mesh())) {
+  const DeviceMesh& mesh = plan.mesh();
+  const int nops = index_.num_ops();
   const int nparams = static_cast<int>(plan.model.params.size());
   std::vector<DimSet> varying(nparams);
-  for (int p = 0; p < nparams; ++p) varying[p] = varying_dims(mesh_, plan.model.params[p].layout);
-  info_.resize(nops);
-  frees_at_.resize(nops);
+  for (int p = 0; p < nparams; ++p) varying[p] = varying_dims(mesh, plan.model.params[p].layout);
+  cost_.resize(nops);
   for (int i = 0; i < nops; ++i) {
     const Op& op = plan.ops[i];
-    OpInfo& info = info_[i];
     const std::string where =
         "estimate: op " + std::to_string(i) + (op.label.empty() ? "" : " ('" + op.label + "')");
-    if (op.stream < 0) throw PlanError(where + ": negative stream " + std::to_string(op.stream));
-    ns_ = std::max(ns_, op.stream + 1);
-    if (op.period < 1)
-      throw PlanError(where + ": period " + std::to_string(op.period) + " is below 1");
-    if (static_cast<int>(op.ranks.coord.size()) != nd_)
-      throw PlanError(where + ": its rank box has " + std::to_string(op.ranks.coord.size()) +
-                      " coordinates for the mesh " + mesh_.describe());
-    info.compute = is_compute(op.kind);
-    info.memory = is_memory(op.kind);
-    info.collective = is_collective(op.kind);
-    int base = 0;
-    for (int d = 0; d < nd_; ++d) {
-      const int c = op.ranks.coord[d];
-      if (c == RankBox::kAll) {
-        info.free.add(mesh_, d);
-        if (op.group.contains(d))
-          info.group.add(mesh_, d);
-        else
-          info.outer.add(mesh_, d);
-      } else {
-        if (c < 0 || c >= mesh_.size(d))
-          throw PlanError(where + ": box coordinate " + std::to_string(c) + " of '" +
-                          mesh_.dim(d).name + "' is outside the mesh");
-        info.fixed.push_back({d, c});
-        base += c * mesh_.stride(d);
-      }
-    }
-    if (info.collective && (op.group.bits & ~op.ranks.free_dims().bits) != 0)
-      throw PlanError(where + ": its group spans dims that are not free in its box");
-    info.base = base;
-    info.count = info.free.count();
-    info.group_size = static_cast<int>(info.group.count());
-    std::int64_t mult = 1;
-    for (int k = info.free.n - 1; k >= 0; --k) {
-      info.position_mult[info.free.dim[k]] = mult;
-      mult *= info.free.size[k];
-    }
-    for (int dep : op.deps) {
-      if (dep < 0 || dep >= i)
-        throw PlanError(where + ": dep " + std::to_string(dep) + " is not an earlier op");
-      info_[dep].last_use = std::max(info_[dep].last_use, i);
-    }
-    const bool rooted = op.kind == OpKind::gather || op.kind == OpKind::scatter ||
-                        op.kind == OpKind::broadcast || op.kind == OpKind::send ||
-                        op.kind == OpKind::recv;
-    if (rooted && (op.root < 0 || op.root >= info.group_size))
+    const OpClass cls = index_.op_class(i);
+    const int n = index_.group_size(i);
+    const bool rooted =
+        op.kind == OpKind::gather || op.kind == OpKind::scatter || op.kind == OpKind::broadcast;
+    if (cls == OpClass::collective && rooted && (op.root < 0 || op.root >= n))
       throw PlanError(where + ": root " + std::to_string(op.root) + " is outside its group of " +
-                      std::to_string(info.group_size));
-    if ((op.kind == OpKind::send || op.kind == OpKind::recv) &&
-        (op.peer < 0 || op.peer >= info.group_size || op.peer == op.root))
-      throw PlanError(where + ": peer " + std::to_string(op.peer) +
-                      " is not another member of its group of " + std::to_string(info.group_size));
-
+                      std::to_string(n));
     // Which coordinates sizes depend on: the mesh dims along which a param's pieces differ.
-    // Owner-dependent ops are evaluated per rank (or per instance).
     DimSet relevant;
     for (int p : op.params) {
       if (p < 0 || p >= nparams)
@@ -555,296 +590,207 @@ Replayer::Replayer(const StepPlan& plan, const ClusterSpec& cluster)
                         std::to_string(nparams));
       relevant = relevant | varying[p];
     }
-    info.cacheable = !op.owned_only && op.kind != OpKind::all_to_all;
-    if (info.cacheable) {
-      // Collectives are sized once per instance (by its leader), compute ops per rank.
-      const DimList& walk = info.collective ? info.outer : info.free;
-      for (int k = 0; k < walk.n; ++k)
-        if (relevant.contains(walk.dim[k])) info.key.add(mesh_, walk.dim[k]);
-      std::int64_t m = 1;
-      for (int k = info.key.n - 1; k >= 0; --k) {
-        info.key_mult[info.key.dim[k]] = m;
-        m *= info.key.size[k];
+    OpCost& c = cost_[i];
+    // Compute ops start once per rank of the box, collectives once per instance: the box's free
+    // dims outside the group.
+    c.starts = 1;
+    std::vector<int> walk;
+    for (int d = 0; d < mesh.ndims(); ++d)
+      if (op.ranks.coord[d] == RankBox::kAll &&
+          (cls != OpClass::collective || !op.group.contains(d))) {
+        walk.push_back(d);
+        c.starts *= mesh.size(d);
+      }
+    c.cacheable = !op.owned_only && op.kind != OpKind::all_to_all;
+    if (!c.cacheable) continue;
+    for (int k = static_cast<int>(walk.size()) - 1; k >= 0; --k)
+      if (relevant.contains(walk[k])) {
+        c.key.emplace_back(walk[k], c.key_count);
+        c.key_count *= mesh.size(walk[k]);
+      }
+  }
+}
+
+template <typename Eval>
+double AnalyticReplay::cached(int op, int rank, Eval eval, bool smallest_piece) {
+  OpCost& c = cost_[op];
+  if (!c.cacheable) return eval();
+  std::vector<double>& cache = smallest_piece ? c.cache_min : c.cache;
+  if (cache.empty()) cache.assign(c.key_count, std::numeric_limits<double>::quiet_NaN());
+  std::int64_t key = 0;
+  for (const auto& [d, mult] : c.key) key += index_.coord(rank, d) * mult;
+  double& slot = cache[key];
+  if (std::isnan(slot)) slot = eval();
+  return slot;
+}
+
+void AnalyticReplay::due(int op, double t, int item) {
+  const int open = open_batch_[op];
+  if (open >= 0 && batches_[open].t == t) {
+    batches_[open].items.push_back(item);
+    return;
+  }
+  int id;
+  if (!free_batches_.empty()) {
+    id = free_batches_.back();
+    free_batches_.pop_back();
+  } else {
+    id = static_cast<int>(batches_.size());
+    batches_.emplace_back();
+  }
+  Batch& b = batches_[id];
+  b.op = op;
+  b.t = t;
+  b.items.assign(1, item);
+  open_batch_[op] = id;
+  heap_.push_back({t, seq_++, id});
+  std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
+}
+
+void AnalyticReplay::start_compute(int rank, int op) {
+  const Op& o = plan_.ops[op];
+  const double seconds =
+      cached(op, rank, [&] { return compute_seconds(plan_, o, rank, cluster_); });
+  if (--cost_[op].left == 0) std::vector<double>().swap(cost_[op].cache);
+  timeline_.begin(rank, Activity::compute, now_);
+  due(op, now_ + seconds, rank);
+}
+
+void AnalyticReplay::start_collective(const CollectiveInstance& instance) {
+  const int op = instance.op;
+  const Op& o = plan_.ops[op];
+  const std::vector<int>& members = instance.participants;
+  // Sized by the instance's leader, or by the sender of a send/recv.
+  const int sizer = index_.is_pair(op) ? members.front() : instance.leader;
+  const double bytes = o.kind == OpKind::barrier ? 0 : cached(op, sizer, [&] {
+    return static_cast<double>(collective_bytes(plan_, o, sizer));
+  });
+  const double min_piece =
+      o.kind == OpKind::all_gather || o.kind == OpKind::reduce_scatter
+          ? cached(
+                op, sizer, [&] { return smallest_piece_bytes(plan_, o, members); }, true)
+          : -1.0;
+  if (--cost_[op].left == 0) {
+    std::vector<double>().swap(cost_[op].cache);
+    std::vector<double>().swap(cost_[op].cache_min);
+  }
+  ProfileBuilder builder(gpn_, nodes_per_leaf(cluster_));
+  if (index_.is_pair(op)) {
+    builder.add(std::min(members[0], members[1]));
+    builder.add(std::max(members[0], members[1]));
+  } else {
+    for (int m : members) builder.add(m);  // ascending
+  }
+  const LinkParams link = link_from_profile(cluster_, gpn_, builder.finish(), o.kind);
+  const double seconds =
+      collective_time(o.kind, static_cast<int>(members.size()), bytes, link, min_piece);
+  for (int m : members) timeline_.begin(m, Activity::communication, now_);
+  if (instance.id >= static_cast<int>(members_.size())) members_.resize(instance.id + 1);
+  members_[instance.id] = members;
+  due(op, now_ + seconds, instance.id);
+}
+
+StepEstimate AnalyticReplay::run(int step) {
+  timeline_.begin_step();
+  heap_.clear();
+  batches_.clear();
+  free_batches_.clear();
+  open_batch_.assign(index_.num_ops(), -1);
+  seq_ = 0;
+  now_ = 0;
+  for (int i = 0; i < index_.num_ops(); ++i) {
+    cost_[i].left = cost_[i].starts;
+    cost_[i].cache.clear();
+    cost_[i].cache_min.clear();
+  }
+  engine_.begin_step(step);
+  while (!heap_.empty()) {
+    std::pop_heap(heap_.begin(), heap_.end(), std::greater<>());
+    const int id = heap_.back().batch;
+    heap_.pop_back();
+    Batch& b = batches_[id];
+    if (open_batch_[b.op] == id) open_batch_[b.op] = -1;
+    now_ = b.t;
+    const int op = b.op;
+    done_.swap(b.items);  // the engine may start (and batch) more while these complete
+    free_batches_.push_back(id);
+    if (index_.op_class(op) == OpClass::compute) {
+      for (int rank : done_) {
+        timeline_.end(rank, Activity::compute, now_);
+        timeline_.touch_finish(rank, now_);
+        engine_.finish_compute(rank, op);
+      }
+    } else {
+      for (int instance : done_) {
+        for (int m : members_[instance]) {
+          timeline_.end(m, Activity::communication, now_);
+          timeline_.touch_finish(m, now_);
+        }
+        engine_.finish_collective(instance);
       }
     }
   }
-  for (int i = 0; i < nops; ++i)
-    if (info_[i].last_use > i) frees_at_[info_[i].last_use].push_back(i);
-}
-
-bool Replayer::contains(const OpInfo& info, int rank) const {
-  const int* c = coords_.data() + static_cast<std::size_t>(rank) * nd_;
-  for (const auto& [d, v] : info.fixed)
-    if (c[d] != v) return false;
-  return true;
-}
-
-std::int64_t Replayer::position(const OpInfo& info, int rank) const {
-  const int* c = coords_.data() + static_cast<std::size_t>(rank) * nd_;
-  std::int64_t pos = 0;
-  for (int k = 0; k < info.free.n; ++k)
-    pos += c[info.free.dim[k]] * info.position_mult[info.free.dim[k]];
-  return pos;
-}
-
-std::int64_t Replayer::key_of(const OpInfo& info, int rank) const {
-  const int* c = coords_.data() + static_cast<std::size_t>(rank) * nd_;
-  std::int64_t key = 0;
-  for (int k = 0; k < info.key.n; ++k) key += c[info.key.dim[k]] * info.key_mult[info.key.dim[k]];
-  return key;
-}
-
-double Replayer::ready_at(const Op& op, int rank) const {
-  double ready = stream_free_[static_cast<std::size_t>(rank) * ns_ + op.stream];
-  for (int dep : op.deps) {
-    const OpInfo& di = info_[dep];
-    if (!contains(di, rank)) continue;  // a dep the rank does not take part in
-    ready = std::max(ready, done_[dep][position(di, rank)]);
-  }
-  return ready;
-}
-
-void Replayer::push(int rank, double start, double end, bool comm) {
-  RankState& st = ranks_[rank];
-  if (!(end > start)) return;
-  // Back-to-back work of one class (the common case on one stream) extends the last interval.
-  if (!st.pending.empty()) {
-    Interval& last = st.pending.back();
-    if (last.comm == comm && start >= last.start && start <= last.end) {
-      last.end = std::max(last.end, end);
-      return;
-    }
-  }
-  st.pending.push_back({start, end, comm});
-  if (st.pending.size() < st.fold_at) return;
-  // No later op of this rank starts before the free time of a stream that still has ops.
-  double watermark = kInf;
-  const std::size_t row = static_cast<std::size_t>(rank) * ns_;
-  for (int s = 0; s < ns_; ++s)
-    if (remaining_[row + s] > 0) watermark = std::min(watermark, stream_free_[row + s]);
-  fold(st, watermark);
-}
-
-void Replayer::fold(RankState& st, double watermark) {
-  scratch_.clear();
-  std::size_t keep = 0;
-  for (std::size_t i = 0; i < st.pending.size(); ++i) {
-    const Interval iv = st.pending[i];
-    if (iv.start >= watermark) {
-      st.pending[keep++] = iv;
-      continue;
-    }
-    const double end = std::min(iv.end, watermark);
-    scratch_.push_back({iv.start, iv.comm ? 0 : 1, iv.comm ? 1 : 0});
-    scratch_.push_back({end, iv.comm ? 0 : -1, iv.comm ? -1 : 0});
-    if (iv.end > watermark) st.pending[keep++] = {watermark, iv.end, iv.comm};
-  }
-  st.pending.resize(keep);
-  st.fold_at = std::max(kFoldMin, 2 * keep);
-  std::sort(scratch_.begin(), scratch_.end(),
-            [](const Event& a, const Event& b) { return a.t < b.t; });
-  int n_compute = 0, n_comm = 0;
-  double t = scratch_.empty() ? 0 : scratch_.front().t;
-  for (const Event& e : scratch_) {
-    const double dt = e.t - t;
-    if (dt > 0) {
-      if (n_compute > 0 || n_comm > 0) st.busy += dt;
-      if (n_compute > 0) st.compute += dt;
-      if (n_comm > 0) st.comm += dt;
-      if (n_comm > 0 && n_compute == 0) st.exposed += dt;
-    }
-    t = e.t;
-    n_compute += e.d_compute;
-    n_comm += e.d_comm;
-  }
-}
-
-double Replayer::compute_duration(const Op& op, const OpInfo& info, int rank,
-                                  std::vector<double>& cache) {
-  double* slot = nullptr;
-  if (info.cacheable) {
-    slot = &cache[key_of(info, rank)];
-    if (!std::isnan(*slot)) return *slot;
-  }
-  const double t = compute_seconds(plan_, op, rank, cluster_);
-  if (slot != nullptr) *slot = t;
-  return t;
-}
-
-double Replayer::bytes_of(const Op& op, const OpInfo& info, int rank, std::vector<double>& cache) {
-  if (op.kind == OpKind::barrier) return 0;
-  double* slot = nullptr;
-  if (info.cacheable) {
-    slot = &cache[key_of(info, rank)];
-    if (!std::isnan(*slot)) return *slot;
-  }
-  const double bytes = static_cast<double>(collective_bytes(plan_, op, rank));
-  if (slot != nullptr) *slot = bytes;
-  return bytes;
-}
-
-// A rank that takes no part in an op this step: it completes at its ready time, so ops that
-// depend on it wait for what it waits for. Only active zero-time ops (alloc, release) occupy
-// their stream.
-void Replayer::pass_through(int index, int rank, bool occupies_stream) {
-  const Op& op = plan_.ops[index];
-  const OpInfo& info = info_[index];
-  const double ready = ready_at(op, rank);
-  const std::size_t slot = static_cast<std::size_t>(rank) * ns_ + op.stream;
-  if (occupies_stream) stream_free_[slot] = ready;
-  RankState& st = ranks_[rank];
-  st.finish = std::max(st.finish, ready);
-  if (info.last_use > index) done_[index][position(info, rank)] = ready;
-}
-
-StepEstimate Replayer::run(int step) {
-  const int nops = static_cast<int>(plan_.ops.size());
-  stream_free_.assign(static_cast<std::size_t>(nr_) * ns_, 0.0);
-  remaining_.assign(static_cast<std::size_t>(nr_) * ns_, 0);
-  done_.assign(nops, {});
-  ranks_.assign(nr_, RankState{});
-
-  for (int i = 0; i < nops; ++i) {
-    const Op& op = plan_.ops[i];
-    if (!plan_.active_in_step(op, step) || info_[i].memory) continue;
-    for_each_rank(info_[i].base, info_[i].free,
-                  [&](int r) { ++remaining_[static_cast<std::size_t>(r) * ns_ + op.stream]; });
-  }
-
-  std::vector<double> cache;
-  for (int i = 0; i < nops; ++i) {
-    const Op& op = plan_.ops[i];
-    const OpInfo& info = info_[i];
-    const bool active = plan_.active_in_step(op, step);
-    std::vector<double>& done = done_[i];
-    const bool keep_done = info.last_use > i;
-    if (keep_done) done.assign(info.count, 0.0);
-    const auto slot = [&](int r) -> double& {
-      return stream_free_[static_cast<std::size_t>(r) * ns_ + op.stream];
-    };
-    const auto finish = [&](int r, double end) {
-      RankState& st = ranks_[r];
-      st.finish = std::max(st.finish, end);
-      if (keep_done) done[position(info, r)] = end;
-    };
-    if (info.cacheable) cache.assign(info.key.count(), std::numeric_limits<double>::quiet_NaN());
-
-    if (!active || info.memory) {
-      for_each_rank(info.base, info.free, [&](int r) { pass_through(i, r, active); });
-    } else if (info.compute) {
-      for_each_rank(info.base, info.free, [&](int r) {
-        const double ready = ready_at(op, r);
-        const double end = ready + compute_duration(op, info, r, cache);
-        slot(r) = end;
-        --remaining_[static_cast<std::size_t>(r) * ns_ + op.stream];
-        finish(r, end);
-        push(r, ready, end, false);
-      });
-    } else {
-      const bool pair = op.kind == OpKind::send || op.kind == OpKind::recv;
-      ProfileBuilder builder(gpn_, nodes_per_leaf(cluster_));
-      for_each_rank(info.base, info.outer, [&](int leader) {
-        const auto complete = [&](int m, double start, double end) {
-          slot(m) = end;
-          --remaining_[static_cast<std::size_t>(m) * ns_ + op.stream];
-          finish(m, end);
-          push(m, start, end, true);
-        };
-        if (pair) {
-          const int from = mesh_.group_member(leader, op.group, op.root);
-          const int to = mesh_.group_member(leader, op.group, op.peer);
-          const double start = std::max(ready_at(op, from), ready_at(op, to));
-          builder.add(std::min(from, to));
-          builder.add(std::max(from, to));
-          const LinkParams link = link_from_profile(cluster_, gpn_, builder.finish(), op.kind);
-          const double end =
-              start + collective_time(op.kind, 2, bytes_of(op, info, from, cache), link);
-          for_each_rank(leader, info.group, [&](int m) {
-            if (m == from || m == to) {
-              complete(m, start, end);
-            } else {
-              pass_through(i, m, false);
-              --remaining_[static_cast<std::size_t>(m) * ns_ + op.stream];
-            }
-          });
-          return;
-        }
-        double start = 0;
-        for_each_rank(leader, info.group, [&](int m) {
-          start = std::max(start, ready_at(op, m));
-          builder.add(m);
-        });
-        const LinkParams link = link_from_profile(cluster_, gpn_, builder.finish(), op.kind);
-        const double end = start + collective_time(op.kind, info.group_size,
-                                                   bytes_of(op, info, leader, cache), link);
-        for_each_rank(leader, info.group, [&](int m) { complete(m, start, end); });
-      });
-    }
-    for (int j : frees_at_[i]) std::vector<double>().swap(done_[j]);
-  }
-
+  if (!engine_.step_done())
+    throw PlanError("estimate: step " + std::to_string(step) + " of the plan cannot finish:\n" +
+                    engine_.stall_report() +
+                    "\nfix: check the plan with validate_plan (a collective some members never "
+                    "reach, or a dependency that never completes)");
+  const StepMeasurement m = timeline_.measurement(step, 1);
   StepEstimate out;
   out.step = step;
-  for (const RankState& st : ranks_) out.step_time_s = std::max(out.step_time_s, st.finish);
-  out.ranks.resize(nr_);
-  for (int r = 0; r < nr_; ++r) {
-    RankState& st = ranks_[r];
-    fold(st, kInf);
-    RankTimes& t = out.ranks[r];
-    t.compute_s = st.compute;
-    t.communication_s = st.comm;
-    t.exposed_comm_s = st.exposed;
-    t.idle_s = std::max(0.0, out.step_time_s - st.busy);
-    t.finish_s = st.finish;
+  out.step_time_s = m.time_s;
+  out.ranks.resize(m.ranks.size());
+  for (std::size_t r = 0; r < m.ranks.size(); ++r) {
+    const TimeBreakdown& t = m.ranks[r];
+    out.ranks[r] = {t.compute_s, t.communication_s, t.exposed_comm_s, t.idle_s, t.finish_s};
   }
   return out;
 }
 
-// Steps of one hyper-period are replayed once per distinct set of active periods; at most
-// kMaxSteps steps are counted (a hyper-period longer than that, which needs periods whose
-// least common multiple exceeds a million, is averaged over its first kMaxSteps steps).
-constexpr std::int64_t kMaxSteps = std::int64_t{1} << 20;
-
 }  // namespace
+
+double smallest_piece_bytes(const StepPlan& plan, const Op& op, const std::vector<int>& members) {
+  if (op.kind != OpKind::all_gather && op.kind != OpKind::reduce_scatter) return -1;
+  double smallest = -1;
+  for (int m : members) {
+    const double p = static_cast<double>(piece_bytes(plan, op, m));
+    if (smallest < 0 || p < smallest) smallest = p;
+  }
+  return smallest;
+}
+
+double instance_time(const StepPlan& plan, const ClusterSpec& cluster, const Op& op,
+                     const std::vector<int>& participants, int leader) {
+  const bool pair = op.kind == OpKind::send || op.kind == OpKind::recv;
+  const int sizer = pair ? participants.front() : leader;
+  const double bytes =
+      op.kind == OpKind::barrier ? 0 : static_cast<double>(collective_bytes(plan, op, sizer));
+  const LinkParams link = link_for_group(cluster, plan.mesh(), participants, op.kind);
+  return collective_time(op.kind, static_cast<int>(participants.size()), bytes, link,
+                         smallest_piece_bytes(plan, op, participants));
+}
 
 StepEstimate estimate_step(const StepPlan& plan, const ClusterSpec& cluster, int step) {
   if (step < 0) throw PlanError("estimate_step: step " + std::to_string(step) + " is negative");
-  return Replayer(plan, cluster).run(step);
+  return AnalyticReplay(plan, cluster).run(step);
 }
 
 EstimateSummary estimate(const StepPlan& plan, const ClusterSpec& cluster) {
-  Replayer replayer(plan, cluster);
-  std::vector<int> periods;
-  for (const Op& op : plan.ops) periods.push_back(op.period);
-  std::sort(periods.begin(), periods.end());
-  periods.erase(std::unique(periods.begin(), periods.end()), periods.end());
-  std::int64_t steps = 1;
-  for (int p : periods) {
-    if (p < 1) throw PlanError("estimate: an op has period " + std::to_string(p) + " (below 1)");
-    steps = std::min(kMaxSteps, steps / std::gcd(steps, static_cast<std::int64_t>(p)) * p);
-  }
-  // Pattern of step k: which distinct periods divide k. Count the steps of each pattern.
-  std::map<std::vector<bool>, std::pair<std::int64_t, int>> patterns;  // -> (count, first step)
-  std::vector<bool> key(periods.size());
-  for (std::int64_t k = 0; k < steps; ++k) {
-    for (std::size_t i = 0; i < periods.size(); ++i) key[i] = k % periods[i] == 0;
-    auto [it, inserted] = patterns.try_emplace(key, 0, static_cast<int>(k));
-    ++it->second.first;
-  }
+  const std::vector<StepPatternSpec> patterns = step_patterns(plan);
+  AnalyticReplay replay(plan, cluster);
   EstimateSummary out;
   double total = 0;
   bool first = true;
-  for (const auto& [pattern, count_and_step] : patterns) {
-    StepEstimate e = replayer.run(count_and_step.second);
-    total += e.step_time_s * static_cast<double>(count_and_step.first);
-    if (first || e.step_time_s > out.worst_step_s ||
-        (e.step_time_s == out.worst_step_s && e.step < out.worst.step)) {
+  for (const StepPatternSpec& pattern : patterns) {
+    StepEstimate e = replay.run(pattern.step);
+    total += e.step_time_s * static_cast<double>(pattern.count);
+    if (first || e.step_time_s > out.worst_step_s) {  // patterns come in step order
       out.worst_step_s = e.step_time_s;
       out.worst = std::move(e);
       first = false;
     }
   }
-  out.average_step_s = total / static_cast<double>(steps);
+  out.average_step_s = total / static_cast<double>(pattern_steps(patterns));
   return out;
 }
 

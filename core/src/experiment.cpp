@@ -68,7 +68,7 @@ constexpr std::size_t kMaxPathComponentBytes = 255;
 
 const std::vector<std::string> kTopKeys = {"name",      "cluster",  "mesh",    "model", "parallel",
                                            "optimizer", "strategy", "backend", "sim",   "steps",
-                                           "repeats",   "output",   "sweep"};
+                                           "repeats",   "seed",     "output",  "sweep"};
 const std::vector<std::string> kMeshKeys = {"dims", "gpus_per_node", "world_size"};
 const std::vector<std::string> kDimKeys = {"name", "size", "role"};
 const std::vector<std::string> kDimValueKeys = {"size", "role"};
@@ -87,11 +87,22 @@ const std::vector<std::string> kParamKeys = {"name",  "shape", "role",
                                              "dtype", "layer", "placements"};
 const std::vector<std::string> kParallelKeys = {"fsdp_tensor_dim", "tp_dim_per_param",
                                                 "tp_shard_embeddings"};
+// torch.optim.Muon's names (core/optimizer.hpp), plus muonbed's additions.
 const std::vector<std::string> kOptimizerKeys = {
-    "lr",           "momentum",   "nesterov",     "momentum_form",
-    "weight_decay", "ns_steps",   "coefficients", "custom_coefficients",
-    "update_scale", "ns_epsilon", "adamw_lr",     "adamw_beta1",
-    "adamw_beta2",  "adamw_eps",  "comm_dtype",   "routing"};
+    "lr",  "weight_decay", "momentum", "nesterov", "momentum_form", "ns_coefficients", "ns_steps",
+    "eps", "adjust_lr_fn", "adamw",    "qk_clip",  "comm_dtype",    "routing"};
+const std::vector<std::string> kAdamWKeys = {"lr", "betas", "eps", "weight_decay"};
+const std::vector<std::string> kQkClipKeys = {"enabled", "tau", "head_dim"};
+// Keys of earlier muonbed versions and what they are called now.
+const std::vector<std::pair<std::string, std::string>> kRenamedOptimizerKeys = {
+    {"coefficients", "ns_coefficients: keller | polar_express | [[a, b, c], ...]"},
+    {"custom_coefficients", "ns_coefficients: [[a, b, c], ...] (one per step)"},
+    {"update_scale", "adjust_lr_fn: original | match_rms_adamw | none"},
+    {"ns_epsilon", "eps: 1e-7"},
+    {"adamw_lr", "adamw: {lr: ...}"},
+    {"adamw_beta1", "adamw: {betas: [beta1, beta2]}"},
+    {"adamw_beta2", "adamw: {betas: [beta1, beta2]}"},
+    {"adamw_eps", "adamw: {eps: ...}"}};
 const std::vector<std::string> kRoutingKeys = {"embeddings_to_adamw", "lm_head_to_adamw",
                                                "router_to_adamw", "force_adamw"};
 const std::vector<std::string> kStrategyKeys = {
@@ -122,6 +133,8 @@ std::vector<std::string> schema_paths() {
   for (const std::string& k : kParallelKeys) paths.push_back("parallel." + k);
   for (const std::string& k : kOptimizerKeys) paths.push_back("optimizer." + k);
   for (const std::string& k : kRoutingKeys) paths.push_back("optimizer.routing." + k);
+  for (const std::string& k : kAdamWKeys) paths.push_back("optimizer.adamw." + k);
+  for (const std::string& k : kQkClipKeys) paths.push_back("optimizer.qk_clip." + k);
   for (const std::string& k : kStrategyKeys) paths.push_back("strategy." + k);
   for (const std::string& k : kGradSyncKeys) paths.push_back("strategy.grad_sync." + k);
   for (const std::string& k : kSimKeys) paths.push_back("sim." + k);
@@ -727,60 +740,109 @@ void read_optimizer(const Context& ctx, const MapReader& top, const Model& model
                     OptimizerConfig& opt, RoutingRules& routing) {
   const Field* field = top.find("optimizer");
   if (!field) return;
+  if (field->value.IsMap())
+    for (const auto& entry : field->value) {
+      if (!entry.first.IsScalar()) continue;
+      for (const auto& [old_key, now] : kRenamedOptimizerKeys)
+        if (entry.first.Scalar() == old_key)
+          fail(ctx, entry.first,
+               "'optimizer." + old_key +
+                   "' was renamed (muonbed follows torch.optim.Muon's and AdamW's names)",
+               "write " + now);
+    }
   const MapReader o(ctx, *field, kOptimizerKeys);
   constexpr double kHuge = std::numeric_limits<double>::max();
-  o.read("lr", opt.lr, 0, kHuge, true);
+  MuonConfig& muon = opt.muon;
+  o.read("lr", muon.lr, 0, kHuge, true);
+  o.read("weight_decay", muon.weight_decay, 0, kHuge);
   if (const Field* f = o.find("momentum")) {
-    opt.momentum = to_double(ctx, *f, 0, 1);
-    if (opt.momentum >= 1)
+    muon.momentum = to_double(ctx, *f, 0, 1);
+    if (muon.momentum >= 1)
       fail(ctx, *f, "'optimizer.momentum' = " + f->value.Scalar() + " must be below 1",
            "use a momentum in [0, 1), typically 0.95");
   }
-  o.read("nesterov", opt.nesterov);
-  o.read_choice("momentum_form", opt.momentum_form, {"ema", "lerp"});
-  o.read("weight_decay", opt.weight_decay, 0, kHuge);
-  o.read("ns_steps", opt.ns_steps, 1, 100);
-  o.read_choice("coefficients", opt.coefficients, {"keller", "polar_express", "custom"});
-  o.read_choice("update_scale", opt.update_scale, {"original", "match_rms_adamw"});
-  o.read("ns_epsilon", opt.ns_epsilon, 0, kHuge, true);
-  o.read("adamw_lr", opt.adamw_lr, 0, kHuge, true);
-  for (auto [key, value] :
-       {std::pair{"adamw_beta1", &opt.adamw_beta1}, std::pair{"adamw_beta2", &opt.adamw_beta2}})
-    if (const Field* f = o.find(key)) {
-      *value = to_double(ctx, *f, 0, 1);
-      if (*value >= 1)
-        fail(ctx, *f, "'" + f->path + "' = " + f->value.Scalar() + " must be below 1",
-             "use a value in [0, 1)");
-    }
-  o.read("adamw_eps", opt.adamw_eps, 0, kHuge, true);
+  o.read("nesterov", muon.nesterov);
+  if (const Field* f = o.find("momentum_form"))
+    muon.momentum_form = momentum_form_from_string(to_choice(ctx, *f, {"lerp", "classic"}));
+  o.read("ns_steps", muon.ns_steps, 1, 100);
+  o.read("eps", muon.eps, 0, 1);
+  if (const Field* f = o.find("adjust_lr_fn"))
+    muon.adjust_lr_fn =
+        lr_scale_rule_from_string(to_choice(ctx, *f, {"original", "match_rms_adamw", "none"}));
   if (const Field* f = o.find("comm_dtype")) opt.comm_dtype = read_dtype(ctx, *f);
 
-  const Field* custom = o.find("custom_coefficients");
-  const std::string example = "custom_coefficients: [[3.4445, -4.775, 2.0315], ...]";
-  if (opt.coefficients == "custom" && !custom)
-    fail(ctx, *o.find("coefficients"), "coefficients: custom needs 'custom_coefficients'",
-         "add " + example + " under optimizer, one [a, b, c] per NS step (" +
-             std::to_string(opt.ns_steps) + ")");
-  if (custom && opt.coefficients != "custom")
-    fail(ctx, custom->key,
-         "'custom_coefficients' is given but optimizer.coefficients is '" + opt.coefficients + "'",
-         "set coefficients: custom, or remove custom_coefficients");
-  if (custom) {
-    const std::vector<Field> steps = list_items(ctx, *custom);
-    if (static_cast<int>(steps.size()) != opt.ns_steps)
-      fail(ctx, *custom,
-           "custom_coefficients has " + std::to_string(steps.size()) + " entries but ns_steps is " +
-               std::to_string(opt.ns_steps),
-           "give one [a, b, c] per Newton-Schulz step, or set ns_steps: " +
-               std::to_string(steps.size()));
-    for (const Field& step : steps) {
-      const std::vector<Field> abc = list_items(ctx, step);
-      if (abc.size() != 3)
-        fail(ctx, step, "'" + step.path + "' has " + std::to_string(abc.size()) + " numbers, not 3",
-             "write each step as [a, b, c]");
-      std::array<double, 3> triple{};
-      for (int i = 0; i < 3; ++i) triple[i] = to_double(ctx, abc[i], -kHuge, kHuge);
-      opt.custom_coefficients.push_back(triple);
+  // ns_coefficients: a set's name, one torch-style [a, b, c] for every step, or one per step.
+  if (const Field* f = o.find("ns_coefficients")) {
+    const std::string example = "ns_coefficients: [[3.4445, -4.775, 2.0315], ...]";
+    if (f->value.IsScalar()) {
+      muon.ns_coefficients = to_choice(ctx, *f, {"keller", "keller_jordan", "polar_express"});
+      if (muon.ns_coefficients == "keller_jordan") muon.ns_coefficients = "keller";
+    } else {
+      const std::vector<Field> items = list_items(ctx, *f);
+      const auto read_triple = [&](const Field& step) {
+        const std::vector<Field> abc = list_items(ctx, step);
+        if (abc.size() != 3)
+          fail(ctx, step,
+               "'" + step.path + "' has " + std::to_string(abc.size()) + " numbers, not 3",
+               "write each step as [a, b, c], e.g. " + example);
+        return NsStepCoefficients{to_double(ctx, abc[0], -1e6, 1e6),
+                                  to_double(ctx, abc[1], -1e6, 1e6),
+                                  to_double(ctx, abc[2], -1e6, 1e6)};
+      };
+      if (items.empty())
+        fail(ctx, *f, "'optimizer.ns_coefficients' is an empty list",
+             "name a set (keller, polar_express) or give " + example);
+      muon.ns_coefficients = "custom";
+      if (!items.front().value.IsSequence()) {
+        // torch.optim.Muon's form: one (a, b, c) used at every step.
+        const NsStepCoefficients abc = read_triple(*f);
+        muon.custom_coefficients.assign(static_cast<std::size_t>(muon.ns_steps), abc);
+      } else {
+        for (const Field& step : items) muon.custom_coefficients.push_back(read_triple(step));
+        if (static_cast<int>(items.size()) != muon.ns_steps) {
+          if (o.find("ns_steps"))
+            fail(ctx, *f,
+                 "ns_coefficients lists " + std::to_string(items.size()) +
+                     " steps but ns_steps is " + std::to_string(muon.ns_steps),
+                 "give one [a, b, c] per Newton-Schulz step, or set ns_steps: " +
+                     std::to_string(items.size()));
+          muon.ns_steps = static_cast<int>(items.size());
+        }
+      }
+    }
+  }
+
+  if (const Field* a = o.find("adamw")) {
+    const MapReader ar(ctx, *a, kAdamWKeys);
+    ar.read("lr", opt.adamw.lr, 0, kHuge, true);
+    ar.read("eps", opt.adamw.eps, 0, 1);
+    ar.read("weight_decay", opt.adamw.weight_decay, 0, kHuge);
+    if (const Field* f = ar.find("betas")) {
+      const std::vector<Field> betas = list_items(ctx, *f);
+      if (betas.size() != 2)
+        fail(ctx, *f, "'optimizer.adamw.betas' has " + std::to_string(betas.size()) + " values",
+             "write betas: [0.9, 0.999] (beta1, beta2)");
+      double* out[2] = {&opt.adamw.beta1, &opt.adamw.beta2};
+      for (int i = 0; i < 2; ++i) {
+        *out[i] = to_double(ctx, betas[i], 0, 1);
+        if (*out[i] >= 1)
+          fail(ctx, betas[i],
+               "'" + betas[i].path + "' = " + betas[i].value.Scalar() + " must be below 1",
+               "use a value in [0, 1)");
+      }
+    }
+  }
+  if (const Field* q = o.find("qk_clip")) {
+    const MapReader qr(ctx, *q, kQkClipKeys);
+    qr.read("enabled", opt.qk_clip.enabled);
+    qr.read("tau", opt.qk_clip.tau, 0, kHuge, true);
+    qr.read("head_dim", opt.qk_clip.head_dim, 0, std::int64_t{1} << 20);
+    if (opt.qk_clip.enabled && opt.qk_clip.head_dim == 0) {
+      // The model's attention head size, when the model says it.
+      opt.qk_clip.head_dim = model.head_dim;
+      if (opt.qk_clip.head_dim <= 0)
+        fail(ctx, *q, "qk_clip is enabled but the head size is unknown for this model",
+             "give optimizer.qk_clip.head_dim (rows per attention head of attn_q / attn_k)");
     }
   }
 
@@ -1046,26 +1108,37 @@ std::string resolved_yaml(const Experiment& e, const MeshSection& ms, const Mode
 
   const OptimizerConfig& o = e.optimizer;
   out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
-  emit_number(out, "lr", o.lr);
-  emit_number(out, "momentum", o.momentum);
-  out << YAML::Key << "nesterov" << YAML::Value << o.nesterov;
-  out << YAML::Key << "momentum_form" << YAML::Value << o.momentum_form;
-  emit_number(out, "weight_decay", o.weight_decay);
-  out << YAML::Key << "ns_steps" << YAML::Value << o.ns_steps;
-  out << YAML::Key << "coefficients" << YAML::Value << o.coefficients;
-  if (!o.custom_coefficients.empty()) {
-    out << YAML::Key << "custom_coefficients" << YAML::Value << YAML::BeginSeq;
-    for (const auto& abc : o.custom_coefficients)
-      out << YAML::Flow << YAML::BeginSeq << format_number(abc[0]) << format_number(abc[1])
-          << format_number(abc[2]) << YAML::EndSeq;
+  emit_number(out, "lr", o.muon.lr);
+  emit_number(out, "weight_decay", o.muon.weight_decay);
+  emit_number(out, "momentum", o.muon.momentum);
+  out << YAML::Key << "nesterov" << YAML::Value << o.muon.nesterov;
+  out << YAML::Key << "momentum_form" << YAML::Value
+      << std::string(to_string(o.muon.momentum_form));
+  out << YAML::Key << "ns_steps" << YAML::Value << o.muon.ns_steps;
+  out << YAML::Key << "ns_coefficients" << YAML::Value;
+  if (o.muon.ns_coefficients == "custom") {
+    out << YAML::BeginSeq;
+    for (const auto& abc : o.muon.custom_coefficients)
+      out << YAML::Flow << YAML::BeginSeq << format_number(abc.a) << format_number(abc.b)
+          << format_number(abc.c) << YAML::EndSeq;
     out << YAML::EndSeq;
+  } else {
+    out << o.muon.ns_coefficients;
   }
-  out << YAML::Key << "update_scale" << YAML::Value << o.update_scale;
-  emit_number(out, "ns_epsilon", o.ns_epsilon);
-  emit_number(out, "adamw_lr", o.adamw_lr);
-  emit_number(out, "adamw_beta1", o.adamw_beta1);
-  emit_number(out, "adamw_beta2", o.adamw_beta2);
-  emit_number(out, "adamw_eps", o.adamw_eps);
+  emit_number(out, "eps", o.muon.eps);
+  out << YAML::Key << "adjust_lr_fn" << YAML::Value << std::string(to_string(o.muon.adjust_lr_fn));
+  out << YAML::Key << "adamw" << YAML::Value << YAML::BeginMap;
+  emit_number(out, "lr", o.adamw.lr);
+  out << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq
+      << format_number(o.adamw.beta1) << format_number(o.adamw.beta2) << YAML::EndSeq;
+  emit_number(out, "eps", o.adamw.eps);
+  emit_number(out, "weight_decay", o.adamw.weight_decay);
+  out << YAML::EndMap;
+  out << YAML::Key << "qk_clip" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "enabled" << YAML::Value << o.qk_clip.enabled;
+  emit_number(out, "tau", o.qk_clip.tau);
+  out << YAML::Key << "head_dim" << YAML::Value << o.qk_clip.head_dim;
+  out << YAML::EndMap;
   out << YAML::Key << "comm_dtype" << YAML::Value << std::string(to_string(o.comm_dtype));
   const RoutingRules& r = e.parallel.routing;
   out << YAML::Key << "routing" << YAML::Value << YAML::BeginMap;
@@ -1100,6 +1173,7 @@ std::string resolved_yaml(const Experiment& e, const MeshSection& ms, const Mode
   out << YAML::Key << "fidelity" << YAML::Value << e.sim_fidelity << YAML::EndMap;
   out << YAML::Key << "steps" << YAML::Value << e.steps;
   out << YAML::Key << "repeats" << YAML::Value << e.repeats;
+  out << YAML::Key << "seed" << YAML::Value << e.seed;
   out << YAML::Key << "output" << YAML::Value << e.output_dir;
   out << YAML::EndMap;
   (void)ms;
@@ -1315,8 +1389,9 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* c
     const MapReader sim(ctx, *f, kSimKeys);
     sim.read_choice("fidelity", e.sim_fidelity, kFidelities);
   }
-  top.read("steps", e.steps, 1, 1000000);
+  top.read("steps", e.steps, 0, 1000000);
   top.read("repeats", e.repeats, 1, 1000000);
+  if (std::int64_t seed = 1; top.read("seed", seed, 0)) e.seed = static_cast<std::uint64_t>(seed);
   e.output_dir = "results/" + e.name;
   if (const Field* f = top.find("output")) {
     e.output_dir = to_string_value(ctx, *f);
@@ -1544,10 +1619,8 @@ void apply_override(TreeEdits& edits, YAML::Node root, const std::string& path,
 
 PlanSettings Experiment::plan_settings() const {
   PlanSettings settings;
-  settings.ns_steps = optimizer.ns_steps;
-  settings.comm_dtype = optimizer.comm_dtype;
+  settings.optimizer = optimizer;
   settings.state_dtype = DType::fp32;
-  settings.nesterov = optimizer.nesterov;
   return settings;
 }
 

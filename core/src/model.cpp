@@ -275,7 +275,7 @@ Model make_dense(const DenseSpec& spec) {
   add_embeddings(b, spec);
   for (int l = 0; l < spec.layers; ++l) add_dense_block(b, spec, dims, l);
   add_head(b, spec);
-  return Model{spec.name, static_cast<int>(spec.layers), b.take()};
+  return Model{spec.name, static_cast<int>(spec.layers), b.take(), dims.head_dim};
 }
 
 Model make_moe(const MoeSpec& spec) {
@@ -312,7 +312,7 @@ Model make_moe(const MoeSpec& spec) {
       add_mlp(b, s, p + "moe.shared.", spec.shared_experts * spec.expert_ffn, false, l);
   }
   add_head(b, s);
-  return Model{s.name, static_cast<int>(s.layers), b.take()};
+  return Model{s.name, static_cast<int>(s.layers), b.take(), dims.head_dim};
 }
 
 std::vector<std::string> preset_names() {

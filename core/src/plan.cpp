@@ -36,7 +36,7 @@ constexpr std::pair<OpKind, std::string_view> kOpNames[] = {
 };
 
 std::int64_t comm_bytes(const StepPlan& plan) {
-  return bytes_of(plan.settings.comm_dtype);
+  return bytes_of(plan.settings.comm_dtype());
 }
 
 // Elements of param p that `rank` holds before the op (the piece rule of plan.hpp).
@@ -89,6 +89,48 @@ OpKind op_kind_from_string(std::string_view text) {
   for (const auto& [k, name] : kOpNames)
     if (name == text) return k;
   throw PlanError("unknown op kind '" + std::string(text) + "'");
+}
+
+constexpr std::pair<TensorRole, std::string_view> kRoleNames[] = {
+    {TensorRole::none, "none"},
+    {TensorRole::gradient, "gradient"},
+    {TensorRole::update, "update"},
+    {TensorRole::result, "result"},
+};
+
+std::string_view to_string(TensorRole role) {
+  for (const auto& [r, name] : kRoleNames)
+    if (r == role) return name;
+  return "?";
+}
+
+TensorRole tensor_role_from_string(std::string_view text) {
+  for (const auto& [r, name] : kRoleNames)
+    if (name == text) return r;
+  throw PlanError("unknown tensor role '" + std::string(text) +
+                  "'; known: none, gradient, update, result");
+}
+
+TensorRole default_tensor(const Op& op) {
+  switch (op.kind) {
+    case OpKind::gather:
+      return TensorRole::update;
+    case OpKind::scatter:
+    case OpKind::broadcast:
+      return TensorRole::result;
+    case OpKind::all_gather:
+    case OpKind::pack:
+      return op.owned_only ? TensorRole::result : TensorRole::update;
+    case OpKind::unpack:
+      return TensorRole::update;
+    case OpKind::all_to_all:
+      return op.direction == AllToAllDirection::to_owners ? TensorRole::update : TensorRole::result;
+    case OpKind::reduce_scatter:
+    case OpKind::all_reduce:
+      return TensorRole::gradient;
+    default:
+      return TensorRole::none;
+  }
 }
 
 bool is_memory(OpKind kind) {
@@ -233,10 +275,12 @@ std::vector<std::int64_t> bytes_sent(const StepPlan& plan, const Op& op, int ran
         if (i != me) out[i] = pieces_bytes(plan, op, member(i), op.gathered);
       break;
     case OpKind::all_reduce: {
-      // Logically a reduce-scatter of equal parts followed by an all-gather of them.
-      const auto total = pieces_bytes(plan, op, rank, op.gathered);
+      // Logically a reduce-scatter of equal parts followed by an all-gather of them; parts are
+      // whole elements (torch.chunk of the concatenated pieces).
+      const auto width = comm_bytes(plan);
+      const auto total = pieces_bytes(plan, op, rank, op.gathered) / width;
       for (int i = 0; i < n; ++i)
-        if (i != me) out[i] = chunk_share(total, n, i) + chunk_share(total, n, me);
+        if (i != me) out[i] = (chunk_share(total, n, i) + chunk_share(total, n, me)) * width;
       break;
     }
     case OpKind::send:
@@ -282,8 +326,9 @@ std::vector<std::int64_t> bytes_received(const StepPlan& plan, const Op& op, int
     case OpKind::all_reduce:
       for (int i = 0; i < n; ++i) {
         if (i == me) continue;
-        const auto total = pieces_bytes(plan, op, member(i), op.gathered);
-        in[i] = chunk_share(total, n, me) + chunk_share(total, n, i);
+        const auto width = comm_bytes(plan);
+        const auto total = pieces_bytes(plan, op, member(i), op.gathered) / width;
+        in[i] = (chunk_share(total, n, me) + chunk_share(total, n, i)) * width;
       }
       break;
     case OpKind::send:
@@ -342,7 +387,8 @@ std::vector<MatrixWork> ns_work(const StepPlan& plan, const Op& op, int rank) {
     const auto& dp = plan.model.params[p];
     if (!dp.layout.holds(plan.mesh(), rank)) continue;
     work.push_back({newton_schulz_flops(dp.rows(), dp.cols(), op.ns_steps, dp.batch()),
-                    static_cast<double>(std::min(dp.rows(), dp.cols()))});
+                    static_cast<double>(std::min(dp.rows(), dp.cols())), dp.rows(), dp.cols(),
+                    dp.batch()});
   }
   return work;
 }
@@ -370,7 +416,8 @@ double op_flops(const StepPlan& plan, const Op& op, int rank) {
     }
     case OpKind::momentum:
       // buf = beta*buf + g (2 flops/element); Nesterov adds g + beta*buf (2 more).
-      return (plan.settings.nesterov ? 4.0 : 2.0) * elementwise_numel(plan, op, rank);
+      return (plan.settings.optimizer.muon.nesterov ? 4.0 : 2.0) *
+             elementwise_numel(plan, op, rank);
     case OpKind::apply_update:
       // p = p*(1 - lr*wd) - lr*scale*u: 4 flops/element.
       return 4.0 * elementwise_numel(plan, op, rank);
@@ -417,13 +464,40 @@ double op_memory_bytes(const StepPlan& plan, const Op& op, int rank) {
 RankMemory rank_memory(const StepPlan& plan, int rank) {
   RankMemory memory;
   const auto& mesh = plan.mesh();
+  const auto& params = plan.model.params;
   const std::int64_t state = bytes_of(plan.settings.state_dtype);
-  for (const auto& dp : plan.model.params) {
-    const std::int64_t numel = dp.layout.shard_numel(mesh, rank);
-    if (numel == 0) continue;
-    // parameter + gradient in the parameter's dtype, plus optimizer state.
-    const std::int64_t states = dp.optimizer == OptimizerKind::muon ? 1 : 2;
-    memory.static_bytes += numel * (2 * bytes_of(dp.dtype) + states * state);
+  const std::int64_t comm = comm_bytes(plan);
+  // The pieces the step keeps (core/program.hpp): the gradient it starts with (the input of the
+  // first sync op, else the piece its first reader computes on), momentum where the momentum op
+  // computes, AdamW moments where the adamw op does.
+  const std::size_t n = params.size();
+  std::vector<std::int64_t> gradient(n, 0), momentum(n, 0), moments(n, 0);
+  std::vector<char> gradient_found(n, 0);
+  for (const auto& op : plan.ops) {
+    const bool sync = op.kind == OpKind::reduce_scatter || op.kind == OpKind::all_reduce;
+    const bool reader = op.kind == OpKind::momentum || op.kind == OpKind::adamw;
+    if ((!sync && !reader) || !op.ranks.contains(mesh, rank)) continue;
+    const DimSet input = op.kind == OpKind::reduce_scatter ? op.gathered | op.group : op.gathered;
+    for (int p : op.params) {
+      if (!params[p].layout.holds(mesh, rank)) continue;
+      if (reader && op.owned_only && plan.assignment.owner[p] != rank) continue;
+      const std::int64_t piece = piece_numel(plan, p, rank, input);
+      if (!gradient_found[p]) {
+        gradient_found[p] = 1;
+        gradient[p] = piece;
+      }
+      if (op.kind == OpKind::momentum) momentum[p] = piece;
+      if (op.kind == OpKind::adamw) moments[p] = piece;
+    }
+  }
+  for (const auto& dp : params) {
+    if (!dp.layout.holds(mesh, rank)) continue;
+    const std::int64_t shard = dp.layout.shard_numel(mesh, rank);
+    const std::int64_t width = std::max<std::int64_t>(bytes_of(dp.dtype), comm);
+    // The gradient slot also holds Muon's update and result outside transient buffers.
+    const std::int64_t slot = std::max({shard, gradient[dp.index], momentum[dp.index]});
+    memory.static_bytes += shard * bytes_of(dp.dtype) + slot * width +
+                           (momentum[dp.index] + 2 * moments[dp.index]) * state;
   }
   std::int64_t live = 0;
   for (const auto& op : plan.ops) {
@@ -500,6 +574,26 @@ void validate_plan(const StepPlan& plan) {
         }
       }
     }
+    const bool moves_data = is_collective(op.kind) && op.kind != OpKind::barrier;
+    if (moves_data || op.kind == OpKind::pack || op.kind == OpKind::unpack) {
+      const bool reduction = op.kind == OpKind::reduce_scatter || op.kind == OpKind::all_reduce;
+      if (op.tensor == TensorRole::none)
+        fail(op, "moves data but names no tensor (gradient, update or result)");
+      if (reduction != (op.tensor == TensorRole::gradient))
+        fail(op, reduction
+                     ? "reductions move the gradient, not the " + std::string(to_string(op.tensor))
+                     : "only reductions move the gradient");
+    } else if (op.tensor != TensorRole::none) {
+      fail(op, "names a tensor (" + std::string(to_string(op.tensor)) +
+                   ") but moves no data; leave it none");
+    }
+    if ((op.kind == OpKind::pack || op.kind == OpKind::unpack) && op.buffer != -1 &&
+        (op.buffer < 0 || op.buffer >= static_cast<int>(plan.buffers.size())))
+      fail(op, "staging buffer " + std::to_string(op.buffer) + " does not exist");
+    if (!is_memory(op.kind) && op.kind != OpKind::pack && op.kind != OpKind::unpack &&
+        op.buffer != -1)
+      fail(op, "names buffer " + std::to_string(op.buffer) +
+                   " but only alloc, release, pack and unpack use buffers");
     if (is_memory(op.kind)) {
       if (op.buffer < 0 || op.buffer >= static_cast<int>(plan.buffers.size()))
         fail(op, "buffer " + std::to_string(op.buffer) + " does not exist");

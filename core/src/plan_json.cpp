@@ -27,7 +27,9 @@ namespace {
 using nlohmann::json;
 
 constexpr std::string_view kFormatName = "muonbed-plan";
-constexpr int kFormatVersion = 1;
+// 2: settings.optimizer, ops' tensor. 3: pack/unpack name their staging buffer, all_to_all
+// staging is allocated, owner_allgather's full-update buffers hold every matrix of a chunk.
+constexpr int kFormatVersion = 3;
 
 // ------------------------------------------------------------------------------------------------
 // Paths for error messages. A Path is a chain of stack objects (key or index) rendered only when
@@ -527,22 +529,100 @@ Assignment read_assignment(const json& j, const Path& path) {
   return a;
 }
 
+// The optimizer in the experiment YAML's vocabulary (core/optimizer.hpp), every field written.
+json optimizer_to_json(const OptimizerConfig& o) {
+  json coefficients = json::array();
+  for (const NsStepCoefficients& c : o.muon.custom_coefficients)
+    coefficients.push_back(double_list_to_json({c.a, c.b, c.c}));
+  return {{"lr", double_to_json(o.muon.lr)},
+          {"weight_decay", double_to_json(o.muon.weight_decay)},
+          {"momentum", double_to_json(o.muon.momentum)},
+          {"nesterov", o.muon.nesterov},
+          {"momentum_form", to_string(o.muon.momentum_form)},
+          {"ns_coefficients", o.muon.ns_coefficients},
+          {"custom_coefficients", std::move(coefficients)},
+          {"eps", double_to_json(o.muon.eps)},
+          {"ns_steps", o.muon.ns_steps},
+          {"adjust_lr_fn", to_string(o.muon.adjust_lr_fn)},
+          {"adamw",
+           {{"lr", double_to_json(o.adamw.lr)},
+            {"beta1", double_to_json(o.adamw.beta1)},
+            {"beta2", double_to_json(o.adamw.beta2)},
+            {"eps", double_to_json(o.adamw.eps)},
+            {"weight_decay", double_to_json(o.adamw.weight_decay)}}},
+          {"qk_clip",
+           {{"enabled", o.qk_clip.enabled},
+            {"tau", double_to_json(o.qk_clip.tau)},
+            {"head_dim", o.qk_clip.head_dim}}},
+          {"comm_dtype", to_string(o.comm_dtype)}};
+}
+
+OptimizerConfig read_optimizer(const json& j, const Path& path) {
+  ObjectReader r(
+      j, path,
+      {"lr", "weight_decay", "momentum", "nesterov", "momentum_form", "ns_coefficients",
+       "custom_coefficients", "eps", "ns_steps", "adjust_lr_fn", "adamw", "qk_clip", "comm_dtype"});
+  OptimizerConfig o;
+  MuonConfig& m = o.muon;
+  if (const json* v = r.get("lr")) m.lr = read_double(*v, path.key("lr"));
+  if (const json* v = r.get("weight_decay"))
+    m.weight_decay = read_double(*v, path.key("weight_decay"));
+  if (const json* v = r.get("momentum")) m.momentum = read_double(*v, path.key("momentum"));
+  if (const json* v = r.get("nesterov")) m.nesterov = read_bool(*v, path.key("nesterov"));
+  if (const json* v = r.get("momentum_form"))
+    m.momentum_form = read_enum(*v, path.key("momentum_form"), momentum_form_from_string);
+  if (const json* v = r.get("ns_coefficients"))
+    m.ns_coefficients = read_string(*v, path.key("ns_coefficients"));
+  if (const json* v = r.get("custom_coefficients")) {
+    const Path pc = path.key("custom_coefficients");
+    read_array(*v, pc);
+    for (std::size_t i = 0; i < v->size(); ++i) {
+      const std::vector<double> abc = read_double_list((*v)[i], pc.index(i));
+      if (abc.size() != 3) fail(pc.index(i), "expected [a, b, c]");
+      m.custom_coefficients.push_back({abc[0], abc[1], abc[2]});
+    }
+  }
+  if (const json* v = r.get("eps")) m.eps = read_double(*v, path.key("eps"));
+  if (const json* v = r.get("ns_steps")) m.ns_steps = read_int(*v, path.key("ns_steps"));
+  if (const json* v = r.get("adjust_lr_fn"))
+    m.adjust_lr_fn = read_enum(*v, path.key("adjust_lr_fn"), lr_scale_rule_from_string);
+  if (const json* v = r.get("adamw")) {
+    const Path pa = path.key("adamw");
+    ObjectReader a(*v, pa, {"lr", "beta1", "beta2", "eps", "weight_decay"});
+    if (const json* x = a.get("lr")) o.adamw.lr = read_double(*x, pa.key("lr"));
+    if (const json* x = a.get("beta1")) o.adamw.beta1 = read_double(*x, pa.key("beta1"));
+    if (const json* x = a.get("beta2")) o.adamw.beta2 = read_double(*x, pa.key("beta2"));
+    if (const json* x = a.get("eps")) o.adamw.eps = read_double(*x, pa.key("eps"));
+    if (const json* x = a.get("weight_decay"))
+      o.adamw.weight_decay = read_double(*x, pa.key("weight_decay"));
+  }
+  if (const json* v = r.get("qk_clip")) {
+    const Path pq = path.key("qk_clip");
+    ObjectReader q(*v, pq, {"enabled", "tau", "head_dim"});
+    if (const json* x = q.get("enabled")) o.qk_clip.enabled = read_bool(*x, pq.key("enabled"));
+    if (const json* x = q.get("tau")) o.qk_clip.tau = read_double(*x, pq.key("tau"));
+    if (const json* x = q.get("head_dim")) o.qk_clip.head_dim = read_int(*x, pq.key("head_dim"));
+  }
+  if (const json* v = r.get("comm_dtype"))
+    o.comm_dtype = read_enum(*v, path.key("comm_dtype"), dtype_from_string);
+  try {
+    validate(o);
+  } catch (const Error& e) {
+    fail(path, e.what());
+  }
+  return o;
+}
+
 json settings_to_json(const PlanSettings& s) {
-  return {{"ns_steps", s.ns_steps},
-          {"comm_dtype", to_string(s.comm_dtype)},
-          {"state_dtype", to_string(s.state_dtype)},
-          {"nesterov", s.nesterov}};
+  return {{"optimizer", optimizer_to_json(s.optimizer)}, {"state_dtype", to_string(s.state_dtype)}};
 }
 
 PlanSettings read_settings(const json& j, const Path& path) {
-  ObjectReader r(j, path, {"ns_steps", "comm_dtype", "state_dtype", "nesterov"});
+  ObjectReader r(j, path, {"optimizer", "state_dtype"});
   PlanSettings s;
-  if (const json* v = r.get("ns_steps")) s.ns_steps = read_int(*v, path.key("ns_steps"));
-  if (const json* v = r.get("comm_dtype"))
-    s.comm_dtype = read_enum(*v, path.key("comm_dtype"), dtype_from_string);
+  if (const json* v = r.get("optimizer")) s.optimizer = read_optimizer(*v, path.key("optimizer"));
   if (const json* v = r.get("state_dtype"))
     s.state_dtype = read_enum(*v, path.key("state_dtype"), dtype_from_string);
-  if (const json* v = r.get("nesterov")) s.nesterov = read_bool(*v, path.key("nesterov"));
   return s;
 }
 
@@ -586,6 +666,7 @@ json op_to_json(const Op& op, std::size_t position, const DeviceMesh& mesh) {
     out["gathered"] = dims_to_json(op.gathered, mesh, what + " gathered");
   if (op.owned_only != d.owned_only) out["owned_only"] = op.owned_only;
   if (op.direction != d.direction) out["direction"] = to_string(op.direction);
+  if (op.tensor != default_tensor(op)) out["tensor"] = to_string(op.tensor);
   if (op.buffer != d.buffer) out["buffer"] = op.buffer;
   if (op.ns_steps != d.ns_steps) out["ns_steps"] = op.ns_steps;
   if (op.period != d.period) out["period"] = op.period;
@@ -595,9 +676,10 @@ json op_to_json(const Op& op, std::size_t position, const DeviceMesh& mesh) {
 }
 
 Op read_op(const json& j, const Path& path, std::size_t position, const DeviceMesh& mesh) {
-  ObjectReader r(j, path,
-                 {"id", "kind", "stream", "ranks", "group", "root", "peer", "params", "gathered",
-                  "owned_only", "direction", "buffer", "ns_steps", "period", "deps", "label"});
+  ObjectReader r(
+      j, path,
+      {"id", "kind", "stream", "ranks", "group", "root", "peer", "params", "gathered", "owned_only",
+       "direction", "tensor", "buffer", "ns_steps", "period", "deps", "label"});
   Op op;
   op.id = static_cast<int>(position);
   op.ranks = RankBox::everyone(mesh);
@@ -613,6 +695,9 @@ Op read_op(const json& j, const Path& path, std::size_t position, const DeviceMe
   if (const json* v = r.get("owned_only")) op.owned_only = read_bool(*v, path.key("owned_only"));
   if (const json* v = r.get("direction"))
     op.direction = read_enum(*v, path.key("direction"), direction_from_string);
+  op.tensor = default_tensor(op);  // after kind, owned_only and direction
+  if (const json* v = r.get("tensor"))
+    op.tensor = read_enum(*v, path.key("tensor"), tensor_role_from_string);
   if (const json* v = r.get("buffer")) op.buffer = read_int(*v, path.key("buffer"));
   if (const json* v = r.get("ns_steps")) op.ns_steps = read_int(*v, path.key("ns_steps"));
   if (const json* v = r.get("period")) op.period = read_int(*v, path.key("period"));

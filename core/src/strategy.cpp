@@ -60,6 +60,7 @@ int PlanBuilder::emit(Op op) {
   for (int dep : op.deps)
     if (dep < 0 || dep >= op.id) throw PlanError("internal: op depends on a later op");
   if (op.ranks.coord.empty()) op.ranks = RankBox::everyone(mesh());
+  if (op.tensor == TensorRole::none) op.tensor = default_tensor(op);
   plan_.ops.push_back(std::move(op));
   return plan_.ops.back().id;
 }
@@ -262,7 +263,9 @@ class StagedRedistribute final : public RedistributePolicy {
         op.group = replicate;
         op.root = b.mesh().group_index(owner, replicate);
         op.params = {p};
-        op.deps = stage_deps;
+        op.deps = stage_deps;  // the owner's replica: after the scatters; the others: after
+        for (int d : deps)     // their own momentum (the input deps), whose update it overwrites
+          if (std::find(op.deps.begin(), op.deps.end(), d) == op.deps.end()) op.deps.push_back(d);
         op.label = "broadcast " + b.param(p).name;
         stage_deps = {b.emit(std::move(op))};
       }
@@ -275,8 +278,34 @@ class StagedRedistribute final : public RedistributePolicy {
   bool flat_;
 };
 
+// Alloc and release of an all_to_all staging buffer, emitted right next to their first and last
+// user, on its stream and with its deps: zero-time ops that delay nothing, so timing is unchanged
+// and rank_memory counts the staging.
+int emit_staging_alloc(PlanBuilder& b, int buffer, const RankBox& box, int stream,
+                       std::vector<int> deps) {
+  Op alloc;
+  alloc.kind = OpKind::alloc;
+  alloc.stream = stream;
+  alloc.ranks = box;
+  alloc.buffer = buffer;
+  alloc.deps = std::move(deps);
+  alloc.label = "alloc " + b.buffer_name(buffer);
+  return b.emit(std::move(alloc));
+}
+void emit_staging_release(PlanBuilder& b, int buffer, const RankBox& box, int stream, int after) {
+  Op release;
+  release.kind = OpKind::release;
+  release.stream = stream;
+  release.ranks = box;
+  release.buffer = buffer;
+  release.deps = {after};
+  release.label = "release " + b.buffer_name(buffer);
+  b.emit(std::move(release));
+}
+
 // Motif/dion: the shards of a chunk of matrices travel to their owners in one all-to-all over
-// the chunk's shard group (inside the owners' replica), packed into one send buffer.
+// the chunk's shard group (inside the owners' replica), packed into one send buffer; the owners
+// unpack the received pieces into their full updates. Both staging buffers are plan buffers.
 class AllToAllGather final : public GatherPolicy {
  public:
   std::string name() const override { return "all_to_all"; }
@@ -288,14 +317,21 @@ class AllToAllGather final : public GatherPolicy {
     const RankBox box = b.box_through(p0, b.owner(p0), layout.replicate_dims());
     const int compute = b.stream("compute");
     const std::vector<int> ps(params.begin(), params.end());
+    const std::string what = param_label(b, params);
+    const int send = b.add_buffer("all_to_all send " + what, ps, DimSet{}, false);
+    const int recv = b.add_buffer("all_to_all receive " + what, ps, layout.shard_dims(), true);
+    std::vector<int> pack_deps = deps;
+    pack_deps.push_back(emit_staging_alloc(b, send, box, compute, deps));
     Op pack;
     pack.kind = OpKind::pack;
     pack.stream = compute;
     pack.ranks = box;
     pack.params = ps;
-    pack.deps = deps;
-    pack.label = "pack " + param_label(b, params);
+    pack.buffer = send;
+    pack.deps = pack_deps;
+    pack.label = "pack " + what;
     const int pack_id = b.emit(std::move(pack));
+    const int alloc_recv = emit_staging_alloc(b, recv, box, stream, {pack_id});
     Op a2a;
     a2a.kind = OpKind::all_to_all;
     a2a.stream = stream;
@@ -303,9 +339,10 @@ class AllToAllGather final : public GatherPolicy {
     a2a.group = layout.shard_dims();
     a2a.direction = AllToAllDirection::to_owners;
     a2a.params = ps;
-    a2a.deps = {pack_id};
-    a2a.label = "all_to_all to owners: " + param_label(b, params);
+    a2a.deps = {pack_id, alloc_recv};
+    a2a.label = "all_to_all to owners: " + what;
     const int a2a_id = b.emit(std::move(a2a));
+    emit_staging_release(b, send, box, stream, a2a_id);
     Op unpack;
     unpack.kind = OpKind::unpack;
     unpack.stream = compute;
@@ -313,9 +350,12 @@ class AllToAllGather final : public GatherPolicy {
     unpack.params = ps;
     unpack.gathered = layout.shard_dims();
     unpack.owned_only = true;
+    unpack.buffer = recv;
     unpack.deps = {a2a_id};
-    unpack.label = "unpack " + param_label(b, params);
-    return {b.emit(std::move(unpack))};
+    unpack.label = "unpack " + what;
+    const int unpack_id = b.emit(std::move(unpack));
+    emit_staging_release(b, recv, box, compute, unpack_id);
+    return {unpack_id};
   }
 };
 
@@ -332,6 +372,10 @@ class AllToAllRedistribute final : public RedistributePolicy {
     if (!layout.shard_dims().empty()) {
       const RankBox box = b.box_through(p0, owner, layout.replicate_dims());
       const int compute = b.stream("compute");
+      const int send = b.add_buffer("all_to_all send results " + param_label(b, params), ps,
+                                    layout.shard_dims(), true);
+      std::vector<int> pack_deps = deps;
+      pack_deps.push_back(emit_staging_alloc(b, send, box, compute, deps));
       Op pack;
       pack.kind = OpKind::pack;
       pack.stream = compute;
@@ -339,7 +383,8 @@ class AllToAllRedistribute final : public RedistributePolicy {
       pack.params = ps;
       pack.gathered = layout.shard_dims();
       pack.owned_only = true;
-      pack.deps = deps;
+      pack.buffer = send;
+      pack.deps = pack_deps;
       pack.label = "pack results " + param_label(b, params);
       const int pack_id = b.emit(std::move(pack));
       Op a2a;
@@ -352,6 +397,7 @@ class AllToAllRedistribute final : public RedistributePolicy {
       a2a.deps = {pack_id};
       a2a.label = "all_to_all from owners: " + param_label(b, params);
       last = {b.emit(std::move(a2a))};
+      emit_staging_release(b, send, box, stream, last[0]);
     }
     if (!layout.replicate_dims().empty()) {
       Op op;
@@ -361,7 +407,9 @@ class AllToAllRedistribute final : public RedistributePolicy {
       op.group = layout.replicate_dims();
       op.root = b.mesh().group_index(owner, layout.replicate_dims());
       op.params = ps;
-      op.deps = last;
+      op.deps = last;  // as in StagedRedistribute: receivers after their own momentum too
+      for (int d : deps)
+        if (std::find(op.deps.begin(), op.deps.end(), d) == op.deps.end()) op.deps.push_back(d);
       op.label = "broadcast " + param_label(b, params);
       last = {b.emit(std::move(op))};
     }
@@ -546,6 +594,7 @@ class Scheduler {
   // Runs the pipeline over `units` (grouped into lanes by lane_key, in first-seen order).
   // Returns the op ids after which every update of these units is in place.
   std::vector<int> run(const std::vector<Unit>& units, const std::vector<int>& start_deps) {
+    start_deps_ = start_deps;
     classify_ranks(units);
     std::vector<std::vector<int>> lanes_order;
     std::map<std::vector<int>, std::vector<const Unit*>> lanes;
@@ -624,7 +673,11 @@ class Scheduler {
     InFlight f;
     f.unit = &u;
     f.buffer_box = result_box(u);
-    const bool owned_only = c_.ns != NsPlacement::every_holder;
+    // The buffer holds what the ranks of the box end up with: the full updates of the matrices
+    // they orthogonalize, or every matrix of the unit when every holder gets them all (replicated
+    // NS, or results all-gathered from their owners).
+    const bool owned_only =
+        c_.ns != NsPlacement::every_holder && c_.redistribute->name() != "all_gather_owned";
     f.buffer = b_.add_buffer("full updates " + param_label(b_, u.params), u.params,
                              DimSet::all(b_.mesh().ndims()), owned_only);
     // Each class of ranks inside the box waits for the release of its own unit `depth`+1 back.
@@ -675,8 +728,13 @@ class Scheduler {
     return {b_.emit(std::move(op))};
   }
 
+  // Redistribution also waits for what the step started after (the momentum op): a replica that
+  // receives the result by broadcast gathered nothing, so nothing else orders its momentum (which
+  // wrote the update where the result lands) before the broadcast writes there.
   std::vector<int> finish_unit(const InFlight& f, const std::vector<int>& ns_ids) {
-    auto done = c_.redistribute->emit(b_, f.unit->params, scatter_stream_, ns_ids);
+    std::vector<int> deps = ns_ids;
+    deps.insert(deps.end(), start_deps_.begin(), start_deps_.end());
+    auto done = c_.redistribute->emit(b_, f.unit->params, scatter_stream_, deps);
     Op release;
     release.kind = OpKind::release;
     release.stream = scatter_stream_;
@@ -754,6 +812,7 @@ class Scheduler {
     return classes_of_box_.at(it - boxes_.begin());
   }
 
+  std::vector<int> start_deps_;  // what run() started after (the momentum op)
   PlanBuilder& b_;
   const Composition& c_;
   int ns_steps_;
@@ -946,10 +1005,10 @@ StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
     auto policy = options.assign == "explicit"
                       ? make_explicit_assign_policy(options.explicit_owners)
                       : make_assign_policy(options.assign);
-    assignment = policy->assign(model, settings.ns_steps);
+    assignment = policy->assign(model, settings.ns_steps());
     validate_assignment(model, assignment);
   }
-  summarize(model, settings.ns_steps, assignment);
+  summarize(model, settings.ns_steps(), assignment);
 
   PlanBuilder b(model, assignment, settings);
   const int compute = b.stream("compute");
@@ -996,12 +1055,12 @@ StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
     StrategyOptions r = options;
     r.name = "replicated";
     Composition small_path = compose(r);
-    Scheduler scheduler(b, small_path, settings.ns_steps);
+    Scheduler scheduler(b, small_path, settings.ns_steps());
     auto done = scheduler.run(make_units(b, small, small_path, options.chunk_size), start);
     finished.insert(finished.end(), done.begin(), done.end());
   }
   if (!large.empty()) {
-    Scheduler scheduler(b, main, settings.ns_steps);
+    Scheduler scheduler(b, main, settings.ns_steps());
     auto done = scheduler.run(make_units(b, large, main, options.chunk_size), start);
     finished.insert(finished.end(), done.begin(), done.end());
   }

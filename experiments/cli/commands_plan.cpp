@@ -66,7 +66,7 @@ void print_point(const Experiment& e, std::size_t index, std::size_t count, int 
   std::cout << fmt::format("mesh      {} on {} ({})\n", mesh_text(e.mesh), e.cluster.name,
                            e.cluster.gpu.name);
   std::cout << fmt::format("strategy  {}; ns_steps {}, comm {}\n", strategy_text(e.strategy),
-                           e.optimizer.ns_steps, to_string(e.optimizer.comm_dtype));
+                           e.optimizer.muon.ns_steps, to_string(e.optimizer.comm_dtype));
   std::cout << fmt::format("plan      {} ops on {} streams, {} buffers, hyper-period {}\n",
                            plan.ops.size(), plan.streams.size(), plan.buffers.size(),
                            plan.hyper_period());

@@ -12,6 +12,7 @@
 #include "core/cluster.hpp"
 #include "core/model.hpp"
 #include "core/strategy.hpp"
+#include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"
 #include "experiments/cli/format.hpp"
 #include "muonbed/config.hpp"
@@ -19,12 +20,6 @@
 namespace muonbed::cli {
 
 namespace {
-
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
 
 int run_presets() {
   std::cout << "Model presets (model: {preset: NAME}):\n";
@@ -68,10 +63,7 @@ int run_presets() {
 
   std::cout << "\nStrategies (strategy: {name: ...}):   " << join(strategy_names()) << "\n";
   std::cout << "Assign policies (strategy: {assign: ...}): " << join(assign_policy_names()) << "\n";
-  std::cout << "Backends (backend: ...):             sim"
-            << (MUONBED_HAVE_SIMGRID ? "" : " (not built)") << ", analytic, mpi"
-            << (MUONBED_HAVE_MPI ? "" : " (not built)") << ", nccl"
-            << (MUONBED_HAVE_CUDA ? "" : " (not built)") << "\n";
+  std::cout << "Backends (backend: ...):             " << backends_summary() << "\n";
   std::cout << "\nnext: muonbed validate experiments/quickstart.yaml\n";
   return 0;
 }

@@ -27,12 +27,14 @@
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
 #include "core/results.hpp"
+#include "core/run_point.hpp"
+#include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"
 #include "experiments/cli/format.hpp"
 #include "muonbed/config.hpp"
 
-#if MUONBED_HAVE_SIMGRID
-#include "sim/run_point.hpp"
+#if MUONBED_HAVE_MPI
+#include "backends/mpi/mpi_backend.hpp"
 #endif
 
 namespace muonbed::cli {
@@ -112,49 +114,23 @@ PointOutcome run_one(const Experiment& point, const StepPlan& plan, const std::s
                      const RunOptions& options) {
   PointOutcome outcome;
   const auto start = Clock::now();
-#if MUONBED_HAVE_SIMGRID
-  SimOptions sim_options;
-  sim_options.trace_max_ranks = options.trace_ranks;
-  PointRun run = run_plan(point, plan, backend, sim_options);
+  RunSettings settings;
+  settings.trace_max_ranks = options.trace_ranks;
+  PointRun run = run_plan(point, plan, backend, settings);
   outcome.path = write_point(point, run);
   outcome.detail = fmt::format("{} {}", backend, human_seconds(seconds_since(start)));
-  if (backend == "sim")
-    outcome.detail += fmt::format(" (simulation {}, peak RSS {:.0f} MB, {} SimGrid transfers)",
-                                  human_seconds(run.stats.wall_s), run.stats.peak_rss_bytes / 1e6,
-                                  run.stats.simgrid_transfers);
+  if (!run.cost.what.empty())
+    outcome.detail += fmt::format(" ({} {}, peak RSS {:.0f} MB, {} {})", run.cost.what,
+                                  human_seconds(run.cost.wall_s), run.cost.peak_rss_bytes / 1e6,
+                                  run.cost.messages, run.cost.messages_what);
   outcome.record = std::move(run.record);
-#else
-  (void)options;
-  // Only the analytic backend exists without SimGrid (checked before the sweep starts).
-  outcome.record = analytic_record(plan, point.cluster);
-  outcome.record.provenance = make_provenance(&point, "");
-  outcome.record.timestamp = utc_timestamp();
-  outcome.path = result_path(point, backend);
-  write_file_atomically(outcome.path, result_to_json(outcome.record));
-  outcome.detail = fmt::format("{} {}", backend, human_seconds(seconds_since(start)));
-#endif
   return outcome;
 }
 
 // Checks that this build can run every requested backend before any work starts.
 void check_backends(const std::vector<Experiment>& points, const RunOptions& o) {
   for (const Experiment& point : points)
-    for (const std::string& backend : point.backends) {
-      if (backend == "mpi" || backend == "nccl")
-        throw ConfigError(SourceLocation{o.file, 0, 0},
-                          "backend '" + backend +
-                              "' cannot run yet: the real executors (Open MPI on CPU "
-                              "ranks, NCCL on GPUs) are the next milestone",
-                          "run the simulator and the analytic model for now: muonbed run " +
-                              o.file + " --backend sim --backend analytic");
-      if (backend == "sim" && !MUONBED_HAVE_SIMGRID)
-        throw ConfigError(
-            SourceLocation{o.file, 0, 0},
-            "this muonbed was built without SimGrid, so the 'sim' backend is off",
-            "install libsimgrid-dev (bash scripts/install-deps) and rebuild, or run the analytic "
-            "model: muonbed run " +
-                o.file + " --backend analytic");
-    }
+    for (const std::string& backend : point.backends) require_backend(backend, o.file);
 }
 
 // Every folder the run writes must be usable before any work starts: each output folder (the
@@ -301,7 +277,7 @@ void write_manifests(const std::vector<Experiment>& points, const Provenance& bu
            {"schema_version", kResultsSchemaVersion},
            {"results", nlohmann::json::array()},
            {"traces", nlohmann::json::array()}};
-    for (const char* backend : {"analytic", "sim"}) {
+    for (const char* backend : {"analytic", "sim", "mpi", "nccl"}) {
       bool other_build = false;
       const std::optional<ResultRecord> record =
           completed_result(point, backend, build, other_build);
@@ -373,6 +349,13 @@ void make_plots(const std::vector<std::string>& output_dirs) {
 }
 
 int run_command(RunOptions& o) {
+#if MUONBED_HAVE_MPI
+  // Started under mpirun or srun: ranks other than 0 serve rank 0's mpi points and end here.
+  if (const int code = mpi_command_begin(); code >= 0) return code;
+  struct EndMpi {
+    ~EndMpi() { mpi_command_end(); }
+  } end_mpi;
+#endif
   std::vector<Experiment> all = load_experiment(o.file);
   for (Experiment& point : all) apply_overrides(point, o);
   std::vector<Experiment> points;
@@ -488,8 +471,8 @@ void add_run_command(CLI::App& app, int& exit_code) {
       "results as points finish, resume an interrupted sweep, and plot");
   cmd->add_option("experiment", options->file, "experiment YAML file")->required();
   cmd->add_option("--backend", options->backends,
-                  "run these backends instead of the file's (sim, analytic; repeatable)")
-      ->check(CLI::IsMember({"sim", "analytic", "mpi", "nccl"}));
+                  "run these backends instead of the file's (this build has: " +
+                      join(registered_backends()) + "; repeatable)");
   cmd->add_option("--point", options->points,
                   "only points whose label is LABEL or includes every key=value of it "
                   "(repeatable)");
@@ -498,7 +481,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
                   "simulator fidelity instead of the file's sim.fidelity")
       ->check(CLI::IsMember({"step", "flow", "auto"}));
   cmd->add_option("--trace-ranks", options->trace_ranks,
-                  "ranks in the simulator's Chrome trace (0: no trace)")
+                  "ranks in the Chrome trace of the sim and mpi backends (0: no trace)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_flag("--force", options->force, "rerun points that already have results");
   cmd->add_flag("--no-plots", options->no_plots, "do not call analysis/plot.py");
@@ -506,6 +489,9 @@ void add_run_command(CLI::App& app, int& exit_code) {
   muonbed run experiments/quickstart.yaml            simulate every strategy on one DGX H100 node
   muonbed run experiments/scaling.yaml --point mesh.dp_shard=128   one point of a sweep
   muonbed run experiments/quickstart.yaml --backend analytic --output results/qs-analytic
+  muonbed run experiments/mpi_quickstart.yaml        measure real steps, one MPI process per rank
+  mpirun -np 2 muonbed run experiments/mpi_quickstart.yaml   the same in a world you started
+                                                     (or srun -n 2 ...: every rank runs muonbed)
 Results: <output>/<point>/<backend>.json (schema in core/results.hpp) and <backend>.trace.json
 (Chrome/Perfetto trace of the worst step: open in ui.perfetto.dev). Rerunning skips finished
 points; a killed sweep resumes where it stopped.)");

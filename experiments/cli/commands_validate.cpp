@@ -56,7 +56,7 @@ int run_validate(const ValidateOptions& o) {
         sharded.adamw_params().size());
     std::cout << fmt::format("    mesh      {} on {}\n", mesh_text(e.mesh), e.cluster.name);
     std::cout << fmt::format("    strategy  {}; ns_steps {}, comm {}\n", strategy_text(e.strategy),
-                             e.optimizer.ns_steps, to_string(e.optimizer.comm_dtype));
+                             e.optimizer.muon.ns_steps, to_string(e.optimizer.comm_dtype));
     std::string backends;
     for (const std::string& b : e.backends) backends += (backends.empty() ? "" : ", ") + b;
     std::cout << fmt::format("    backends  {} (steps {}, repeats {}, output {})\n", backends,

@@ -41,6 +41,12 @@ std::string gib(double bytes) {
   return fmt::format("{:.2f}", bytes / (1024.0 * 1024.0 * 1024.0));
 }
 
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
 void Table::print(std::ostream& out, const std::string& indent) const {
   std::vector<std::size_t> width(header_.size(), 0);
   for (std::size_t c = 0; c < header_.size(); ++c) width[c] = header_[c].size();

@@ -11,10 +11,11 @@
 
 namespace muonbed::cli {
 
-std::string human_count(double n);    // 6.74 B, 124.4 M, 8.19 k, 12
-std::string human_seconds(double s);  // 12.3 ms, 45.6 us, 1.23 s
-std::string mib(double bytes);        // "123.4" (MiB, one decimal)
-std::string gib(double bytes);        // "12.34" (GiB, two decimals)
+std::string human_count(double n);                        // 6.74 B, 124.4 M, 8.19 k, 12
+std::string human_seconds(double s);                      // 12.3 ms, 45.6 us, 1.23 s
+std::string mib(double bytes);                            // "123.4" (MiB, one decimal)
+std::string gib(double bytes);                            // "12.34" (GiB, two decimals)
+std::string join(const std::vector<std::string>& items);  // "a, b, c"
 
 // A table printed with right-aligned columns, except the first `left_columns` (left-aligned).
 class Table {

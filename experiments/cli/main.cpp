@@ -14,6 +14,7 @@
 
 #include "core/errors.hpp"
 #include "core/suggest.hpp"
+#include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"
 #include "muonbed/config.hpp"
 
@@ -50,11 +51,13 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("muonbed ") + MUONBED_VERSION);
   int exit_code = 0;
   try {
+    muonbed::cli::register_compiled_backends();
     muonbed::cli::add_validate_command(app, exit_code);
     muonbed::cli::add_plan_command(app, exit_code);
     muonbed::cli::add_presets_command(app, exit_code);
     muonbed::cli::add_run_command(app, exit_code);
     muonbed::cli::add_bench_command(app, exit_code);
+    muonbed::cli::add_mpi_worker_command(app, exit_code);
     // An unknown first word would otherwise read "A subcommand is required".
     const std::vector<CLI::App*> commands = app.get_subcommands({});
     const bool known_command =

@@ -76,7 +76,7 @@ void apply_update_cuda(CudaContext& ctx, const ApplyParams& params, float* param
   MUONBED_CUDA_CHECK(cudaGetLastError());
 }
 
-void adamw_update_cuda(CudaContext& ctx, const AdamWParams& params, std::int64_t step, float* param,
+void adamw_update_cuda(CudaContext& ctx, const AdamWConfig& params, std::int64_t step, float* param,
                        const float* grad, float* m, float* v, std::int64_t n) {
   const AdamWStepScalars s = adamw_step_scalars(params, step);
   if (n <= 0) return;

@@ -86,7 +86,7 @@ void momentum_update_cuda(CudaContext&, const MomentumParams&, const float*, flo
 void apply_update_cuda(CudaContext&, const ApplyParams&, float*, const float*, std::int64_t) {
   no_cuda("apply_update_cuda");
 }
-void adamw_update_cuda(CudaContext&, const AdamWParams&, std::int64_t, float*, const float*, float*,
+void adamw_update_cuda(CudaContext&, const AdamWConfig&, std::int64_t, float*, const float*, float*,
                        float*, std::int64_t) {
   no_cuda("adamw_update_cuda");
 }

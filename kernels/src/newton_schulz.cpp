@@ -194,6 +194,13 @@ NsConfig make_ns_config(std::string_view set, int num_steps,
   return config;
 }
 
+NsConfig make_ns_config(const MuonConfig& muon) {
+  NsConfig config = make_ns_config(muon.ns_coefficients, muon.ns_steps, muon.custom_coefficients);
+  config.eps = muon.eps;
+  validate(config);
+  return config;
+}
+
 void validate(const NsConfig& config) {
   if (config.steps.empty()) {
     throw Error("newton_schulz: '" + config.name + "' has no steps; give at least one");

@@ -11,14 +11,12 @@
 
 namespace muonbed {
 
-std::string_view to_string(MomentumForm form) {
-  return form == MomentumForm::classic ? "classic" : "lerp";
+MomentumParams momentum_params(const MuonConfig& muon) {
+  return MomentumParams{muon.momentum, muon.nesterov, muon.momentum_form};
 }
 
-MomentumForm momentum_form_from_string(std::string_view text) {
-  if (text == "classic") return MomentumForm::classic;
-  if (text == "lerp") return MomentumForm::lerp;
-  throw Error("unknown momentum form '" + std::string(text) + "'; valid: classic, lerp");
+ApplyParams apply_params(const MuonConfig& muon, std::int64_t rows, std::int64_t cols) {
+  return ApplyParams{muon.lr, muon.lr * lr_scale(muon.adjust_lr_fn, rows, cols), muon.weight_decay};
 }
 
 template <typename T>
@@ -40,26 +38,6 @@ void momentum_update(const MomentumParams& params, const T* grad, T* buf, T* upd
     buf[i] = b;
     update[i] = u;
   }
-}
-
-std::string_view to_string(LrScaleRule rule) {
-  switch (rule) {
-    case LrScaleRule::none:
-      return "none";
-    case LrScaleRule::original:
-      return "original";
-    case LrScaleRule::match_rms_adamw:
-      return "match_rms_adamw";
-  }
-  return "?";
-}
-
-LrScaleRule lr_scale_rule_from_string(std::string_view text) {
-  for (LrScaleRule r : {LrScaleRule::none, LrScaleRule::original, LrScaleRule::match_rms_adamw}) {
-    if (text == to_string(r)) return r;
-  }
-  throw Error("unknown learning-rate scale rule '" + std::string(text) +
-              "'; valid: none, original, match_rms_adamw");
 }
 
 double lr_scale(LrScaleRule rule, std::int64_t rows, std::int64_t cols) {
@@ -86,7 +64,7 @@ void apply_update(const ApplyParams& params, T* param, const T* update, std::int
   }
 }
 
-AdamWStepScalars adamw_step_scalars(const AdamWParams& params, std::int64_t step) {
+AdamWStepScalars adamw_step_scalars(const AdamWConfig& params, std::int64_t step) {
   if (step < 1) throw Error("adamw: steps count from 1, got " + std::to_string(step));
   const double t = static_cast<double>(step);
   AdamWStepScalars s;
@@ -97,7 +75,7 @@ AdamWStepScalars adamw_step_scalars(const AdamWParams& params, std::int64_t step
 }
 
 template <typename T>
-void adamw_update(const AdamWParams& params, std::int64_t step, T* param, const T* grad, T* m, T* v,
+void adamw_update(const AdamWConfig& params, std::int64_t step, T* param, const T* grad, T* m, T* v,
                   std::int64_t n) {
   const AdamWStepScalars s = adamw_step_scalars(params, step);
   const T decay = static_cast<T>(s.decay);
@@ -169,7 +147,7 @@ void qk_clip_rows(T* weight, std::int64_t rows, std::int64_t cols, std::int64_t 
 #define MUONBED_INSTANTIATE(T)                                                             \
   template void momentum_update<T>(const MomentumParams&, const T*, T*, T*, std::int64_t); \
   template void apply_update<T>(const ApplyParams&, T*, const T*, std::int64_t);           \
-  template void adamw_update<T>(const AdamWParams&, std::int64_t, T*, const T*, T*, T*,    \
+  template void adamw_update<T>(const AdamWConfig&, std::int64_t, T*, const T*, T*, T*,    \
                                 std::int64_t);                                             \
   template void qk_clip_rows<T>(T*, std::int64_t, std::int64_t, std::int64_t,              \
                                 const std::vector<double>&, const std::int64_t*);

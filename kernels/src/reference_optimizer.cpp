@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "core/errors.hpp"
+#include "kernels/bf16.hpp"
 #include "kernels/random.hpp"
 
 namespace muonbed {
@@ -16,11 +17,6 @@ std::vector<To> convert(const From* in, std::int64_t n) {
   std::vector<To> out(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<To>(in[i]);
   return out;
-}
-
-void check_finite(double value, const char* what) {
-  if (!std::isfinite(value))
-    throw Error(std::string("optimizer config: ") + what + " is not finite");
 }
 
 }  // namespace
@@ -56,23 +52,17 @@ MatrixShape ns_shape(const Parameter& param) {
 }
 
 template <typename T>
-ReferenceOptimizer<T>::ReferenceOptimizer(Model model, OptimizerConfig config)
-    : model_(std::move(model)), config_(std::move(config)) {
-  validate(config_.muon.ns);
-  check_finite(config_.muon.lr, "muon.lr");
-  check_finite(config_.muon.weight_decay, "muon.weight_decay");
-  check_finite(config_.muon.momentum.beta, "muon.momentum");
-  check_finite(config_.adamw.lr, "adamw.lr");
-  if (!(config_.adamw.beta1 >= 0 && config_.adamw.beta1 < 1 && config_.adamw.beta2 >= 0 &&
-        config_.adamw.beta2 < 1)) {
-    throw Error("optimizer config: AdamW betas must lie in [0, 1)");
-  }
-  if (config_.qk_clip.enabled) {
-    if (config_.qk_clip.head_dim <= 0) {
-      throw Error("optimizer config: qk_clip needs head_dim (rows per attention head) > 0");
-    }
-    if (!(config_.qk_clip.tau > 0)) throw Error("optimizer config: qk_clip.tau must be > 0");
-  }
+ReferenceOptimizer<T>::ReferenceOptimizer(Model model, OptimizerConfig config, RoutingRules routing,
+                                          ReferenceOptions options)
+    : model_(std::move(model)),
+      config_(std::move(config)),
+      routing_(std::move(routing)),
+      options_(options) {
+  validate(config_);
+  ns_ = make_ns_config(config_.muon);
+  if (options_.round_to_comm_dtype && config_.comm_dtype == DType::fp16)
+    throw Error(
+        "reference optimizer: rounding to fp16 is not emulated; use comm_dtype bf16 or fp32");
   const std::size_t count = model_.params.size();
   kinds_.resize(count);
   momentum_.resize(count);
@@ -80,7 +70,7 @@ ReferenceOptimizer<T>::ReferenceOptimizer(Model model, OptimizerConfig config)
   adam_v_.resize(count);
   for (std::size_t i = 0; i < count; ++i) {
     const Parameter& p = model_.params[i];
-    kinds_[i] = route(p, config_.routing);
+    kinds_[i] = route(p, routing_);
     const auto n = static_cast<std::size_t>(p.numel());
     if (kinds_[i] == OptimizerKind::muon) {
       ns_shape(p);  // throws for a non-matrix routed to Muon
@@ -114,18 +104,24 @@ void ReferenceOptimizer<T>::step(ModelTensors<T>& params, const ModelTensors<T>&
   }
 
   ++steps_;
-  const MuonParams& muon = config_.muon;
+  const MuonConfig& muon = config_.muon;
+  const MomentumParams momentum = momentum_params(muon);
+  const bool round = options_.round_to_comm_dtype && config_.comm_dtype != DType::fp32;
+  const auto round_all = [&](std::vector<T>& values) {
+    // Values pass through fp32 first, as an fp32 executor holds them before the cast.
+    for (T& v : values) v = static_cast<T>(round_to_bf16(static_cast<float>(v)));
+  };
   std::vector<T> update;
   for (std::size_t i = 0; i < count; ++i) {
     const Parameter& p = model_.params[i];
     const std::int64_t n = p.numel();
     if (kinds_[i] == OptimizerKind::muon) {
       update.resize(static_cast<std::size_t>(n));
-      momentum_update(muon.momentum, grads[i].data(), momentum_[i].data(), update.data(), n);
-      orthogonalize(update.data(), update.data(), ns_shape(p), muon.ns, muon.precision);
-      const ApplyParams apply{muon.lr, muon.lr * lr_scale(muon.lr_scale, p.rows(), p.cols()),
-                              muon.weight_decay};
-      apply_update(apply, params[i].data(), update.data(), n);
+      momentum_update(momentum, grads[i].data(), momentum_[i].data(), update.data(), n);
+      if (round) round_all(update);
+      orthogonalize(update.data(), update.data(), ns_shape(p), ns_, options_.ns_precision);
+      if (round) round_all(update);
+      apply_update(apply_params(muon, p.rows(), p.cols()), params[i].data(), update.data(), n);
     } else {
       adamw_update(config_.adamw, steps_, params[i].data(), grads[i].data(), adam_m_[i].data(),
                    adam_v_[i].data(), n);

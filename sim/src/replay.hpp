@@ -1,15 +1,15 @@
-// Event-driven replay of a StepPlan on the simulated platform, honouring plan.hpp's execution
-// semantics: per rank, each stream runs its ops in plan order one at a time; deps wait for the
-// rank's completion of earlier ops (deps the rank is not part of are ignored); a collective
-// instance starts when its last member arrives and completes for all members at once; ops not
-// active in a step (period) pass through without occupying their stream, and count as done for
-// their dependents once the rank has passed them and their own deps are done; send/recv involve
-// only the root and the peer of the group, the other members pass through.
+// Event-driven replay of a StepPlan on the simulated platform. The execution semantics are
+// core/engine.hpp's (per rank, each stream runs its ops in plan order one at a time; deps wait
+// for the rank's completion of earlier ops; a collective instance starts when its last member
+// arrives and completes for all members at once; inactive ops pass through; send/recv involve
+// only the root and the peer): the engine decides when ops start, and the replay only starts
+// compute and lowered collective algorithms on SimGrid and reports their completions back.
 //
 // Every distinct step pattern of the hyper-period is replayed once, one after the other in the
-// same simulation (each from an idle cluster), and measured: step time (the last rank's last
-// completion), per-rank compute / communication / exposed communication / idle time, bytes per
-// link class, per-collective instance times, and the Chrome trace of the first ranks.
+// same simulation (each from an idle cluster), and measured with core/timeline.hpp: step time
+// (the last rank's last completion), per-rank compute / communication / exposed communication /
+// idle time, bytes per link class, per-collective instance times, and the Chrome trace of the
+// first ranks.
 #pragma once
 
 #include <vector>

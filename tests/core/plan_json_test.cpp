@@ -68,10 +68,18 @@ StepPlan hand_made_plan() {
   plan.assignment.owner = {1, 7, 5, Assignment::kNoOwner};
   plan.assignment.ns_flops_per_rank = {0.0, 1.0 / 3.0, 0.0, 0.0, 0.0, 2.5e13, 0.0, 1e-300};
   plan.assignment.imbalance = std::numeric_limits<double>::infinity();
-  plan.settings.ns_steps = 3;
-  plan.settings.comm_dtype = DType::fp32;
+  plan.settings.optimizer.muon.ns_steps = 3;
+  plan.settings.optimizer.comm_dtype = DType::fp32;
   plan.settings.state_dtype = DType::bf16;
-  plan.settings.nesterov = false;
+  plan.settings.optimizer.muon.nesterov = false;
+  plan.settings.optimizer.muon.lr = 0.1 + 0.2;  // no short decimal form
+  plan.settings.optimizer.muon.momentum_form = MomentumForm::classic;
+  plan.settings.optimizer.muon.ns_coefficients = "custom";
+  plan.settings.optimizer.muon.custom_coefficients = {
+      {3.4445, -4.775, 2.0315}, {1.0 / 3.0, -1e-300, 2.0}, {1, 2, 3}};
+  plan.settings.optimizer.muon.adjust_lr_fn = LrScaleRule::match_rms_adamw;
+  plan.settings.optimizer.adamw = {2e-4, 0.85, 0.975, 1e-12, 0.03};
+  plan.settings.optimizer.qk_clip = {true, 42.5, 16};
   plan.streams = {"compute", "comm", "comm.prefetch"};
   plan.buffers = {{0, "gathered.q", {0}, DimSet::of({1, 2}), true},
                   {1, "everything", {0, 1, 2, 3}, DimSet{}, false}};
@@ -131,6 +139,7 @@ StepPlan hand_made_plan() {
   ops.back().root = 0;
   ops.back().peer = 1;
   ops.back().params = {2};
+  ops.back().tensor = TensorRole::result;
   ops.push_back(make_op(OpKind::recv, 1, stage1));
   ops.back().group = DimSet::of({2});
   ops.back().root = 0;
@@ -146,7 +155,10 @@ StepPlan hand_made_plan() {
   ops.push_back(make_op(OpKind::release, 0, all));
   ops.back().buffer = 0;
   ops.back().label = "free \"gathered\"";
-  for (std::size_t i = 0; i < ops.size(); ++i) ops[i].id = static_cast<int>(i);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    ops[i].id = static_cast<int>(i);
+    if (ops[i].tensor == TensorRole::none) ops[i].tensor = default_tensor(ops[i]);
+  }
   // Fields a valid plan would not have still round-trip: an id that is not the position, an
   // empty (default) rank box.
   ops.push_back(make_op(OpKind::barrier, 0, RankBox{}));
@@ -192,10 +204,28 @@ void require_same(const StepPlan& a, const StepPlan& b) {
   CHECK(a.assignment.owner == b.assignment.owner);
   CHECK(a.assignment.ns_flops_per_rank == b.assignment.ns_flops_per_rank);
   CHECK(a.assignment.imbalance == b.assignment.imbalance);
-  CHECK(a.settings.ns_steps == b.settings.ns_steps);
-  CHECK(a.settings.comm_dtype == b.settings.comm_dtype);
+  const OptimizerConfig& oa = a.settings.optimizer;
+  const OptimizerConfig& ob = b.settings.optimizer;
+  CHECK(oa.muon.lr == ob.muon.lr);
+  CHECK(oa.muon.weight_decay == ob.muon.weight_decay);
+  CHECK(oa.muon.momentum == ob.muon.momentum);
+  CHECK(oa.muon.nesterov == ob.muon.nesterov);
+  CHECK(oa.muon.momentum_form == ob.muon.momentum_form);
+  CHECK(oa.muon.ns_coefficients == ob.muon.ns_coefficients);
+  CHECK(oa.muon.custom_coefficients == ob.muon.custom_coefficients);
+  CHECK(oa.muon.eps == ob.muon.eps);
+  CHECK(oa.muon.ns_steps == ob.muon.ns_steps);
+  CHECK(oa.muon.adjust_lr_fn == ob.muon.adjust_lr_fn);
+  CHECK(oa.adamw.lr == ob.adamw.lr);
+  CHECK(oa.adamw.beta1 == ob.adamw.beta1);
+  CHECK(oa.adamw.beta2 == ob.adamw.beta2);
+  CHECK(oa.adamw.eps == ob.adamw.eps);
+  CHECK(oa.adamw.weight_decay == ob.adamw.weight_decay);
+  CHECK(oa.qk_clip.enabled == ob.qk_clip.enabled);
+  CHECK(oa.qk_clip.tau == ob.qk_clip.tau);
+  CHECK(oa.qk_clip.head_dim == ob.qk_clip.head_dim);
+  CHECK(oa.comm_dtype == ob.comm_dtype);
   CHECK(a.settings.state_dtype == b.settings.state_dtype);
-  CHECK(a.settings.nesterov == b.settings.nesterov);
   CHECK(a.streams == b.streams);
   REQUIRE(a.buffers.size() == b.buffers.size());
   for (std::size_t i = 0; i < a.buffers.size(); ++i) {
@@ -269,7 +299,7 @@ TEST_CASE("plan JSON uses names and compact ops", "[plan_json]") {
   const StepPlan plan = hand_made_plan();
   const json j = plan_to_json(plan);
   CHECK(j.at("format") == "muonbed-plan");
-  CHECK(j.at("version") == 1);
+  CHECK(j.at("version") == 3);
   CHECK(j.at("model").at("mesh").at("dims").at(1) ==
         json({{"name", "dp_shard"}, {"size", 2}, {"role", "fsdp"}}));
   CHECK(j.at("model").at("params").at(0).at("layout").at("placements") ==
@@ -345,16 +375,20 @@ TEST_CASE("plan JSON errors name the path", "[plan_json]") {
              Catch::Contains("model.mesh: "));
   CHECK_THAT(error_of(with("/assignment/ns_flops_per_rank/2"_json_pointer, "many")),
              Catch::Contains("assignment.ns_flops_per_rank[2]: expected number, got string"));
-  CHECK_THAT(error_of(with("/settings/nesterov"_json_pointer, 1)),
-             Catch::Contains("settings.nesterov: expected boolean, got integer"));
+  CHECK_THAT(error_of(with("/settings/optimizer/nesterov"_json_pointer, 1)),
+             Catch::Contains("settings.optimizer.nesterov: expected boolean, got integer"));
+  CHECK_THAT(error_of(with("/settings/optimizer/momentum"_json_pointer, 1.5)),
+             Catch::Contains("momentum must lie in [0, 1)"));
+  CHECK_THAT(error_of(with("/ops/0/tensor"_json_pointer, "weights")),
+             Catch::Contains("unknown tensor role 'weights'"));
   CHECK_THAT(error_of(with("/streams"_json_pointer, "compute")),
              Catch::Contains("streams: expected array, got string"));
   CHECK_THAT(error_of(with("/ops/0/buffer"_json_pointer, 5000000000LL)),
              Catch::Contains("ops[0].buffer: integer 5000000000 is out of range"));
   CHECK_THAT(error_of(with("/format"_json_pointer, "something-else")),
              Catch::Contains("format: expected \"muonbed-plan\""));
-  CHECK_THAT(error_of(with("/version"_json_pointer, 2)),
-             Catch::Contains("version: plan format version 2 is not supported"));
+  CHECK_THAT(error_of(with("/version"_json_pointer, 1)),
+             Catch::Contains("version: plan format version 1 is not supported"));
   CHECK_THAT(error_of(json::array()), Catch::Contains("(top level): expected object, got array"));
   CHECK(error_of(good).empty());
 }

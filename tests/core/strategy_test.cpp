@@ -9,86 +9,19 @@
 #include <map>
 #include <set>
 
+#include "core/engine.hpp"
 #include "core/plan.hpp"
 #include "core/strategy.hpp"
+#include "tests/common/strategy_matrix.hpp"
 
 using namespace muonbed;
 
 namespace {
 
-struct Topology {
-  std::string name;
-  std::vector<MeshDim> dims;
-  std::string model;
-};
-
-std::vector<Topology> topologies() {
-  return {
-      {"DDP", {{"dp_replicate", 4, DimRole::replicate}}, "tiny-dense"},
-      {"FSDP", {{"dp_shard", 4, DimRole::fsdp}}, "tiny-dense"},
-      {"HSDP",
-       {{"dp_replicate", 2, DimRole::replicate}, {"dp_shard", 2, DimRole::fsdp}},
-       "tiny-dense"},
-      {"TP", {{"tp", 4, DimRole::tp}}, "tiny-dense"},
-      {"FSDP+TP", {{"dp_shard", 2, DimRole::fsdp}, {"tp", 2, DimRole::tp}}, "tiny-dense"},
-      {"EP", {{"dp_shard", 2, DimRole::fsdp}, {"ep", 2, DimRole::ep}}, "tiny-moe"},
-      {"CP", {{"dp_shard", 2, DimRole::fsdp}, {"cp", 2, DimRole::replicate}}, "tiny-dense"},
-      {"PP", {{"pp", 2, DimRole::pp}, {"dp_shard", 2, DimRole::fsdp}}, "tiny-dense"},
-      {"4-D",
-       {{"pp", 2, DimRole::pp},
-        {"dp_replicate", 2, DimRole::replicate},
-        {"dp_shard", 2, DimRole::fsdp},
-        {"tp", 2, DimRole::tp}},
-       "tiny-dense"},
-  };
-}
-
-std::vector<StrategyOptions> strategies() {
-  std::vector<StrategyOptions> list;
-  auto add = [&](std::string name, auto&& tweak) {
-    StrategyOptions o;
-    o.name = name;
-    tweak(o);
-    list.push_back(o);
-  };
-  add("sequential", [](StrategyOptions&) {});
-  add("replicated", [](StrategyOptions&) {});
-  add("owner", [](StrategyOptions& o) { o.prefetch_count = 0; });
-  add("owner", [](StrategyOptions& o) { o.prefetch_count = 2; });
-  add("owner", [](StrategyOptions& o) {
-    o.async_gpu_parallelism = false;
-    o.assign = "round_robin";
-  });
-  add("owner", [](StrategyOptions& o) {
-    o.gather = "flat";
-    o.assign = "size_balanced";
-  });
-  add("owner", [](StrategyOptions& o) {
-    o.small_param_threshold = 5000;
-    o.grad_sync.enabled = true;
-    o.grad_sync.level_periods = {1, 2};
-  });
-  add("all_to_all", [](StrategyOptions& o) {
-    o.chunk_size = 3;
-    o.max_chunks_in_flight = 2;
-  });
-  add("all_to_all", [](StrategyOptions& o) {
-    o.chunk_size = 1;
-    o.max_chunks_in_flight = 1;
-    o.grad_sync.enabled = true;
-  });
-  add("owner_allgather", [](StrategyOptions& o) { o.chunk_size = 4; });
-  add("owner_allgather", [](StrategyOptions& o) {
-    o.grad_sync.enabled = true;
-    o.assign = "expert_local";
-  });
-  return list;
-}
-
-ShardedModel make_model(const Topology& t) {
-  DeviceMesh mesh(t.dims, 4);
-  return parallelize(*find_preset(t.model), mesh, ParallelRules{});
-}
+using testing::make_model;
+using testing::strategies;
+using testing::topologies;
+using testing::Topology;
 
 using ElementSet = std::vector<char>;  // one flag per element of the full tensor
 
@@ -122,16 +55,23 @@ std::vector<int> replay_data_flow(const StepPlan& plan) {
   // momentum[p][rank], update[p][rank]
   std::vector<std::vector<ElementSet>> momentum(params.size()), update(params.size());
   std::vector<int> ns_count(params.size(), 0);
+  // The plan says where momentum lives: the piece its momentum op computes on (owner_allgather:
+  // the owner's full matrices), not the strategy's name.
+  std::vector<const Op*> momentum_op(params.size(), nullptr);
+  for (const Op& op : plan.ops)
+    if (op.kind == OpKind::momentum)
+      for (int p : op.params) momentum_op[p] = &op;
   for (const auto& dp : params) {
     if (dp.optimizer != OptimizerKind::muon) continue;
     momentum[dp.index].resize(world);
     update[dp.index].resize(world, ElementSet(dp.numel(), 0));
-    const bool replicated_gradients = plan.strategy == "owner_allgather";
+    const Op* op = momentum_op[dp.index];
+    REQUIRE(op != nullptr);
     for (int r = 0; r < world; ++r) {
-      const auto set = replicated_gradients && dp.layout.holds(mesh, r)
-                           ? dp.layout.index_set(mesh, r, DimSet::all(mesh.ndims()))
-                           : dp.layout.index_set(mesh, r);
-      momentum[dp.index][r] = elements_of(dp, set);
+      const bool computes =
+          op->ranks.contains(mesh, r) && (!op->owned_only || plan.assignment.owner[dp.index] == r);
+      momentum[dp.index][r] = computes ? elements_of(dp, dp.layout.index_set(mesh, r, op->gathered))
+                                       : ElementSet(dp.numel(), 0);
     }
   }
   auto piece = [&](int p, int r, DimSet gathered) {
@@ -235,58 +175,86 @@ std::vector<int> replay_data_flow(const StepPlan& plan) {
   return ns_count;
 }
 
-// Executes the per-rank programs without timing: an op runs once every earlier op of its
-// stream and every dep has run on each rank that takes part in it; a collective instance runs
-// when all its members reach it. Returns false if progress stops with ops left (a deadlock).
+// Runs every step of the plan's hyper-period on the execution engine (core/engine.hpp) with
+// handlers that complete each op at once, and checks the order the engine ran them in against the
+// semantics, independently: on every rank, each active op it takes part in ran exactly once, after
+// the ops before it on its stream and after its active deps; inactive ops never ran. Returns
+// false if a step did not finish (a deadlock).
+class RecordingHandler final : public OpHandler {
+ public:
+  explicit RecordingHandler(const StepPlan& plan) : plan_(plan) {}
+  Engine* engine = nullptr;
+  std::vector<std::vector<int>> order;  // per rank: op ids in completion order
+
+  void start_compute(int rank, int op) override {
+    order[rank].push_back(op);
+    engine->finish_compute(rank, op);
+  }
+  void start_collective(const CollectiveInstance& instance) override {
+    for (int m : instance.participants) order[m].push_back(instance.op);
+    engine->finish_collective(instance.id);
+  }
+  void memory(int rank, int op) override { order[rank].push_back(op); }
+
+ private:
+  const StepPlan& plan_;
+};
+
 bool replay_progress(const StepPlan& plan) {
   const auto& mesh = plan.mesh();
   const int world = mesh.world_size();
-  const int streams = static_cast<int>(plan.streams.size());
-  // queue[rank][stream] = op ids in order
-  std::vector<std::vector<std::vector<int>>> queue(world, std::vector<std::vector<int>>(streams));
-  for (int r = 0; r < world; ++r)
-    for (int id : plan.ops_of_rank(r)) queue[r][plan.ops[id].stream].push_back(id);
-  std::vector<std::vector<std::size_t>> head(world, std::vector<std::size_t>(streams, 0));
-  std::vector<std::set<int>> done(world);
-  std::size_t remaining = 0;
-  for (int r = 0; r < world; ++r)
-    for (int s = 0; s < streams; ++s) remaining += queue[r][s].size();
-  auto ready_on = [&](int r, const Op& op) {
-    const auto& q = queue[r][op.stream];
-    if (head[r][op.stream] >= q.size() || q[head[r][op.stream]] != op.id) return false;
-    for (int dep : op.deps)
-      if (plan.ops[dep].ranks.contains(mesh, r) && !done[r].count(dep)) return false;
-    return true;
-  };
-  bool progress = true;
-  while (remaining > 0 && progress) {
-    progress = false;
+  const PlanIndex index(plan);
+  RecordingHandler handler(plan);
+  std::vector<int> all(world);
+  for (int r = 0; r < world; ++r) all[r] = r;
+  Engine engine(index, handler, all);
+  handler.engine = &engine;
+  for (int step = 0; step < plan.hyper_period(); ++step) {
+    handler.order.assign(world, {});
+    engine.begin_step(step);
+    INFO("step " << step << ": " << engine.stall_report());
+    if (!engine.step_done()) return false;
     for (int r = 0; r < world; ++r) {
-      for (int s = 0; s < streams; ++s) {
-        if (head[r][s] >= queue[r][s].size()) continue;
-        const Op& op = plan.ops[queue[r][s][head[r][s]]];
-        std::vector<int> members = {r};
-        if (is_collective(op.kind)) members = mesh.group_members(r, op.group);
-        bool all_ready = true;
-        for (int m : members) all_ready = all_ready && ready_on(m, op);
-        if (!all_ready) continue;
-        for (int m : members) {
-          ++head[m][op.stream];
-          done[m].insert(op.id);
-          --remaining;
+      std::vector<int> at(plan.ops.size(), -1);  // position in r's order
+      for (std::size_t i = 0; i < handler.order[r].size(); ++i) {
+        const int op = handler.order[r][i];
+        REQUIRE(at[op] == -1);  // at most once
+        at[op] = static_cast<int>(i);
+      }
+      // An inactive op passes when its own deps have: its "time" is the latest of theirs.
+      std::vector<int> done(plan.ops.size(), -1);
+      std::vector<int> last_on_stream(plan.streams.size(), -1);
+      for (const Op& op : plan.ops) {
+        const bool mine = op.ranks.contains(mesh, r);
+        const bool pair_bystander = (op.kind == OpKind::send || op.kind == OpKind::recv) &&
+                                    mesh.group_index(r, op.group) != op.root &&
+                                    mesh.group_index(r, op.group) != op.peer;
+        const bool runs = mine && plan.active_in_step(op, step) && !pair_bystander;
+        INFO("rank " << r << " op " << op.id << " " << op.label);
+        CHECK((at[op.id] >= 0) == runs);
+        if (!mine) continue;
+        int after = -1;
+        for (int d : op.deps)
+          if (plan.ops[d].ranks.contains(mesh, r)) after = std::max(after, done[d]);
+        if (runs) {
+          CHECK(at[op.id] > after);
+          CHECK(at[op.id] > last_on_stream[op.stream]);
+          last_on_stream[op.stream] = at[op.id];
+          done[op.id] = at[op.id];
+        } else {
+          done[op.id] = after;
         }
-        progress = true;
       }
     }
   }
-  return remaining == 0;
+  return true;
 }
 
 std::int64_t max_full_bytes(const StepPlan& plan) {
   std::int64_t m = 0;
   for (const auto& dp : plan.model.params)
     if (dp.optimizer == OptimizerKind::muon) m = std::max(m, dp.numel());
-  return m * bytes_of(plan.settings.comm_dtype);
+  return m * bytes_of(plan.settings.comm_dtype());
 }
 
 }  // namespace
@@ -335,16 +303,18 @@ TEST_CASE("every strategy on every topology keeps the step's invariants", "[stra
       CHECK(replay_progress(plan));
 
       // Transient memory within seed 000's bound: prefetch+1 full updates in flight (chunks
-      // count as chunk_size matrices), plus the pieces of one staged gather.
+      // count as chunk_size matrices), plus the pieces of one staged gather; all_to_all also
+      // stages one chunk's exchange (a send and a receive buffer of at most a chunk each).
       const int depth = options.name == "all_to_all"   ? options.max_chunks_in_flight - 1
                         : options.name == "sequential" ? 0
                                                        : options.prefetch_count;
       const int unit = options.name == "all_to_all" || options.name == "owner_allgather"
                            ? options.chunk_size
                            : 1;
+      const int staging = options.name == "all_to_all" ? 2 * unit : 0;
       const std::int64_t bound =
           (static_cast<std::int64_t>(depth) + 1) * unit * max_full_bytes(plan) +
-          max_full_bytes(plan);
+          (1 + staging) * max_full_bytes(plan);
       for (int r = 0; r < model.mesh.world_size(); ++r) {
         INFO("rank " << r);
         CHECK(rank_memory(plan, r).peak_transient_bytes <= bound);
@@ -392,4 +362,46 @@ TEST_CASE("plans name unknown strategies and bad options", "[strategy]") {
   o.assign = "explicit";
   o.explicit_owners = {{"layers.0.attn.q", 0}};
   REQUIRE_THROWS_WITH(build_plan(model, o, PlanSettings{}), Catch::Contains("no owner"));
+}
+
+// A replica that receives a result by broadcast gathered nothing, so only a dependency orders its
+// own momentum (which writes the update where the result lands) before the broadcast: without it
+// the two race on a real executor (found by the MPI executor under level-scheduled sync, where
+// momentum waits for the gradient all-reduce).
+TEST_CASE("broadcasts of results come after the receiving rank's momentum", "[strategy]") {
+  for (const Topology& t : topologies()) {
+    const ShardedModel model = make_model(t);
+    for (const auto& options : strategies()) {
+      const StepPlan plan = build_plan(model, options, PlanSettings{});
+      const DeviceMesh& mesh = plan.mesh();
+      int momentum = -1;
+      for (const Op& op : plan.ops)
+        if (op.kind == OpKind::momentum && !op.owned_only) momentum = op.id;
+      if (momentum < 0) continue;
+      for (int r = 0; r < mesh.world_size(); ++r) {
+        // The ops that precede each op on rank r: its deps r takes part in and the earlier op of
+        // its stream on r, transitively.
+        std::vector<std::set<int>> before(plan.ops.size());
+        std::map<int, int> last_on_stream;
+        for (const Op& op : plan.ops) {
+          if (!op.ranks.contains(mesh, r)) continue;
+          std::set<int>& b = before[op.id];
+          std::vector<int> direct = op.deps;
+          if (auto it = last_on_stream.find(op.stream); it != last_on_stream.end())
+            direct.push_back(it->second);
+          for (int d : direct) {
+            if (!plan.ops[d].ranks.contains(mesh, r)) continue;
+            b.insert(d);
+            b.insert(before[d].begin(), before[d].end());
+          }
+          last_on_stream[op.stream] = op.id;
+          if (op.kind == OpKind::broadcast && plan.ops[momentum].ranks.contains(mesh, r)) {
+            INFO(t.name << ", " << options.to_json_text() << ", rank " << r << ", op " << op.id
+                        << " '" << op.label << "'");
+            CHECK(b.count(momentum) == 1);
+          }
+        }
+      }
+    }
+  }
 }

@@ -80,8 +80,9 @@ TEST_CASE("negative count", "[experiments][errors]") {
                {"prefetch_count' = -1 must not be negative", "in 0..1024"});
 }
 
-TEST_CASE("zero steps", "[experiments][errors]") {
-  expect_error(kBase + "steps: 0\n", 7, 8, {"'steps' = 0 must be positive", "in 1..1000000"});
+TEST_CASE("zero timed steps, negative warm-up steps", "[experiments][errors]") {
+  expect_error(kBase + "repeats: 0\n", 7, 10, {"'repeats' = 0 must be positive", "in 1..1000000"});
+  expect_error(kBase + "steps: -1\n", 7, 8, {"'steps' = -1", "in 0..1000000"});
 }
 
 TEST_CASE("zero mesh dim size", "[experiments][errors]") {
@@ -239,22 +240,31 @@ TEST_CASE("momentum of 1 or more", "[experiments][errors]") {
   expect_error(kBase + "optimizer:\n  momentum: 1\n", 8, 13, {"must be below 1", "[0, 1)"});
 }
 
-TEST_CASE("custom coefficients missing", "[experiments][errors]") {
-  expect_error(kBase + "optimizer:\n  coefficients: custom\n", 8, 17,
-               {"coefficients: custom needs 'custom_coefficients'", "one [a, b, c] per NS step"});
-}
-
 TEST_CASE("custom coefficients of the wrong length", "[experiments][errors]") {
-  expect_error(kBase +
-                   "optimizer:\n  ns_steps: 2\n  coefficients: custom\n  custom_coefficients: "
-                   "[[3.4445, -4.775, 2.0315]]\n",
-               10, 24, {"custom_coefficients has 1 entries but ns_steps is 2", "ns_steps: 1"});
+  expect_error(kBase + "optimizer:\n  ns_steps: 2\n  ns_coefficients: [[3.4445, -4.775, 2.0315]]\n",
+               9, 20, {"ns_coefficients lists 1 steps but ns_steps is 2", "ns_steps: 1"});
+  expect_error(kBase + "optimizer:\n  ns_coefficients: [[1, 2]]\n", 8, 21,
+               {"has 2 numbers, not 3", "[a, b, c]"});
+  expect_error(kBase + "optimizer:\n  ns_coefficients: []\n", 8, 20, {"empty list"});
+  expect_error(kBase + "optimizer:\n  ns_coefficients: kellr\n", 8, 20,
+               {"unknown value 'kellr'", "keller"});
 }
 
-TEST_CASE("custom coefficients without coefficients: custom", "[experiments][errors]") {
-  expect_error(kBase + "optimizer:\n  custom_coefficients: [[1, 2, 3]]\n", 8, 3,
-               {"'custom_coefficients' is given but optimizer.coefficients is 'keller'",
-                "set coefficients: custom"});
+TEST_CASE("optimizer keys of earlier versions name their new spelling", "[experiments][errors]") {
+  expect_error(kBase + "optimizer:\n  adamw_lr: 1e-3\n", 8, 3,
+               {"'optimizer.adamw_lr' was renamed", "adamw: {lr: ...}"});
+  expect_error(kBase + "optimizer:\n  update_scale: original\n", 8, 3,
+               {"'optimizer.update_scale' was renamed", "adjust_lr_fn"});
+  expect_error(kBase + "optimizer:\n  coefficients: keller\n", 8, 3,
+               {"was renamed", "ns_coefficients"});
+}
+
+TEST_CASE("AdamW betas and momentum forms are checked", "[experiments][errors]") {
+  expect_error(kBase + "optimizer:\n  adamw: {betas: [0.9]}\n", 8, 18,
+               {"'optimizer.adamw.betas' has 1 values", "[0.9, 0.999]"});
+  expect_error(kBase + "optimizer:\n  adamw: {betas: [0.9, 1]}\n", 8, 24, {"must be below 1"});
+  expect_error(kBase + "optimizer:\n  momentum_form: ema\n", 8, 18,
+               {"unknown value 'ema'", "lerp", "classic"});
 }
 
 TEST_CASE("unknown strategy lists the valid ones", "[experiments][errors]") {

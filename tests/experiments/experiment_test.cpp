@@ -88,20 +88,24 @@ void require_same(const Experiment& a, const Experiment& b) {
 
   const OptimizerConfig& o = a.optimizer;
   const OptimizerConfig& p = b.optimizer;
-  CHECK(o.lr == p.lr);
-  CHECK(o.momentum == p.momentum);
-  CHECK(o.nesterov == p.nesterov);
-  CHECK(o.momentum_form == p.momentum_form);
-  CHECK(o.weight_decay == p.weight_decay);
-  CHECK(o.ns_steps == p.ns_steps);
-  CHECK(o.coefficients == p.coefficients);
-  CHECK(o.custom_coefficients == p.custom_coefficients);
-  CHECK(o.update_scale == p.update_scale);
-  CHECK(o.ns_epsilon == p.ns_epsilon);
-  CHECK(o.adamw_lr == p.adamw_lr);
-  CHECK(o.adamw_beta1 == p.adamw_beta1);
-  CHECK(o.adamw_beta2 == p.adamw_beta2);
-  CHECK(o.adamw_eps == p.adamw_eps);
+  CHECK(o.muon.lr == p.muon.lr);
+  CHECK(o.muon.momentum == p.muon.momentum);
+  CHECK(o.muon.nesterov == p.muon.nesterov);
+  CHECK(o.muon.momentum_form == p.muon.momentum_form);
+  CHECK(o.muon.weight_decay == p.muon.weight_decay);
+  CHECK(o.muon.ns_steps == p.muon.ns_steps);
+  CHECK(o.muon.ns_coefficients == p.muon.ns_coefficients);
+  CHECK(o.muon.custom_coefficients == p.muon.custom_coefficients);
+  CHECK(o.muon.adjust_lr_fn == p.muon.adjust_lr_fn);
+  CHECK(o.muon.eps == p.muon.eps);
+  CHECK(o.adamw.lr == p.adamw.lr);
+  CHECK(o.adamw.beta1 == p.adamw.beta1);
+  CHECK(o.adamw.beta2 == p.adamw.beta2);
+  CHECK(o.adamw.eps == p.adamw.eps);
+  CHECK(o.adamw.weight_decay == p.adamw.weight_decay);
+  CHECK(o.qk_clip.enabled == p.qk_clip.enabled);
+  CHECK(o.qk_clip.tau == p.qk_clip.tau);
+  CHECK(o.qk_clip.head_dim == p.qk_clip.head_dim);
   CHECK(o.comm_dtype == p.comm_dtype);
 
   CHECK(a.strategy.to_json_text() == b.strategy.to_json_text());
@@ -226,16 +230,28 @@ TEST_CASE("defaults resolve as documented", "[experiments]") {
   CHECK(e.mesh.dim(0).role == DimRole::fsdp);
   CHECK(e.strategy.name == "owner");
   CHECK(e.strategy.assign == "flop_balanced");
-  CHECK(e.optimizer.ns_steps == 5);
-  CHECK(e.optimizer.coefficients == "keller");
+  CHECK(e.optimizer.muon.ns_steps == 5);
+  CHECK(e.optimizer.muon.ns_coefficients == "keller");
+  // torch.optim.Muon's and AdamW's defaults.
+  CHECK(e.optimizer.muon.lr == 1e-3);
+  CHECK(e.optimizer.muon.weight_decay == 0.1);
+  CHECK(e.optimizer.muon.momentum == 0.95);
+  CHECK(e.optimizer.muon.nesterov);
+  CHECK(e.optimizer.muon.momentum_form == MomentumForm::lerp);
+  CHECK(e.optimizer.muon.eps == 1e-7);
+  CHECK(e.optimizer.muon.adjust_lr_fn == LrScaleRule::original);
+  CHECK(e.optimizer.adamw.lr == 1e-3);
+  CHECK(e.optimizer.adamw.beta2 == 0.999);
+  CHECK(e.optimizer.adamw.weight_decay == 0.01);
   CHECK(e.backends == std::vector<std::string>{"sim"});
   CHECK(e.sim_fidelity == "auto");
-  CHECK(e.steps == 1);
-  CHECK(e.repeats == 1);
+  CHECK(e.steps == 2);  // warm-up steps of the measured backends
+  CHECK(e.repeats == 10);
+  CHECK(e.seed == 1);
   CHECK(e.output_dir == "results/my-study");
   CHECK(e.point_label.empty());
-  CHECK(e.plan_settings().ns_steps == 5);
-  CHECK(e.plan_settings().comm_dtype == DType::bf16);
+  CHECK(e.plan_settings().ns_steps() == 5);
+  CHECK(e.plan_settings().comm_dtype() == DType::bf16);
 }
 
 TEST_CASE("every section parses into its struct", "[experiments]") {
@@ -261,17 +277,14 @@ optimizer:
   lr: 0.01
   momentum: 0.9
   nesterov: false
-  momentum_form: lerp
-  weight_decay: 0.1
+  momentum_form: classic
+  weight_decay: 0.2
   ns_steps: 2
-  coefficients: custom
-  custom_coefficients: [[3.4445, -4.775, 2.0315], [2, -1.5, 0.5]]
-  update_scale: match_rms_adamw
-  ns_epsilon: 1e-6
-  adamw_lr: 1e-3
-  adamw_beta1: 0.8
-  adamw_beta2: 0.99
-  adamw_eps: 1e-10
+  ns_coefficients: [[3.4445, -4.775, 2.0315], [2, -1.5, 0.5]]
+  adjust_lr_fn: match_rms_adamw
+  eps: 1e-6
+  adamw: {lr: 1e-3, betas: [0.8, 0.99], eps: 1e-10, weight_decay: 0.05}
+  qk_clip: {enabled: true, tau: 50}
   comm_dtype: fp32
   routing: {embeddings_to_adamw: false, lm_head_to_adamw: false, router_to_adamw: true,
             force_adamw: [layers.1.mlp.down]}
@@ -309,11 +322,31 @@ output: out/full
   CHECK_FALSE(e.parallel.routing.embeddings_to_adamw);
   CHECK(e.parallel.routing.router_to_adamw);
   CHECK(e.parallel.routing.force_adamw == std::vector<std::string>{"layers.1.mlp.down"});
-  CHECK(e.optimizer.lr == 0.01);
-  CHECK(e.optimizer.momentum_form == "lerp");
-  CHECK(e.optimizer.custom_coefficients.size() == 2);
-  CHECK(e.optimizer.custom_coefficients[0][1] == -4.775);
-  CHECK(e.optimizer.ns_epsilon == 1e-6);
+  CHECK(e.optimizer.muon.lr == 0.01);
+  CHECK(e.optimizer.muon.momentum == 0.9);
+  CHECK_FALSE(e.optimizer.muon.nesterov);
+  CHECK(e.optimizer.muon.weight_decay == 0.2);
+  CHECK(e.optimizer.muon.momentum_form == MomentumForm::classic);
+  CHECK(e.optimizer.muon.ns_coefficients == "custom");
+  CHECK(e.optimizer.muon.custom_coefficients.size() == 2);
+  CHECK(e.optimizer.muon.custom_coefficients[0].b == -4.775);
+  CHECK(e.optimizer.muon.custom_coefficients[1].c == 0.5);
+  CHECK(e.optimizer.muon.adjust_lr_fn == LrScaleRule::match_rms_adamw);
+  CHECK(e.optimizer.muon.eps == 1e-6);
+  CHECK(e.optimizer.adamw.lr == 1e-3);
+  CHECK(e.optimizer.adamw.beta1 == 0.8);
+  CHECK(e.optimizer.adamw.beta2 == 0.99);
+  CHECK(e.optimizer.adamw.eps == 1e-10);
+  CHECK(e.optimizer.adamw.weight_decay == 0.05);
+  CHECK(e.optimizer.qk_clip.enabled);
+  CHECK(e.optimizer.qk_clip.tau == 50);
+  CHECK(e.optimizer.qk_clip.head_dim == e.model.head_dim);
+  CHECK(e.optimizer.qk_clip.head_dim > 0);
+  // The resolved configuration reads back to the same optimizer and plan settings.
+  const Experiment again = parse_experiment(e.resolved_yaml, "again.yaml").at(0);
+  CHECK(again.optimizer.muon.custom_coefficients == e.optimizer.muon.custom_coefficients);
+  CHECK(again.optimizer.adamw.beta1 == 0.8);
+  CHECK(again.plan_settings().optimizer.qk_clip.head_dim == e.optimizer.qk_clip.head_dim);
   CHECK(e.optimizer.comm_dtype == DType::fp32);
   CHECK(e.strategy.name == "all_to_all");
   CHECK_FALSE(e.strategy.async_gpu_parallelism);

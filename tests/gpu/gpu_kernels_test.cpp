@@ -189,7 +189,7 @@ TEST_CASE("fp32 elementwise kernels match the CPU within 1e-6", "[gpu][elementwi
   }
 
   {
-    const AdamWParams params{1e-3, 0.9, 0.95, 1e-8, 0.1};
+    const AdamWConfig params{1e-3, 0.9, 0.95, 1e-8, 0.1};
     std::vector<float> p = param0, m(n, 0.0f), v(n, 0.0f);
     DeviceBuffer d_p = to_device(p), d_g = to_device(grad), d_m = to_device(m), d_v = to_device(v);
     for (int step = 1; step <= 3; ++step) {
@@ -292,9 +292,8 @@ TEST_CASE("a whole-model Muon/AdamW step on the GPU tracks the reference", "[gpu
   const Model model = make_dense(spec);
   OptimizerConfig config;
   config.muon.lr = 0.02;
-  config.muon.lr_scale = LrScaleRule::match_rms_adamw;
-  config.muon.precision = NsPrecision::bf16;
-  ReferenceOptimizer<float> reference(model, config);
+  config.muon.adjust_lr_fn = LrScaleRule::match_rms_adamw;
+  ReferenceOptimizer<float> reference(model, config, {}, ReferenceOptions{NsPrecision::bf16});
   ModelTensors<float> params = random_params<float>(model, 21);
   const ModelTensors<float> initial = params;
 
@@ -315,13 +314,11 @@ TEST_CASE("a whole-model Muon/AdamW step on the GPU tracks the reference", "[gpu
       DeviceBuffer d_grad = to_device(grads[i]);
       if (reference.kind(i) == OptimizerKind::muon) {
         DeviceBuffer d_update = poisoned(n * sizeof(float));
-        momentum_update_cuda(ctx, config.muon.momentum, d_grad.as<float>(),
+        momentum_update_cuda(ctx, momentum_params(config.muon), d_grad.as<float>(),
                              d_state_a[i].as<float>(), d_update.as<float>(), n);
         newton_schulz_cuda(ctx, d_update.as<float>(), d_update.as<float>(), ns_shape(p),
-                           config.muon.ns, 1);
-        const ApplyParams apply{config.muon.lr,
-                                config.muon.lr * lr_scale(config.muon.lr_scale, p.rows(), p.cols()),
-                                config.muon.weight_decay};
+                           make_ns_config(config.muon), 1);
+        const ApplyParams apply = apply_params(config.muon, p.rows(), p.cols());
         apply_update_cuda(ctx, apply, d_param[i].as<float>(), d_update.as<float>(), n);
       } else {
         adamw_update_cuda(ctx, config.adamw, step, d_param[i].as<float>(), d_grad.as<float>(),

@@ -87,7 +87,7 @@ TEMPLATE_TEST_CASE("decoupled weight decay and update", "[apply]", float, double
 
 TEMPLATE_TEST_CASE("AdamW two steps", "[adamw]", float, double) {
   const double tol = std::is_same_v<TestType, float> ? 1e-6 : 1e-12;
-  const AdamWParams params{0.1, 0.9, 0.999, 1e-8, 0.1};
+  const AdamWConfig params{0.1, 0.9, 0.999, 1e-8, 0.1};
   TestType p = 1, g = 0.5, m = 0, v = 0;
   // t=1: p = 1 * 0.99 = 0.99; m = 0.05; v = 0.001 * 0.25 = 0.00025
   //      bias corrections 0.1 and 0.001: step size 1, denom = sqrt(0.00025 / 0.001) + eps = 0.5+eps

@@ -32,7 +32,7 @@ OptimizerConfig test_config() {
   OptimizerConfig c;
   c.muon.lr = 0.02;
   c.muon.weight_decay = 0.1;
-  c.muon.lr_scale = LrScaleRule::match_rms_adamw;  // differs per shape
+  c.muon.adjust_lr_fn = LrScaleRule::match_rms_adamw;  // differs per shape
   c.adamw.lr = 1e-3;
   c.adamw.weight_decay = 0.01;
   return c;
@@ -125,8 +125,7 @@ TEST_CASE("reference steps are deterministic and fp32 / bf16 track fp64", "[refe
   CHECK(pa == pb);
 
   for (NsPrecision precision : {NsPrecision::fp32, NsPrecision::bf16}) {
-    config.muon.precision = precision;
-    ReferenceOptimizer<float> f(model, config);
+    ReferenceOptimizer<float> f(model, config, {}, ReferenceOptions{precision});
     ModelTensors<float> pf = random_params<float>(model, 3);
     const ModelTensors<float> pf0 = pf;
     for (int t = 1; t <= 3; ++t) f.step(pf, random_grads<float>(model, 3, t));

@@ -8,7 +8,6 @@
 #include "core/cost_model.hpp"
 #include "core/experiment.hpp"
 #include "muonbed/config.hpp"
-#include "sim/run_point.hpp"
 #include "sim/simulate.hpp"
 #include "sim/src/harness.hpp"
 
@@ -131,6 +130,7 @@ model: {params: [)" + params +
     Experiment e = point(base + "strategy: " + strategy + "\n");
     e.cluster.intra.bandwidth_GBps = 1e5;  // communication negligible next to NS
     e.cluster.intra.latency_us = 0.1;
+    e.cluster.launch_overhead = {};  // per-call overheads too (8 + 5 us a call on dgx-h100)
     times[i++] =
         simulate(plan_experiment(e), e.cluster, with_fidelity("step")).record.step.average_s;
   }

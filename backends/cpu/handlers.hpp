@@ -1,0 +1,82 @@
+// CPU op handlers for rank programs (core/program.hpp), shared by every executor that keeps a
+// rank's data on the CPU: the in-process loopback executor and an MPI one. Compute ops run here
+// whole; a collective is split so that the data movement stays with the executor's transport:
+//
+//   1. begin_phase      reads what the rank sends (one message per peer, in the wire dtype) and
+//                       its own part, before anything of the phase is written;
+//   2. the transport    delivers message (s -> j) to j: in-process copies, MPI, ...;
+//   3. finish_phase     writes the rank's own part, then every received message (reducing
+//                       phases: the own part, then each message added in fp32, peers in group
+//                       order).
+// A phase's messages must all be read (step 1 on every member) before any is written (step 3),
+// since outputs may overlap inputs (an in-place reduce-scatter into the gradient slot).
+//
+// Numerics follow the single-device reference (kernels/reference_optimizer.hpp with NS in fp32
+// and rounding to the comm dtype): momentum in fp32, the update rounded to the comm dtype,
+// Newton-Schulz in fp32 on the whole matrix (stacks matrix by matrix), its result rounded to the
+// comm dtype, the update applied with decoupled weight decay and Muon's per-shape learning-rate
+// scale, AdamW with step count k + 1, QK-clip after the op that updates an attn_q / attn_k
+// matrix, with the seeded logits of backends/cpu/data.hpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backends/cpu/store.hpp"
+#include "kernels/newton_schulz.hpp"
+
+namespace muonbed::cpu {
+
+// What compute ops need beyond their program: the step and the seed of its data.
+struct StepContext {
+  const StepPlan* plan = nullptr;
+  std::uint64_t seed = 0;
+  int step = 0;  // from 0; AdamW counts step + 1
+  NsConfig ns;   // make_ns_config(plan->settings.optimizer.muon)
+};
+StepContext make_step_context(const StepPlan& plan, std::uint64_t seed, int step);
+
+// Throws ExecutionError when the CPU cannot run the plan (an fp16 comm dtype is not emulated).
+void check_can_run(const StepPlan& plan);
+
+// Runs compute op `op` (momentum, newton_schulz, apply_update, adamw, pack, unpack) and its keep
+// copies on the rank's store.
+void run_compute(const RankOp& op, RankStore& store, const StepContext& context);
+// Runs the keep copies of a collective once its phases are done.
+void run_keep(const RankOp& op, RankStore& store);
+
+// One phase of a collective on one rank (see the header comment).
+struct PhaseMessages {
+  std::vector<std::vector<std::byte>> sends;  // per phase.sends entry, in the wire dtype
+  std::vector<float> own;                     // the rank's own part
+};
+PhaseMessages begin_phase(const RankStore& store, const ExchangePhase& phase, DType wire);
+// `received[i]` is the message of phase.recvs[i] (its size is checked).
+void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire,
+                  const PhaseMessages& mine,
+                  const std::vector<const std::vector<std::byte>*>& received);
+
+// The same two steps with the messages back to back, as MPI's v-collectives take them: every
+// send encoded into one buffer at byte offset Transfer::displacement x the wire dtype's size, and
+// the received messages as views into the receive buffer (no copy per message).
+struct PackedPhase {
+  std::vector<std::byte> sends;
+  std::vector<float> own;
+};
+// `first_send_only`: encode phase.sends[0] alone (at its displacement), for transports that send
+// one buffer to every peer (a broadcast's root, an all-gather member) when all sends carry the
+// same elements.
+PackedPhase begin_phase_packed(const RankStore& store, const ExchangePhase& phase, DType wire,
+                               bool first_send_only = false);
+void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire,
+                  const std::vector<float>& own,
+                  const std::vector<std::span<const std::byte>>& received);
+
+// Wire format: fp32 as is, bf16 as the high 16 bits (kernels/bf16.hpp's rounding).
+std::vector<std::byte> encode(const float* values, std::int64_t count, DType wire);
+void encode_into(const float* values, std::int64_t count, DType wire, std::byte* out);
+void decode(std::span<const std::byte> bytes, DType wire, float* values, std::int64_t count);
+
+}  // namespace muonbed::cpu

@@ -1,0 +1,112 @@
+// The reference check of executed plans (see backends/cpu/check.hpp).
+#include "backends/cpu/check.hpp"
+
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+
+#include "backends/cpu/data.hpp"
+#include "core/errors.hpp"
+
+namespace muonbed::cpu {
+
+namespace {
+
+ReferenceOptions reference_options() {
+  ReferenceOptions o;
+  o.ns_precision = NsPrecision::fp32;
+  o.round_to_comm_dtype = true;
+  return o;
+}
+
+std::string multi_index(std::int64_t index, const std::vector<std::int64_t>& shape) {
+  std::vector<std::int64_t> coords(shape.size());
+  for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+    coords[d] = shape[d] > 0 ? index % shape[d] : 0;
+    index = shape[d] > 0 ? index / shape[d] : 0;
+  }
+  std::string out = "[";
+  for (std::size_t d = 0; d < coords.size(); ++d)
+    out += (d ? ", " : "") + std::to_string(coords[d]);
+  return out + "]";
+}
+
+std::string value(float v) {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &v, sizeof bits);
+  std::ostringstream os;
+  os << std::setprecision(9) << v << " (0x" << std::hex << std::setw(8) << std::setfill('0') << bits
+     << ")";
+  return os.str();
+}
+
+}  // namespace
+
+ReferenceRun::ReferenceRun(const StepPlan& plan, Model model, RoutingRules routing,
+                           std::uint64_t seed)
+    : plan_(plan),
+      seed_(seed),
+      optimizer_(std::move(model), plan.settings.optimizer, std::move(routing),
+                 reference_options()) {
+  params_ = random_params<float>(optimizer_.model(), seed_);
+  for (const auto& dp : plan.model.params)
+    if (optimizer_.kind(static_cast<std::size_t>(dp.source)) != dp.optimizer)
+      throw PlanError("the reference routes '" + dp.name + "' to another optimizer than the plan");
+}
+
+ReferenceRun::ReferenceRun(const StepPlan& plan, std::uint64_t seed)
+    : ReferenceRun(plan, source_model(plan.model), source_routing(plan.model), seed) {}
+
+void ReferenceRun::run_to(int steps) {
+  for (; steps_ < steps; ++steps_) {
+    const ModelTensors<float> grads = summed_gradients(plan_, optimizer_.model(), seed_, steps_);
+    const QkLogits logits = step_logits(optimizer_.model(), optimizer_.config(), seed_, steps_);
+    optimizer_.step(params_, grads, &logits);
+  }
+}
+
+std::optional<Mismatch> first_mismatch(const StepPlan& plan, const RankStore& store,
+                                       const ReferenceRun& reference) {
+  const RankProgram& program = store.program();
+  for (const auto& dp : plan.model.params) {
+    const ParamPieces& pieces = program.params.at(dp.index);
+    if (!pieces.held) continue;
+    const SourceSlice slice = source_slice(plan.model, dp.index);
+    const auto s = static_cast<std::size_t>(slice.source);
+    const std::pair<const char*, std::pair<const PieceRef*, const std::vector<float>*>> roles[] = {
+        {"parameter", {&pieces.parameter, &reference.params().at(s)}},
+        {"momentum", {&pieces.momentum, &reference.optimizer().momentum_buffer(s)}},
+        {"adam_m", {&pieces.adam_m, &reference.optimizer().adam_m(s)}},
+        {"adam_v", {&pieces.adam_v, &reference.optimizer().adam_v(s)}},
+    };
+    for (const auto& [name, what] : roles) {
+      const auto& [ref, want] = what;
+      if (!ref->present()) continue;
+      const float* got = store.data(ref->tensor) + ref->offset;
+      std::optional<Mismatch> found;
+      for_each_element(ref->set, dp.shape, [&](std::int64_t f, std::int64_t p) {
+        if (found) return;
+        const float w = want->at(static_cast<std::size_t>(slice.offset + f));
+        if (std::memcmp(&got[p], &w, sizeof w) == 0) return;
+        Mismatch m;
+        m.rank = store.rank();
+        m.param = dp.index;
+        m.tensor = std::string(name) + " of '" + dp.name + "'";
+        m.element = f;
+        m.got = got[p];
+        m.want = w;
+        m.message = "rank " + std::to_string(m.rank) + ": " + m.tensor +
+                    " differs from the single-device reference after " +
+                    std::to_string(reference.steps()) + " step" +
+                    (reference.steps() == 1 ? "" : "s") + " at element " +
+                    multi_index(f, dp.shape) + " (first of its piece " + ref->set.to_string() +
+                    "): got " + value(m.got) + ", want " + value(m.want);
+        found = std::move(m);
+      });
+      if (found) return found;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace muonbed::cpu

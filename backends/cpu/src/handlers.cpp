@@ -1,0 +1,247 @@
+// CPU handlers of rank-program ops (see backends/cpu/handlers.hpp).
+#include "backends/cpu/handlers.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "backends/cpu/data.hpp"
+#include "core/errors.hpp"
+#include "kernels/bf16.hpp"
+#include "kernels/optimizer_math.hpp"
+
+namespace muonbed::cpu {
+
+namespace {
+
+[[noreturn]] void fail(const RankStore& store, const RankOp& op, const StepContext* context,
+                       const std::string& what) {
+  std::string label;
+  if (context && context->plan && op.op >= 0 && op.op < static_cast<int>(context->plan->ops.size()))
+    label = " '" + context->plan->ops[op.op].label + "'";
+  throw ExecutionError("rank " + std::to_string(store.rank()) + ", plan op " +
+                       std::to_string(op.op) + " (" + std::string(to_string(op.kind)) + label +
+                       "): " + what);
+}
+
+void round_to(DType dtype, std::vector<float>& values) {
+  if (dtype == DType::bf16) round_to_bf16(values.data(), static_cast<std::int64_t>(values.size()));
+}
+
+void copy(RankStore& store, const LocalCopy& c) {
+  const std::vector<float> values = store.read(c.source);  // all read before anything is written
+  store.write(c.target, values.data());
+}
+
+void qk_clip(const QkClipRows& qk, std::vector<float>& values, const StepContext& context) {
+  if (!qk.enabled || values.empty()) return;
+  const auto& cfg = context.plan->settings.optimizer.qk_clip;
+  const QkLogits logits =
+      random_max_logits(qk.layer + 1, qk.query_heads, cfg.tau, context.seed, context.step + 1);
+  const auto& layer = logits.per_layer.at(static_cast<std::size_t>(qk.layer));
+  const std::vector<double> scales =
+      qk.key ? qk_clip_head_scales(kv_group_max_logits(layer, qk.heads), cfg.tau)
+             : qk_clip_head_scales(layer, cfg.tau);
+  qk_clip_rows(values.data(), static_cast<std::int64_t>(qk.global_rows.size()), qk.cols,
+               qk.head_dim, scales, qk.global_rows.data());
+}
+
+}  // namespace
+
+StepContext make_step_context(const StepPlan& plan, std::uint64_t seed, int step) {
+  StepContext c;
+  c.plan = &plan;
+  c.seed = seed;
+  c.step = step;
+  c.ns = make_ns_config(plan.settings.optimizer.muon);
+  return c;
+}
+
+void check_can_run(const StepPlan& plan) {
+  const DType comm = plan.settings.comm_dtype();
+  if (comm != DType::fp32 && comm != DType::bf16)
+    throw ExecutionError("the CPU executors emulate comm_dtype fp32 and bf16, not " +
+                         std::string(to_string(comm)) + "; fix: set optimizer.comm_dtype");
+}
+
+void run_compute(const RankOp& op, RankStore& store, const StepContext& context) {
+  const StepPlan& plan = *context.plan;
+  const OptimizerConfig& config = plan.settings.optimizer;
+  const DType comm = config.comm_dtype;
+  switch (op.kind) {
+    case OpKind::momentum: {
+      const MomentumParams params = momentum_params(config.muon);
+      for (const auto& t : op.momentum) {
+        std::vector<float> grad = store.read(t.gradient);
+        std::vector<float> buf = store.read(t.momentum);
+        std::vector<float> update(grad.size());
+        momentum_update(params, grad.data(), buf.data(), update.data(),
+                        static_cast<std::int64_t>(grad.size()));
+        round_to(comm, update);  // the update moves, and is orthogonalized, in the comm dtype
+        store.write(t.momentum, buf.data());
+        store.write(t.update, update.data());
+      }
+      break;
+    }
+    case OpKind::newton_schulz:
+      for (const auto& t : op.newton_schulz) {
+        std::vector<float> x = store.read(t.data);
+        const MatrixShape shape{t.batch, t.rows, t.cols};
+        if (shape.numel() != static_cast<std::int64_t>(x.size()))
+          fail(store, op, &context,
+               "Newton-Schulz of " + shape.to_string() + " got " + std::to_string(x.size()) +
+                   " elements");
+        newton_schulz(x.data(), x.data(), shape, context.ns, NsPrecision::fp32);
+        round_to(comm, x);
+        store.write(t.data, x.data());
+      }
+      break;
+    case OpKind::apply_update:
+      for (const auto& t : op.apply) {
+        const std::vector<float> result = store.read(t.result);
+        std::vector<float> param = store.read(t.parameter);
+        apply_update(apply_params(config.muon, t.rows, t.cols), param.data(), result.data(),
+                     static_cast<std::int64_t>(param.size()));
+        qk_clip(t.qk_clip, param, context);
+        store.write(t.parameter, param.data());
+      }
+      break;
+    case OpKind::adamw:
+      for (const auto& t : op.adamw) {
+        const std::vector<float> grad = store.read(t.gradient);
+        std::vector<float> param = store.read(t.parameter);
+        std::vector<float> m = store.read(t.adam_m);
+        std::vector<float> v = store.read(t.adam_v);
+        adamw_update(config.adamw, context.step + 1, param.data(), grad.data(), m.data(), v.data(),
+                     static_cast<std::int64_t>(param.size()));
+        qk_clip(t.qk_clip, param, context);
+        store.write(t.parameter, param.data());
+        store.write(t.adam_m, m.data());
+        store.write(t.adam_v, v.data());
+      }
+      break;
+    case OpKind::pack:
+    case OpKind::unpack:
+      for (const auto& c : op.copies) copy(store, c);
+      break;
+    default:
+      fail(store, op, &context, "is not a compute op");
+  }
+  run_keep(op, store);
+}
+
+void run_keep(const RankOp& op, RankStore& store) {
+  for (const auto& c : op.keep) copy(store, c);
+}
+
+std::vector<std::byte> encode(const float* values, std::int64_t count, DType wire) {
+  std::vector<std::byte> bytes(static_cast<std::size_t>(count * bytes_of(wire)));
+  encode_into(values, count, wire, bytes.data());
+  return bytes;
+}
+
+void encode_into(const float* values, std::int64_t count, DType wire, std::byte* out) {
+  if (count == 0) return;  // (memcpy with the null pointers of empty buffers is undefined)
+  if (wire == DType::fp32) {
+    std::memcpy(out, values, static_cast<std::size_t>(count) * 4);
+  } else if (wire == DType::bf16) {
+    for (std::int64_t i = 0; i < count; ++i) {
+      const std::uint16_t b = float_to_bf16_bits(values[i]);
+      std::memcpy(out + 2 * i, &b, 2);
+    }
+  } else {
+    throw ExecutionError("wire dtype " + std::string(to_string(wire)) + " is not emulated");
+  }
+}
+
+void decode(std::span<const std::byte> bytes, DType wire, float* values, std::int64_t count) {
+  if (static_cast<std::int64_t>(bytes.size()) != count * bytes_of(wire))
+    throw ExecutionError("a message of " + std::to_string(bytes.size()) + " bytes where " +
+                         std::to_string(count) + " " + std::string(to_string(wire)) +
+                         " elements were expected");
+  if (count == 0) return;
+  if (wire == DType::fp32) {
+    std::memcpy(values, bytes.data(), bytes.size());
+  } else {
+    for (std::int64_t i = 0; i < count; ++i) {
+      std::uint16_t b = 0;
+      std::memcpy(&b, bytes.data() + 2 * i, 2);
+      values[i] = bf16_bits_to_float(b);
+    }
+  }
+}
+
+namespace {
+
+// The own part does not travel, but it is what a message would carry: in the wire dtype.
+std::vector<float> own_part(const RankStore& store, const ExchangePhase& phase, DType wire) {
+  std::vector<float> own = store.read(phase.self_source);
+  std::vector<std::byte> bytes = encode(own.data(), phase.self_source.count, wire);
+  decode(bytes, wire, own.data(), phase.self_source.count);
+  return own;
+}
+
+}  // namespace
+
+PhaseMessages begin_phase(const RankStore& store, const ExchangePhase& phase, DType wire) {
+  PhaseMessages out;
+  out.sends.reserve(phase.sends.size());
+  for (const Transfer& t : phase.sends) {
+    const std::vector<float> values = store.read(t.data);
+    out.sends.push_back(encode(values.data(), t.count, wire));
+  }
+  out.own = own_part(store, phase, wire);
+  return out;
+}
+
+PackedPhase begin_phase_packed(const RankStore& store, const ExchangePhase& phase, DType wire,
+                               bool first_send_only) {
+  PackedPhase out;
+  const std::int64_t width = bytes_of(wire);
+  const std::size_t sends = first_send_only ? std::min<std::size_t>(1, phase.sends.size())
+                                            : phase.sends.size();
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < sends; ++i)
+    total = std::max(total, phase.sends[i].displacement + phase.sends[i].count);
+  out.sends.resize(static_cast<std::size_t>(total * width));
+  std::vector<float> values;
+  for (std::size_t i = 0; i < sends; ++i) {
+    const Transfer& t = phase.sends[i];
+    values.resize(static_cast<std::size_t>(t.count));
+    store.read(t.data, values.data());
+    encode_into(values.data(), t.count, wire, out.sends.data() + t.displacement * width);
+  }
+  out.own = own_part(store, phase, wire);
+  return out;
+}
+
+void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire,
+                  const std::vector<float>& own,
+                  const std::vector<std::span<const std::byte>>& received) {
+  if (received.size() != phase.recvs.size())
+    throw ExecutionError("rank " + std::to_string(store.rank()) + ": " +
+                         std::to_string(received.size()) + " messages for " +
+                         std::to_string(phase.recvs.size()) + " receives");
+  store.write(phase.self_target, own.data());
+  std::vector<float> values;
+  for (std::size_t i = 0; i < phase.recvs.size(); ++i) {
+    const Transfer& t = phase.recvs[i];
+    values.resize(static_cast<std::size_t>(t.count));
+    decode(received[i], wire, values.data(), t.count);
+    if (phase.reduce)
+      store.accumulate(t.data, values.data());
+    else
+      store.write(t.data, values.data());
+  }
+}
+
+void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire,
+                  const PhaseMessages& mine,
+                  const std::vector<const std::vector<std::byte>*>& received) {
+  std::vector<std::span<const std::byte>> views;
+  views.reserve(received.size());
+  for (const std::vector<std::byte>* m : received) views.emplace_back(m->data(), m->size());
+  finish_phase(store, phase, wire, mine.own, views);
+}
+
+}  // namespace muonbed::cpu

@@ -1,0 +1,21 @@
+// The backends compiled into this muonbed: the one place that lists them, registers each with
+// core/run_point.hpp's registry, and says what to do about a backend this build does not have.
+#pragma once
+
+#include <string>
+
+namespace muonbed::cli {
+
+// Registers every backend this build has (feature macros of muonbed/config.hpp). Call once,
+// before any command runs.
+void register_compiled_backends();
+
+// Throws ConfigError at `file` when `backend` is not registered: why this build lacks it and
+// the fix. Commands call it for every backend before any work starts.
+void require_backend(const std::string& backend, const std::string& file);
+
+// "sim, analytic, mpi (not built), nccl (not built)": the backends experiments may name, and
+// which of them this build lacks.
+std::string backends_summary();
+
+}  // namespace muonbed::cli

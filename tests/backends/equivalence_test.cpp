@@ -1,0 +1,371 @@
+// A distributed step equals the single-device step, proved with real data on in-process ranks:
+// every plan of the invariant matrix (9 topologies x 11 strategy variants, tests/common) and the
+// hard cases (uneven torch.chunk splits, empty shards, ranks that own no matrix, 1xN and Nx1
+// matrices, MoE experts under EP, pipeline stages, level-scheduled sync over its hyper-period)
+// runs 3 steps on the loopback executor, and every rank's parameter, momentum and AdamW moments
+// must equal ReferenceOptimizer<float> (NS in fp32, updates rounded to the comm dtype) bit for
+// bit, in both optimizer variants (bf16 comm, lerp momentum, Nesterov, QK-clip; fp32 comm, classic
+// momentum, no Nesterov, no QK-clip). Every collective moves exactly the bytes plan.hpp counts.
+// Negative controls prove the check fails on broken plans and names what differs.
+#include <catch2/catch.hpp>
+
+#include <deque>
+#include <map>
+#include <memory>
+
+#include "backends/cpu/check.hpp"
+#include "backends/cpu/data.hpp"
+#include "backends/loopback/loopback.hpp"
+#include "core/errors.hpp"
+#include "core/plan_json.hpp"
+#include "tests/common/equivalence_cases.hpp"
+#include "tests/common/strategy_matrix.hpp"
+
+using namespace muonbed;
+using testing::drop_op;
+using testing::kVariants;
+using testing::odd_model;
+using testing::settings_of;
+using testing::Variant;
+
+namespace {
+
+constexpr int kSteps = 3;
+constexpr std::uint64_t kSeed = 20260101;
+
+// Runs `plan` and returns the first mismatch with the reference (empty if none); also checks that
+// every collective moved what plan.hpp counts, pair by pair.
+std::string run_and_compare(const StepPlan& plan, const cpu::ReferenceRun& reference,
+                            LoopbackOptions options = {}) {
+  options.seed = kSeed;
+  LoopbackExecutor executor(plan, options);
+  executor.run(kSteps);
+  const auto& mesh = plan.model.mesh;
+  for (const Op& op : plan.ops) {
+    if (!is_collective(op.kind)) continue;
+    int active = 0;
+    for (int k = 0; k < kSteps; ++k) active += plan.active_in_step(op, k) ? 1 : 0;
+    for (int r : op.ranks.ranks(mesh)) {
+      const auto sent = bytes_sent(plan, op, r);
+      for (int i = 0; i < static_cast<int>(sent.size()); ++i) {
+        const int peer = mesh.group_member(r, op.group, i);
+        if (peer == r) continue;
+        INFO("op " << op.id << " '" << op.label << "' from rank " << r << " to rank " << peer);
+        CHECK(executor.bytes_moved(op.id, r, peer) == active * sent[i]);
+      }
+    }
+  }
+  for (int r = 0; r < mesh.world_size(); ++r) {
+    // The program's memory is rank_memory's, and every buffer was released. (What the run held
+    // at once can exceed rank_memory's plan-order peak: the engine may start a gather before a
+    // release that precedes it in plan order; see Scheduler::start_gather's gate.)
+    const RankMemory planned = rank_memory(plan, r);
+    INFO("rank " << r);
+    CHECK(executor.program(r).memory().static_bytes == planned.static_bytes);
+    CHECK(executor.program(r).memory().peak_transient_bytes == planned.peak_transient_bytes);
+    CHECK(executor.store(r).live_transient_bytes() == 0);
+    const auto mismatch = cpu::first_mismatch(plan, executor.store(r), reference);
+    if (mismatch) return mismatch->message;
+  }
+  return "";
+}
+
+// References are shared by plans whose gradients are synced alike (the summed gradients depend
+// on the sync groups and periods only).
+class References {
+ public:
+  const cpu::ReferenceRun& get(const StepPlan& plan, const Model& model,
+                               const RoutingRules& routing) {
+    std::string key;
+    for (const auto& dp : plan.model.params) {
+      const GradientSync sync = gradient_sync(plan, dp.index);
+      key += std::to_string(plan.model.mesh.group_size(sync.reduced_over)) + "/" +
+             std::to_string(sync.period) + ",";
+    }
+    auto it = runs_.find(key);
+    if (it != runs_.end()) return *it->second;
+    plans_.push_back(plan);
+    auto run = std::make_unique<cpu::ReferenceRun>(plans_.back(), model, routing, kSeed);
+    run->run_to(kSteps);
+    return *runs_.emplace(key, std::move(run)).first->second;
+  }
+
+ private:
+  std::deque<StepPlan> plans_;
+  std::map<std::string, std::unique_ptr<cpu::ReferenceRun>> runs_;
+};
+
+void check_topology(const std::string& name) {
+  const auto topologies = testing::topologies();
+  const auto it = std::find_if(topologies.begin(), topologies.end(),
+                               [&](const auto& t) { return t.name == name; });
+  REQUIRE(it != topologies.end());
+  const Model model = *find_preset(it->model);
+  const ShardedModel sharded = testing::make_model(*it);
+  for (const Variant& variant : kVariants) {
+    References references;
+    for (const auto& options : testing::strategies()) {
+      const StepPlan plan = build_plan(sharded, options, settings_of(variant, model));
+      INFO("topology " << name << ", " << variant.name << ", strategy " << options.to_json_text());
+      const auto& reference = references.get(plan, model, ParallelRules{}.routing);
+      CHECK(run_and_compare(plan, reference) == "");
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("DDP: every strategy equals the single-device step bit for bit", "[equivalence]") {
+  check_topology("DDP");
+}
+TEST_CASE("FSDP: every strategy equals the single-device step bit for bit", "[equivalence]") {
+  check_topology("FSDP");
+}
+TEST_CASE("HSDP: every strategy equals the single-device step bit for bit", "[equivalence]") {
+  check_topology("HSDP");
+}
+TEST_CASE("TP: every strategy equals the single-device step bit for bit", "[equivalence]") {
+  check_topology("TP");
+}
+TEST_CASE("FSDP+TP: every strategy equals the single-device step bit for bit", "[equivalence]") {
+  check_topology("FSDP+TP");
+}
+TEST_CASE("EP: every strategy equals the single-device step bit for bit", "[equivalence]") {
+  check_topology("EP");
+}
+TEST_CASE("CP: every strategy equals the single-device step bit for bit", "[equivalence]") {
+  check_topology("CP");
+}
+TEST_CASE("PP: every strategy equals the single-device step bit for bit", "[equivalence]") {
+  check_topology("PP");
+}
+TEST_CASE("4-D: every strategy equals the single-device step bit for bit", "[equivalence]") {
+  check_topology("4-D");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Hard cases
+
+namespace {
+
+std::vector<testing::Topology> odd_topologies() {
+  return {
+      {"FSDP 4 (uneven, empty shards)", {{"dp_shard", 4, DimRole::fsdp}}, ""},
+      {"FSDP 2 x TP 3 (strided, uneven)",
+       {{"dp_shard", 2, DimRole::fsdp}, {"tp", 3, DimRole::tp}},
+       ""},
+      {"HSDP 2 x 3", {{"dp_replicate", 2, DimRole::replicate}, {"dp_shard", 3, DimRole::fsdp}}, ""},
+      {"FSDP 3 x EP 2", {{"dp_shard", 3, DimRole::fsdp}, {"ep", 2, DimRole::ep}}, ""},
+      {"PP 2 x FSDP 3", {{"pp", 2, DimRole::pp}, {"dp_shard", 3, DimRole::fsdp}}, ""},
+      {"FSDP 7 (ranks without a matrix)", {{"dp_shard", 7, DimRole::fsdp}}, ""},
+  };
+}
+
+}  // namespace
+
+TEST_CASE("uneven splits, empty shards, 1xN and Nx1 matrices, experts and idle owners",
+          "[equivalence][hard]") {
+  const Model model = odd_model();
+  bool some_rank_owns_nothing = false, some_shard_empty = false;
+  for (const auto& topology : odd_topologies()) {
+    const ShardedModel sharded = parallelize(model, DeviceMesh(topology.dims, 8), ParallelRules{});
+    for (const auto& dp : sharded.params)
+      for (int r = 0; r < sharded.mesh.world_size(); ++r)
+        some_shard_empty = some_shard_empty || (dp.layout.holds(sharded.mesh, r) &&
+                                                dp.layout.shard_numel(sharded.mesh, r) == 0);
+    for (const Variant& variant : kVariants) {
+      References references;
+      for (const auto& options : testing::strategies()) {
+        const StepPlan plan = build_plan(sharded, options, settings_of(variant, model));
+        INFO(topology.name << ", " << variant.name << ", strategy " << options.to_json_text());
+        if (options.name != "replicated")
+          for (int r = 0; r < sharded.mesh.world_size(); ++r)
+            some_rank_owns_nothing = some_rank_owns_nothing || plan.assignment.owned_by(r).empty();
+        CHECK(run_and_compare(plan, references.get(plan, model, RoutingRules{})) == "");
+      }
+    }
+  }
+  CHECK(some_rank_owns_nothing);
+  CHECK(some_shard_empty);
+}
+
+TEST_CASE("level-scheduled sync equals the reference over its whole hyper-period",
+          "[equivalence][hard]") {
+  const Model model = odd_model();
+  const ShardedModel sharded = parallelize(
+      model,
+      DeviceMesh({{"dp_replicate", 2, DimRole::replicate}, {"dp_shard", 2, DimRole::fsdp}}, 8),
+      ParallelRules{});
+  for (const char* name : {"owner", "all_to_all", "owner_allgather"}) {
+    StrategyOptions options;
+    options.name = name;
+    options.grad_sync.enabled = true;
+    options.grad_sync.level_periods = {2, 3};  // hyper-period 6: every pattern of frozen levels
+    const StepPlan plan = build_plan(sharded, options, settings_of(kVariants[0], model));
+    REQUIRE(plan.hyper_period() == 6);
+    INFO("strategy " << name);
+    LoopbackExecutor executor(plan, {.seed = kSeed});
+    executor.run(plan.hyper_period() + 1);
+    cpu::ReferenceRun reference(plan, model, RoutingRules{}, kSeed);
+    reference.run_to(plan.hyper_period() + 1);
+    for (int r = 0; r < sharded.mesh.world_size(); ++r) {
+      const auto mismatch = cpu::first_mismatch(plan, executor.store(r), reference);
+      CHECK(!mismatch.has_value());
+      if (mismatch) FAIL(mismatch->message);
+    }
+    // A sync op ran once per instance in the steps its period selects, never in frozen ones.
+    const PlanIndex index(plan);
+    for (const Op& op : plan.ops) {
+      if (op.kind != OpKind::reduce_scatter && op.kind != OpKind::all_reduce) continue;
+      int instances = 0, active = 0;
+      index.for_each_instance(op.id, [&](int) { ++instances; });
+      for (int k = 0; k <= plan.hyper_period(); ++k) active += k % op.period == 0 ? 1 : 0;
+      INFO("op " << op.id << " " << op.label);
+      CHECK(executor.ran(op.id) == static_cast<std::int64_t>(instances) * active);
+    }
+  }
+}
+
+TEST_CASE("a plan read back from JSON executes to the same bits, with the model rebuilt from it",
+          "[equivalence]") {
+  const Model model = odd_model();
+  const ShardedModel sharded =
+      parallelize(model, DeviceMesh({{"dp_shard", 3, DimRole::fsdp}, {"ep", 2, DimRole::ep}}, 8),
+                  ParallelRules{});
+  StrategyOptions options;
+  options.name = "all_to_all";
+  options.grad_sync.enabled = true;
+  const StepPlan plan = build_plan(sharded, options, settings_of(kVariants[0], model));
+  const StepPlan back = plan_from_json(nlohmann::json::parse(plan_to_json(plan).dump()));
+  // The model and routing an out-of-process executor rebuilds from the plan are the originals.
+  const Model rebuilt = cpu::source_model(back.model);
+  REQUIRE(rebuilt.params.size() == model.params.size());
+  for (std::size_t i = 0; i < model.params.size(); ++i) {
+    CHECK(rebuilt.params[i].name == model.params[i].name);
+    CHECK(rebuilt.params[i].shape == model.params[i].shape);
+    CHECK(rebuilt.params[i].role == model.params[i].role);
+    CHECK(rebuilt.params[i].layer == model.params[i].layer);
+  }
+  cpu::ReferenceRun reference(back, kSeed);  // model and routing from the plan alone
+  reference.run_to(kSteps);
+  CHECK(run_and_compare(back, reference) == "");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Negative controls: the check fails on broken plans, naming the tensor, rank and first element.
+
+namespace {
+
+std::string broken_run(const StepPlan& plan, const Model& model) {
+  LoopbackOptions options;
+  options.lower.allow_stale_reads = true;
+  cpu::ReferenceRun reference(plan, model, RoutingRules{}, kSeed);
+  reference.run_to(kSteps);
+  return run_and_compare(plan, reference, options);
+}
+
+}  // namespace
+
+TEST_CASE("negative control: two owners' scatters swapped", "[equivalence][negative]") {
+  const Model model = *find_preset("tiny-dense");
+  const ShardedModel sharded =
+      parallelize(model, DeviceMesh({{"dp_shard", 4, DimRole::fsdp}}, 4), ParallelRules{});
+  StrategyOptions options;
+  options.gather = "flat";
+  StepPlan plan = build_plan(sharded, options, settings_of(kVariants[0], model));
+  // Two scatters of same-shape matrices from different owners: each now scatters from the other
+  // owner, which holds no result of that matrix.
+  int x = -1, y = -1;
+  for (const Op& a : plan.ops)
+    for (const Op& b : plan.ops)
+      if (x < 0 && a.kind == OpKind::scatter && b.kind == OpKind::scatter && a.root != b.root &&
+          plan.model.params[a.params[0]].shape == plan.model.params[b.params[0]].shape) {
+        x = a.id;
+        y = b.id;
+      }
+  REQUIRE(x >= 0);
+  std::swap(plan.ops[x].root, plan.ops[y].root);
+  const int p = plan.ops[x].params[0];
+  const std::string name = plan.model.params[p].name;
+  const int wrong_root = plan.model.mesh.group_member(0, plan.ops[x].group, plan.ops[x].root);
+  // Lowering names it when stale reads are not allowed...
+  CHECK_THROWS_WITH(lower_rank_program(plan, wrong_root),
+                    Catch::Contains("reads the result of '" + name + "'") &&
+                        Catch::Contains("rank " + std::to_string(wrong_root)));
+  // ...and when they are, the executed step differs from the reference, and the check says where.
+  const std::string message = broken_run(plan, model);
+  INFO(message);
+  CHECK_THAT(message, Catch::StartsWith("rank 0: parameter of '" + name +
+                                        "' differs from the single-device reference after 3 "
+                                        "steps at element [0, 0]") &&
+                          Catch::Contains("got ") && Catch::Contains(", want "));
+}
+
+TEST_CASE("negative control: one op dropped", "[equivalence][negative]") {
+  const Model model = *find_preset("tiny-dense");
+  const ShardedModel sharded = parallelize(
+      model,
+      DeviceMesh({{"dp_replicate", 2, DimRole::replicate}, {"dp_shard", 2, DimRole::fsdp}}, 4),
+      ParallelRules{});
+  const StepPlan full = build_plan(sharded, StrategyOptions{}, settings_of(kVariants[1], model));
+  // The broadcast that brings the other replica its results of one matrix.
+  int dropped = -1;
+  for (const Op& op : full.ops)
+    if (op.kind == OpKind::broadcast && dropped < 0) dropped = op.id;
+  REQUIRE(dropped >= 0);
+  const int p = full.ops[dropped].params[0];
+  const std::string name = full.model.params[p].name;
+  const int owner = full.assignment.owner[p];
+  const StepPlan plan = drop_op(full, dropped);
+  // The first rank of the other replica (dp_replicate is the outer dim: ranks 0-1 and 2-3).
+  const int victim = owner < 2 ? 2 : 0;
+  CHECK_THROWS_WITH(
+      lower_rank_program(plan, victim),
+      Catch::Contains("apply_update") && Catch::Contains("reads the result of '" + name + "'"));
+  const std::string message = broken_run(plan, model);
+  INFO(message);
+  CHECK_THAT(message, Catch::StartsWith("rank " + std::to_string(victim) + ": parameter of '" +
+                                        name + "' differs from the single-device reference") &&
+                          Catch::Contains("at element [0, 0]"));
+}
+
+TEST_CASE("the check is sensitive to the seed and to the number of steps", "[equivalence]") {
+  const Model model = *find_preset("tiny-dense");
+  const ShardedModel sharded =
+      parallelize(model, DeviceMesh({{"dp_shard", 2, DimRole::fsdp}}, 4), ParallelRules{});
+  const StepPlan plan = build_plan(sharded, StrategyOptions{}, settings_of(kVariants[0], model));
+  cpu::ReferenceRun reference(plan, model, RoutingRules{}, kSeed);
+  reference.run_to(kSteps);
+  LoopbackExecutor other_seed(plan, {.seed = kSeed + 1});
+  other_seed.run(kSteps);
+  const auto a = cpu::first_mismatch(plan, other_seed.store(0), reference);
+  REQUIRE(a.has_value());
+  CHECK_THAT(a->message, Catch::StartsWith("rank 0: parameter of 'embed'"));
+  LoopbackExecutor fewer(plan, {.seed = kSeed});
+  fewer.run(kSteps - 1);
+  const auto b = cpu::first_mismatch(plan, fewer.store(1), reference);
+  REQUIRE(b.has_value());
+  CHECK(b->rank == 1);
+  // And the same run, complete, matches: every piece of every role was compared.
+  LoopbackExecutor same(plan, {.seed = kSeed});
+  same.run(kSteps);
+  for (int r = 0; r < 2; ++r) CHECK_FALSE(cpu::first_mismatch(plan, same.store(r), reference));
+}
+
+TEST_CASE("QK-clip takes effect on the shards it clips", "[equivalence]") {
+  const Model model = *find_preset("tiny-dense");
+  const ShardedModel sharded =
+      parallelize(model, DeviceMesh({{"dp_shard", 2, DimRole::fsdp}, {"tp", 2, DimRole::tp}}, 4),
+                  ParallelRules{});
+  const StepPlan clipped = build_plan(sharded, StrategyOptions{}, settings_of(kVariants[0], model));
+  PlanSettings off = settings_of(kVariants[0], model);
+  off.optimizer.qk_clip.enabled = false;
+  const StepPlan unclipped = build_plan(sharded, StrategyOptions{}, off);
+  LoopbackExecutor executor(clipped, {.seed = kSeed});
+  executor.run(kSteps);
+  cpu::ReferenceRun without(unclipped, model, RoutingRules{}, kSeed);
+  without.run_to(kSteps);
+  const auto mismatch = cpu::first_mismatch(clipped, executor.store(0), without);
+  REQUIRE(mismatch.has_value());
+  CHECK_THAT(mismatch->tensor, Catch::Contains(".attn.q'") || Catch::Contains(".attn.k'"));
+}

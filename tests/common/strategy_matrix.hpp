@@ -1,0 +1,88 @@
+// The invariant matrix shared by the plan tests (tests/core) and the execution tests
+// (tests/backends): nine topologies (every parallelism and a 4-D hybrid, small models) and eleven
+// strategy variants (every built-in strategy with the options that change its plan's shape).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/parallelize.hpp"
+#include "core/strategy.hpp"
+
+namespace muonbed::testing {
+
+struct Topology {
+  std::string name;
+  std::vector<MeshDim> dims;
+  std::string model;
+};
+
+inline std::vector<Topology> topologies() {
+  return {
+      {"DDP", {{"dp_replicate", 4, DimRole::replicate}}, "tiny-dense"},
+      {"FSDP", {{"dp_shard", 4, DimRole::fsdp}}, "tiny-dense"},
+      {"HSDP",
+       {{"dp_replicate", 2, DimRole::replicate}, {"dp_shard", 2, DimRole::fsdp}},
+       "tiny-dense"},
+      {"TP", {{"tp", 4, DimRole::tp}}, "tiny-dense"},
+      {"FSDP+TP", {{"dp_shard", 2, DimRole::fsdp}, {"tp", 2, DimRole::tp}}, "tiny-dense"},
+      {"EP", {{"dp_shard", 2, DimRole::fsdp}, {"ep", 2, DimRole::ep}}, "tiny-moe"},
+      {"CP", {{"dp_shard", 2, DimRole::fsdp}, {"cp", 2, DimRole::replicate}}, "tiny-dense"},
+      {"PP", {{"pp", 2, DimRole::pp}, {"dp_shard", 2, DimRole::fsdp}}, "tiny-dense"},
+      {"4-D",
+       {{"pp", 2, DimRole::pp},
+        {"dp_replicate", 2, DimRole::replicate},
+        {"dp_shard", 2, DimRole::fsdp},
+        {"tp", 2, DimRole::tp}},
+       "tiny-dense"},
+  };
+}
+
+inline std::vector<StrategyOptions> strategies() {
+  std::vector<StrategyOptions> list;
+  auto add = [&](std::string name, auto&& tweak) {
+    StrategyOptions o;
+    o.name = name;
+    tweak(o);
+    list.push_back(o);
+  };
+  add("sequential", [](StrategyOptions&) {});
+  add("replicated", [](StrategyOptions&) {});
+  add("owner", [](StrategyOptions& o) { o.prefetch_count = 0; });
+  add("owner", [](StrategyOptions& o) { o.prefetch_count = 2; });
+  add("owner", [](StrategyOptions& o) {
+    o.async_gpu_parallelism = false;
+    o.assign = "round_robin";
+  });
+  add("owner", [](StrategyOptions& o) {
+    o.gather = "flat";
+    o.assign = "size_balanced";
+  });
+  add("owner", [](StrategyOptions& o) {
+    o.small_param_threshold = 5000;
+    o.grad_sync.enabled = true;
+    o.grad_sync.level_periods = {1, 2};
+  });
+  add("all_to_all", [](StrategyOptions& o) {
+    o.chunk_size = 3;
+    o.max_chunks_in_flight = 2;
+  });
+  add("all_to_all", [](StrategyOptions& o) {
+    o.chunk_size = 1;
+    o.max_chunks_in_flight = 1;
+    o.grad_sync.enabled = true;
+  });
+  add("owner_allgather", [](StrategyOptions& o) { o.chunk_size = 4; });
+  add("owner_allgather", [](StrategyOptions& o) {
+    o.grad_sync.enabled = true;
+    o.assign = "expert_local";
+  });
+  return list;
+}
+
+inline ShardedModel make_model(const Topology& t, const ParallelRules& rules = {}) {
+  DeviceMesh mesh(t.dims, 4);
+  return parallelize(*find_preset(t.model), mesh, rules);
+}
+
+}  // namespace muonbed::testing

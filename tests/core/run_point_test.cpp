@@ -1,0 +1,81 @@
+// The backend registry and the point runner of core/run_point.hpp: analytic is built in, other
+// backends are registered by name (again: replaced), unknown names are an error that lists the
+// registered ones, and run_point writes what the backend returned.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "core/errors.hpp"
+#include "core/experiment.hpp"
+#include "core/run_point.hpp"
+#include "muonbed/config.hpp"
+
+using namespace muonbed;
+
+namespace {
+
+Experiment tiny_point() {
+  const auto points = parse_experiment(R"(
+name: registry
+cluster: dgx-h100
+mesh: {dims: {dp_shard: 4}}
+model: {preset: tiny-dense}
+strategy: {name: owner}
+backend: [analytic]
+)",
+                                       std::string(MUONBED_SOURCE_DIR) + "/experiments/t.yaml");
+  REQUIRE(points.size() == 1);
+  return points[0];
+}
+
+PointRun fake_run(const Experiment& experiment, const StepPlan& plan, const RunSettings& s) {
+  PointRun run;
+  run.record = analytic_record(plan, experiment.cluster);
+  run.record.backend = "fake";
+  run.record.provenance = make_provenance(&experiment, "");
+  run.trace = {{"traced_ranks", s.trace_max_ranks}};
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("analytic is built in; other backends are registered by name", "[run_point]") {
+  REQUIRE(find_backend("analytic") != nullptr);
+  CHECK(registered_backends().front() == "analytic");
+  CHECK(find_backend("no-such-backend") == nullptr);
+
+  const Experiment e = tiny_point();
+  const PointRun analytic = run_point(e, "analytic");
+  CHECK(analytic.record.backend == "analytic");
+  CHECK(!analytic.record.timestamp.empty());
+  CHECK(analytic.record.provenance.experiment == "registry");
+  CHECK(analytic.trace.is_null());
+  CHECK_THROWS_AS(run_point(e, "no-such-backend"), Error);
+  CHECK_THROWS_WITH(run_point(e, "no-such-backend"), Catch::Contains("analytic"));
+
+  register_backend({"fake", "a test double", &fake_run});
+  register_backend({"fake", "registered twice", &fake_run});
+  const auto names = registered_backends();
+  CHECK(std::count(names.begin(), names.end(), "fake") == 1);
+  CHECK(find_backend("fake")->description == "registered twice");
+  CHECK_THROWS_AS(register_backend({"broken", "no run function", nullptr}), Error);
+
+  RunSettings settings;
+  settings.trace_max_ranks = 3;
+  Experiment out = e;
+  const auto dir = std::filesystem::temp_directory_path() / "muonbed_run_point_test";
+  std::filesystem::remove_all(dir);
+  out.output_dir = dir.string();
+  const PointRun fake = run_point(out, "fake", settings);
+  CHECK(fake.trace.at("traced_ranks") == 3);
+  const std::string path = write_point(out, fake);
+  CHECK(path == (dir / "default" / "fake.json").string());
+  CHECK(std::filesystem::exists(dir / "default" / "fake.trace.json"));
+  // A rerun without a trace leaves no trace of the older run beside the result.
+  PointRun untraced = fake;
+  untraced.trace = nullptr;
+  write_point(out, untraced);
+  CHECK(!std::filesystem::exists(dir / "default" / "fake.trace.json"));
+  std::filesystem::remove_all(dir);
+}
