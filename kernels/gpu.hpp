@@ -176,6 +176,38 @@ void pack_shard_cuda(CudaContext& ctx, const DeviceShardTable& table, const void
 void unpack_shard_cuda(CudaContext& ctx, const DeviceShardTable& table, const void* packed,
                        void* full, int element_bytes);
 
+// --- Rank-program element maps and small step kernels (the GPU executors, backends/gpu) -------
+
+// A run table on the device: `num_runs` triples (sequence, pool, length) of int64, sorted by
+// sequence and covering sequence elements [0, elements) without gaps: sequence element s of a run
+// is element pool + (s - sequence) of a rank's fp32 pool. Built on the host by backends/gpu.
+struct DeviceRuns {
+  const std::int64_t* runs = nullptr;
+  std::int64_t num_runs = 0;
+  std::int64_t elements = 0;
+};
+
+// out[s] = pool[map(s)] for s < runs.elements, written as fp32 (out_element_bytes 4) or as bf16
+// (2: round to nearest even, kernels/bf16.hpp's float_to_bf16_bits, so the bits equal the CPU's
+// encode). Asynchronous on `stream`.
+void gather_runs_cuda(CUstream_st* stream, const float* pool, const DeviceRuns& runs, void* out,
+                      int out_element_bytes);
+// pool[map(s)] = in[s] (or += in[s] in fp32 when `accumulate`), `in` fp32 or bf16 (widened
+// exactly). Asynchronous on `stream`.
+void scatter_runs_cuda(CUstream_st* stream, float* pool, const DeviceRuns& runs, const void* in,
+                       int in_element_bytes, bool accumulate);
+// data[i] = round_to_bf16(data[i]) (the value a bf16 buffer holds), i < n.
+void round_to_bf16_cuda(CUstream_st* stream, float* data, std::int64_t n);
+// Row r of a [rows, cols] fp32 matrix multiplied by row_scales[r] (device): QK-clip with the
+// scales computed on the host (float(head scale) per row, as qk_clip_rows multiplies).
+void scale_rows_cuda(CUstream_st* stream, float* data, std::int64_t rows, std::int64_t cols,
+                     const float* row_scales);
+// adamw_update_cuda with its per-step scalars read from device memory (`scalars`: decay,
+// step_size, bias2_sqrt as floats, adamw_step_scalars rounded to float), so that a captured CUDA
+// graph replays any step: the same element formula, bit for bit.
+void adamw_update_scalars_cuda(CudaContext& ctx, const AdamWConfig& params, const float* scalars,
+                               float* param, const float* grad, float* m, float* v, std::int64_t n);
+
 // --- Timing --------------------------------------------------------------------------------------
 
 // Milliseconds between CUDA events recorded on ctx's stream around fn() (which queues work).

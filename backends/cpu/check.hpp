@@ -47,8 +47,10 @@ struct Mismatch {
 };
 
 // The first piece element of `store` (rank, then param, then parameter / momentum / adam_m /
-// adam_v, then packed order) that differs in its bits from the reference, if any.
+// adam_v, then packed order) that differs in its bits from the reference, if any. With
+// `tolerance` > 0: the first that is not finite or differs by more than `tolerance` (absolute),
+// for executors whose Newton-Schulz is not the reference's (the GPU's bf16 kernels).
 std::optional<Mismatch> first_mismatch(const StepPlan& plan, const RankStore& store,
-                                       const ReferenceRun& reference);
+                                       const ReferenceRun& reference, double tolerance = 0);
 
 }  // namespace muonbed::cpu

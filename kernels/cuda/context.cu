@@ -52,7 +52,8 @@ struct CudaContext::Impl {
   cublasHandle_t cublas = nullptr;
   std::string name;
   std::size_t l2_bytes = 0;
-  DeviceBuffer flush;  // scratch overwritten by flush_l2
+  DeviceBuffer flush;             // scratch overwritten by flush_l2
+  DeviceBuffer cublas_workspace;  // given to cuBLAS once: no allocation inside a graph capture
 };
 
 CudaContext::CudaContext(int device) : impl_(std::make_unique<Impl>()) {
@@ -68,6 +69,11 @@ CudaContext::CudaContext(int device) : impl_(std::make_unique<Impl>()) {
   MUONBED_CUDA_CHECK(cudaStreamCreate(&impl_->stream));
   MUONBED_CUDA_CHECK(cublasCreate(&impl_->cublas));
   MUONBED_CUDA_CHECK(cublasSetStream(impl_->cublas, impl_->stream));
+  // A workspace of our own (32 MiB, NVIDIA's recommendation for Hopper): cuBLAS then never
+  // allocates during a stream capture (the GPU executors capture whole steps as CUDA graphs).
+  impl_->cublas_workspace = DeviceBuffer(std::size_t{32} << 20);
+  MUONBED_CUDA_CHECK(cublasSetWorkspace(impl_->cublas, impl_->cublas_workspace.data(),
+                                        impl_->cublas_workspace.bytes()));
 }
 
 CudaContext::~CudaContext() {

@@ -41,19 +41,36 @@ __global__ void apply_kernel(float* param, const float* update, long long n, flo
   }
 }
 
+__device__ inline void adamw_element(float* param, const float* grad, float* m, float* v,
+                                     long long i, float decay, float one_minus_beta1, float beta2,
+                                     float one_minus_beta2, float step_size, float bias2_sqrt,
+                                     float eps) {
+  const float g = grad[i];
+  const float p = __fmul_rn(param[i], decay);
+  const float mi = lerp_rn(m[i], g, one_minus_beta1);
+  const float vi = __fadd_rn(__fmul_rn(v[i], beta2), __fmul_rn(__fmul_rn(one_minus_beta2, g), g));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bias2_sqrt), eps);
+  param[i] = __fsub_rn(p, __fdiv_rn(__fmul_rn(step_size, mi), denom));
+  m[i] = mi;
+  v[i] = vi;
+}
+
 __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, long long n,
                              float decay, float one_minus_beta1, float beta2, float one_minus_beta2,
                              float step_size, float bias2_sqrt, float eps) {
-  for (long long i = blockIdx.x * 256LL + threadIdx.x; i < n; i += 256LL * gridDim.x) {
-    const float g = grad[i];
-    const float p = __fmul_rn(param[i], decay);
-    const float mi = lerp_rn(m[i], g, one_minus_beta1);
-    const float vi = __fadd_rn(__fmul_rn(v[i], beta2), __fmul_rn(__fmul_rn(one_minus_beta2, g), g));
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bias2_sqrt), eps);
-    param[i] = __fsub_rn(p, __fdiv_rn(__fmul_rn(step_size, mi), denom));
-    m[i] = mi;
-    v[i] = vi;
-  }
+  for (long long i = blockIdx.x * 256LL + threadIdx.x; i < n; i += 256LL * gridDim.x)
+    adamw_element(param, grad, m, v, i, decay, one_minus_beta1, beta2, one_minus_beta2, step_size,
+                  bias2_sqrt, eps);
+}
+
+// The per-step scalars from device memory (decay, step_size, bias2_sqrt): graph replay.
+__global__ void adamw_scalars_kernel(float* param, const float* grad, float* m, float* v,
+                                     long long n, const float* scalars, float one_minus_beta1,
+                                     float beta2, float one_minus_beta2, float eps) {
+  const float decay = scalars[0], step_size = scalars[1], bias2_sqrt = scalars[2];
+  for (long long i = blockIdx.x * 256LL + threadIdx.x; i < n; i += 256LL * gridDim.x)
+    adamw_element(param, grad, m, v, i, decay, one_minus_beta1, beta2, one_minus_beta2, step_size,
+                  bias2_sqrt, eps);
 }
 
 }  // namespace
@@ -84,6 +101,17 @@ void adamw_update_cuda(CudaContext& ctx, const AdamWConfig& params, std::int64_t
       param, grad, m, v, n, static_cast<float>(s.decay), static_cast<float>(1.0 - params.beta1),
       static_cast<float>(params.beta2), static_cast<float>(1.0 - params.beta2),
       static_cast<float>(s.step_size), static_cast<float>(s.bias2_sqrt),
+      static_cast<float>(params.eps));
+  MUONBED_CUDA_CHECK(cudaGetLastError());
+}
+
+void adamw_update_scalars_cuda(CudaContext& ctx, const AdamWConfig& params, const float* scalars,
+                               float* param, const float* grad, float* m, float* v,
+                               std::int64_t n) {
+  if (n <= 0) return;
+  adamw_scalars_kernel<<<cuda_detail::grid_for(n), 256, 0, ctx.stream()>>>(
+      param, grad, m, v, n, scalars, static_cast<float>(1.0 - params.beta1),
+      static_cast<float>(params.beta2), static_cast<float>(1.0 - params.beta2),
       static_cast<float>(params.eps));
   MUONBED_CUDA_CHECK(cudaGetLastError());
 }

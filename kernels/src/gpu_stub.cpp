@@ -105,6 +105,23 @@ void unpack_shard_cuda(CudaContext&, const DeviceShardTable&, const void*, void*
   no_cuda("unpack_shard_cuda");
 }
 
+void gather_runs_cuda(CUstream_st*, const float*, const DeviceRuns&, void*, int) {
+  no_cuda("gather_runs_cuda");
+}
+void scatter_runs_cuda(CUstream_st*, float*, const DeviceRuns&, const void*, int, bool) {
+  no_cuda("scatter_runs_cuda");
+}
+void round_to_bf16_cuda(CUstream_st*, float*, std::int64_t) {
+  no_cuda("round_to_bf16_cuda");
+}
+void scale_rows_cuda(CUstream_st*, float*, std::int64_t, std::int64_t, const float*) {
+  no_cuda("scale_rows_cuda");
+}
+void adamw_update_scalars_cuda(CudaContext&, const AdamWConfig&, const float*, float*, const float*,
+                               float*, float*, std::int64_t) {
+  no_cuda("adamw_update_scalars_cuda");
+}
+
 double time_on_stream_ms(CudaContext&, const std::function<void()>&) {
   no_cuda("time_on_stream_ms");
 }

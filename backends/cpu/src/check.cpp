@@ -1,6 +1,7 @@
 // The reference check of executed plans (see backends/cpu/check.hpp).
 #include "backends/cpu/check.hpp"
 
+#include <cmath>
 #include <cstring>
 #include <iomanip>
 #include <sstream>
@@ -66,7 +67,7 @@ void ReferenceRun::run_to(int steps) {
 }
 
 std::optional<Mismatch> first_mismatch(const StepPlan& plan, const RankStore& store,
-                                       const ReferenceRun& reference) {
+                                       const ReferenceRun& reference, double tolerance) {
   const RankProgram& program = store.program();
   for (const auto& dp : plan.model.params) {
     const ParamPieces& pieces = program.params.at(dp.index);
@@ -88,6 +89,9 @@ std::optional<Mismatch> first_mismatch(const StepPlan& plan, const RankStore& st
         if (found) return;
         const float w = want->at(static_cast<std::size_t>(slice.offset + f));
         if (std::memcmp(&got[p], &w, sizeof w) == 0) return;
+        if (tolerance > 0 && std::isfinite(got[p]) &&
+            std::abs(static_cast<double>(got[p]) - w) <= tolerance)
+          return;
         Mismatch m;
         m.rank = store.rank();
         m.param = dp.index;

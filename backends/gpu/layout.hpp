@@ -1,0 +1,140 @@
+// The host-side arithmetic of the GPU executors, in plain C++ so the CPU tests check it: where a
+// rank's tensors live in its one device pool, its element maps as run tables the gather/scatter
+// kernels read (kernels/gpu.hpp's DeviceRuns), the scratch and staging each stream needs, the
+// byte layout of each exchange phase's messages (what grouped ncclSend/ncclRecv or
+// cudaMemcpyAsync move), and the communicator splits every rank issues in one order.
+//
+// Pool. Every element is an fp32 value, as in backends/cpu's RankStore (bf16 pieces hold values
+// rounded to bf16; messages travel in the wire dtype). Static tensors sit at their element offsets;
+// transient buffers get offsets once, from the plan: walking the rank's ops in plan order, a
+// buffer may reuse the space of a buffer released earlier in plan order (first fit), so the
+// region is about the plan's peak of live buffers (rank_memory's, in fp32). Plan order is not an
+// execution order: two streams may run a later alloc before an earlier release. So where the
+// rank's dependency graph (stream order plus deps) does not already put the release before the
+// alloc, the alloc *waits* for the release (reuse_waits, an event wait on the GPU). Every wait
+// points backwards in plan order, as stream order and deps do, and the executors issue each rank's
+// ops in plan order, so the waits add no cycle and every event waited for has been recorded.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/plan.hpp"
+#include "core/program.hpp"
+
+namespace muonbed::gpu {
+
+inline constexpr std::int64_t kAlignElements = 64;  // 256 bytes of fp32
+
+struct PoolLayout {
+  std::vector<std::int64_t> tensor_offset;  // per program tensor: element offset in the pool
+  std::int64_t static_elements = 0;         // static tensors: [0, static_elements)
+  std::int64_t transient_begin = 0;         // transient region: [begin, begin + elements)
+  std::int64_t transient_elements = 0;
+  std::int64_t peak_live_elements = 0;  // of transient buffers along plan order (the plan's peak)
+  // Per program op index (allocs only): plan op ids of the releases whose space the buffer
+  // reuses and that the dependency graph does not order before the alloc.
+  std::vector<std::vector<int>> reuse_waits;
+  std::int64_t elements() const { return transient_begin + transient_elements; }
+};
+
+// Throws ExecutionError when a transient buffer is allocated twice or released unallocated.
+PoolLayout plan_pool(const StepPlan& plan, const RankProgram& program);
+
+// For every op of the program (index into program.ops): the ops of the program that happen
+// before it (stream order and deps, transitively), as a bitset over program op indices.
+class HappensBefore {
+ public:
+  HappensBefore(const StepPlan& plan, const RankProgram& program);
+  bool before(int earlier, int later) const;  // program op indices
+
+ private:
+  std::size_t words_ = 0;
+  std::vector<std::uint64_t> bits_;  // n * words_
+};
+
+// A view of the pool: runs (sequence, pool, length), sorted by sequence, covering [0, count).
+struct PoolRun {
+  std::int64_t sequence = 0;
+  std::int64_t pool = 0;
+  std::int64_t length = 0;
+  bool operator==(const PoolRun&) const = default;
+};
+// Throws ExecutionError when the view's runs do not cover [0, count) exactly once.
+std::vector<PoolRun> pool_runs(const View& view, const PoolLayout& layout);
+
+// Where a view's runs are in a RunTable, and whether it is one contiguous stretch of the pool.
+struct RunRef {
+  std::int64_t first = 0;     // index of its first run (triples) in the table
+  std::int64_t num_runs = 0;  // 0: an empty view
+  std::int64_t elements = 0;
+  bool contiguous = false;  // one run: elements [pool_begin, pool_begin + elements) of the pool
+  std::int64_t pool_begin = 0;
+};
+
+// Every view of a program, as one int64 array of triples uploaded once.
+class RunTable {
+ public:
+  explicit RunTable(const PoolLayout& layout) : layout_(&layout) {}
+  RunRef add(const View& view);
+  const std::vector<std::int64_t>& data() const { return data_; }
+
+ private:
+  const PoolLayout* layout_;
+  std::vector<std::int64_t> data_;
+};
+
+// The byte layout of one exchange phase in its wire dtype: sends back to back at their
+// displacements in a send buffer, receives at theirs in a receive buffer, the own part apart.
+struct WireMessage {
+  int peer = -1;            // group index (the NCCL rank in the communicator)
+  int peer_rank = -1;       // world rank
+  std::int64_t offset = 0;  // bytes into the send (receive) buffer
+  std::int64_t bytes = 0;
+  bool operator==(const WireMessage&) const = default;
+};
+struct PhaseWire {
+  std::vector<WireMessage> sends, recvs;  // the phase's order (ascending group index)
+  std::int64_t send_bytes = 0, recv_bytes = 0, own_bytes = 0;
+};
+// Throws ExecutionError when messages overlap in a buffer or a peer appears twice.
+PhaseWire phase_wire(const ExchangePhase& phase, DType wire);
+
+// Device scratch one op needs on its stream, in fp32 elements: contiguous copies of the views its
+// kernels read and write (compute ops), or staging for one phase (collectives, bytes / 4 rounded
+// up, each part aligned). The executor sizes each stream's scratch as the maximum over its ops.
+struct OpScratch {
+  std::int64_t elements = 0;
+  std::int64_t ns_batch_elements = 0;  // the largest same-shape NS batch (for its workspace)
+};
+OpScratch op_scratch(const RankOp& op);
+
+// Newton-Schulz tasks of one op grouped by shape: the plan puts matrices NS runs together in one
+// op; each group runs as one batched call (batch = sum of the tasks' batches), tasks in op order.
+struct NsBatch {
+  std::int64_t rows = 0, cols = 0, batch = 0;
+  std::vector<int> tasks;  // indices into op.newton_schulz
+};
+std::vector<NsBatch> ns_batches(const RankOp& op);
+
+// The communicator splits of a plan, identical on every rank: one per (stream, group dims) of its
+// collectives, ordered by (stream, dims bits). For a rank: the color (its group instance's
+// leader, or -1: the rank has no such communicator and passes NCCL_SPLIT_NOCOLOR) and key (its
+// position in the group, so NCCL ranks are group indices), and the program communicator id.
+struct CommunicatorSplit {
+  int stream = 0;
+  DimSet dims;
+  int color = -1;
+  int key = 0;
+  int communicator = -1;  // RankProgram::communicators index, -1 with color -1
+};
+std::vector<CommunicatorSplit> communicator_splits(const StepPlan& plan,
+                                                   const RankProgram& program);
+
+// QK-clip's per-row float scales of a task's rows for a step (1 where the head does not clip):
+// what qk_clip_rows multiplies by, for scale_rows_cuda.
+std::vector<float> qk_row_scales(const QkClipRows& qk, const StepPlan& plan, std::uint64_t seed,
+                                 int step);
+
+}  // namespace muonbed::gpu

@@ -1,0 +1,285 @@
+// The host-side arithmetic of the GPU executors (backends/gpu/layout.hpp), checked on the CPU over
+// the invariant matrix and the hard cases, without a GPU: the device pool never lets two
+// buffers share memory unless the first one's release happens before the second one's alloc;
+// every view's pool runs read what backends/cpu's RankStore reads; every phase's wire layout
+// pairs sender and receiver byte for byte; every rank computes the same communicator splits and
+// each color is exactly the program's group; NS batches keep every task once.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "backends/cpu/store.hpp"
+#include "backends/gpu/layout.hpp"
+#include "core/errors.hpp"
+#include "tests/common/equivalence_cases.hpp"
+#include "tests/common/strategy_matrix.hpp"
+
+using namespace muonbed;
+
+namespace {
+
+template <typename Fn>
+void for_each_view(const RankOp& op, Fn&& fn) {
+  for (const auto& t : op.momentum) {
+    fn(t.gradient);
+    fn(t.momentum);
+    fn(t.update);
+  }
+  for (const auto& t : op.newton_schulz) fn(t.data);
+  for (const auto& t : op.apply) {
+    fn(t.result);
+    fn(t.parameter);
+  }
+  for (const auto& t : op.adamw) {
+    fn(t.gradient);
+    fn(t.parameter);
+    fn(t.adam_m);
+    fn(t.adam_v);
+  }
+  for (const auto& c : op.copies) {
+    fn(c.source);
+    fn(c.target);
+  }
+  for (const auto& c : op.keep) {
+    fn(c.source);
+    fn(c.target);
+  }
+  for (const auto& p : op.phases) {
+    for (const auto& t : p.sends) fn(t.data);
+    for (const auto& t : p.recvs) fn(t.data);
+    fn(p.self_source);
+    fn(p.self_target);
+  }
+}
+
+// Checks one plan on every rank; returns the number of views checked.
+std::int64_t check_plan(const StepPlan& plan) {
+  const int world = plan.model.mesh.world_size();
+  std::vector<RankProgram> programs;
+  for (int r = 0; r < world; ++r) programs.push_back(lower_rank_program(plan, r));
+  std::int64_t views = 0;
+  std::vector<std::vector<gpu::CommunicatorSplit>> splits;
+  for (const RankProgram& program : programs) {
+    INFO("rank " << program.rank);
+    const gpu::PoolLayout layout = gpu::plan_pool(plan, program);
+    const gpu::HappensBefore order(plan, program);
+    CHECK(layout.transient_elements >= layout.peak_live_elements);
+    // Static tensors at their element offsets; transient ones after them.
+    std::map<int, int> alloc_at, release_at;  // tensor -> program op index
+    for (std::size_t i = 0; i < program.ops.size(); ++i) {
+      if (program.ops[i].kind == OpKind::alloc)
+        alloc_at[program.ops[i].tensor] = static_cast<int>(i);
+      if (program.ops[i].kind == OpKind::release)
+        release_at[program.ops[i].tensor] = static_cast<int>(i);
+    }
+    for (const ProgramTensor& a : program.tensors) {
+      const std::int64_t at = layout.tensor_offset[static_cast<std::size_t>(a.id)];
+      if (!a.transient) {
+        CHECK(at == a.element_offset);
+        continue;
+      }
+      if (!alloc_at.count(a.id)) continue;
+      CHECK(at >= layout.transient_begin);
+      CHECK(at + a.numel <= layout.elements());
+      for (const ProgramTensor& b : program.tensors) {
+        if (!b.transient || b.id == a.id || !alloc_at.count(b.id)) continue;
+        if (alloc_at[a.id] > alloc_at[b.id]) continue;  // each pair once: a allocated first
+        const std::int64_t bt = layout.tensor_offset[static_cast<std::size_t>(b.id)];
+        const bool overlap = a.numel > 0 && b.numel > 0 && at < bt + b.numel && bt < at + a.numel;
+        if (!overlap) continue;
+        INFO("'" << a.name << "' and '" << b.name << "' share pool elements");
+        REQUIRE(release_at.count(a.id));
+        CHECK(release_at[a.id] < alloc_at[b.id]);
+        // Ordered on the device: by the dependency graph, or by the alloc's explicit wait.
+        const auto& waits = layout.reuse_waits[static_cast<std::size_t>(alloc_at[b.id])];
+        const int release_op = program.ops[static_cast<std::size_t>(release_at[a.id])].op;
+        CHECK((order.before(release_at[a.id], alloc_at[b.id]) ||
+               std::find(waits.begin(), waits.end(), release_op) != waits.end()));
+      }
+    }
+    // Pool runs read what the store reads: a pool whose every element holds its own index.
+    cpu::RankStore store(program);
+    for (const ProgramTensor& t : program.tensors)
+      if (t.transient && alloc_at.count(t.id)) store.allocate(t.id);
+    std::vector<float> pool(static_cast<std::size_t>(layout.elements()));
+    for (std::size_t i = 0; i < pool.size(); ++i) pool[i] = static_cast<float>(i % 16777216);
+    for (const ProgramTensor& t : program.tensors) {
+      if (t.transient && !alloc_at.count(t.id)) continue;
+      float* data = store.data(t.id);
+      const std::int64_t at = layout.tensor_offset[static_cast<std::size_t>(t.id)];
+      for (std::int64_t i = 0; i < t.numel; ++i) data[i] = pool[static_cast<std::size_t>(at + i)];
+    }
+    for (const RankOp& op : program.ops) {
+      for_each_view(op, [&](const View& view) {
+        // Transient buffers that share space hold the same pool values in this emulation, so
+        // reading through either is the same: compare element positions through the runs.
+        const std::vector<gpu::PoolRun> runs = gpu::pool_runs(view, layout);
+        std::vector<float> through_runs(static_cast<std::size_t>(view.count));
+        for (const auto& r : runs)
+          for (std::int64_t i = 0; i < r.length; ++i)
+            through_runs[static_cast<std::size_t>(r.sequence + i)] =
+                pool[static_cast<std::size_t>(r.pool + i)];
+        CHECK(store.read(view) == through_runs);
+        ++views;
+      });
+      const gpu::OpScratch scratch = gpu::op_scratch(op);
+      CHECK(scratch.elements >= 0);
+      std::set<int> seen;
+      for (const gpu::NsBatch& b : gpu::ns_batches(op)) {
+        std::int64_t batch = 0;
+        for (int t : b.tasks) {
+          CHECK(seen.insert(t).second);
+          CHECK(op.newton_schulz[static_cast<std::size_t>(t)].rows == b.rows);
+          CHECK(op.newton_schulz[static_cast<std::size_t>(t)].cols == b.cols);
+          batch += op.newton_schulz[static_cast<std::size_t>(t)].batch;
+        }
+        CHECK(batch == b.batch);
+      }
+      CHECK(seen.size() == op.newton_schulz.size());
+    }
+    splits.push_back(gpu::communicator_splits(plan, program));
+  }
+  // Wire layouts pair up: what i sends j in phase p is what j receives from i.
+  for (const Op& op : plan.ops) {
+    if (!is_collective(op.kind)) continue;
+    std::map<std::tuple<int, int, std::size_t>, std::int64_t> sent, received;
+    for (const RankProgram& program : programs) {
+      const RankOp* rop = program.find(op.id);
+      if (rop == nullptr) continue;
+      for (std::size_t p = 0; p < rop->phases.size(); ++p) {
+        const gpu::PhaseWire wire = gpu::phase_wire(rop->phases[p], rop->wire_dtype);
+        for (const auto& m : wire.sends) sent[{program.rank, m.peer_rank, p}] += m.bytes;
+        for (const auto& m : wire.recvs) received[{m.peer_rank, program.rank, p}] += m.bytes;
+        const Communicator& c =
+            program.communicators.at(static_cast<std::size_t>(rop->communicator));
+        for (const auto& m : wire.sends)
+          CHECK(c.members.at(static_cast<std::size_t>(m.peer)) == m.peer_rank);
+      }
+    }
+    INFO("op " << op.id << " '" << op.label << "'");
+    CHECK(sent == received);
+  }
+  // Splits: one list on every rank; each color's members are the program's group, keyed by index.
+  for (int r = 1; r < world; ++r) {
+    REQUIRE(splits[static_cast<std::size_t>(r)].size() == splits[0].size());
+    for (std::size_t s = 0; s < splits[0].size(); ++s) {
+      CHECK(splits[static_cast<std::size_t>(r)][s].stream == splits[0][s].stream);
+      CHECK(splits[static_cast<std::size_t>(r)][s].dims == splits[0][s].dims);
+    }
+  }
+  for (std::size_t s = 0; s < splits[0].size(); ++s) {
+    std::map<int, std::map<int, int>> colors;  // color -> key -> rank
+    for (int r = 0; r < world; ++r) {
+      const auto& split = splits[static_cast<std::size_t>(r)][s];
+      if (split.color < 0) continue;
+      CHECK(colors[split.color].emplace(split.key, r).second);
+    }
+    for (int r = 0; r < world; ++r) {
+      const auto& split = splits[static_cast<std::size_t>(r)][s];
+      if (split.color < 0) continue;
+      const Communicator& c = programs[static_cast<std::size_t>(r)].communicators.at(
+          static_cast<std::size_t>(split.communicator));
+      std::vector<int> members;
+      for (const auto& [key, rank] : colors[split.color]) members.push_back(rank);
+      CHECK(members == c.members);
+    }
+  }
+  return views;
+}
+
+}  // namespace
+
+TEST_CASE("GPU layout: pools, pool runs, wire layouts and splits over the invariant matrix",
+          "[gpu-layout]") {
+  std::int64_t views = 0;
+  for (const auto& topology : testing::topologies()) {
+    const Model model = *find_preset(topology.model);
+    const ShardedModel sharded = testing::make_model(topology);
+    for (const auto& options : testing::strategies()) {
+      INFO("topology " << topology.name << ", strategy " << options.to_json_text());
+      const StepPlan plan =
+          build_plan(sharded, options, testing::settings_of(testing::kVariants[0], model));
+      views += check_plan(plan);
+    }
+  }
+  CHECK(views > 10000);
+}
+
+TEST_CASE("GPU layout: uneven splits and empty shards", "[gpu-layout]") {
+  const Model model = testing::odd_model();
+  for (const auto& dims : std::vector<std::vector<MeshDim>>{
+           {{"dp_shard", 4, DimRole::fsdp}},
+           {{"dp_shard", 2, DimRole::fsdp}, {"tp", 3, DimRole::tp}},
+           {{"dp_shard", 3, DimRole::fsdp}, {"ep", 2, DimRole::ep}},
+           {{"pp", 2, DimRole::pp}, {"dp_shard", 3, DimRole::fsdp}}}) {
+    const ShardedModel sharded = parallelize(model, DeviceMesh(dims, 8), ParallelRules{});
+    for (const auto& variant : testing::kVariants)
+      for (const auto& options : testing::strategies()) {
+        INFO(DeviceMesh(dims, 8).describe() << ", strategy " << options.to_json_text());
+        check_plan(build_plan(sharded, options, testing::settings_of(variant, model)));
+      }
+  }
+}
+
+TEST_CASE("GPU layout: a released buffer is reused only after its release", "[gpu-layout]") {
+  // The pool of an owner plan reuses space (its transient region is below the sum of its
+  // buffers, near the plan's peak) and never exceeds the sum.
+  const auto topologies = testing::topologies();
+  const ShardedModel sharded = testing::make_model(topologies[1]);  // FSDP
+  StrategyOptions options;
+  options.name = "owner";
+  const StepPlan plan = build_plan(sharded, options, PlanSettings{});
+  bool reused = false;
+  for (int r = 0; r < plan.model.mesh.world_size(); ++r) {
+    const RankProgram program = lower_rank_program(plan, r);
+    const gpu::PoolLayout layout = gpu::plan_pool(plan, program);
+    std::int64_t sum = 0;
+    for (const ProgramTensor& t : program.tensors)
+      if (t.transient)
+        sum += (t.numel + gpu::kAlignElements - 1) / gpu::kAlignElements * gpu::kAlignElements;
+    CHECK(layout.transient_elements <= sum);
+    CHECK(layout.transient_elements <= 2 * layout.peak_live_elements + 64 * 64);
+    reused = reused || layout.transient_elements < sum;
+  }
+  CHECK(reused);
+}
+
+TEST_CASE("GPU layout: broken views and phases are refused", "[gpu-layout]") {
+  gpu::PoolLayout layout;
+  layout.tensor_offset = {0, 100};
+  View gap;
+  gap.count = 4;
+  gap.segments = {{0, {{0, 0, 2}, {3, 10, 1}}}};
+  CHECK_THROWS_AS(gpu::pool_runs(gap, layout), ExecutionError);
+  View merged;
+  merged.count = 4;
+  merged.segments = {{0, {{2, 2, 2}}}, {0, {{0, 0, 2}}}};  // adjacent in the pool: one run
+  const auto runs = gpu::pool_runs(merged, layout);
+  REQUIRE(runs.size() == 1);
+  CHECK(runs[0] == gpu::PoolRun{0, 0, 4});
+  View other;
+  other.count = 2;
+  other.segments = {{1, {{0, 5, 2}}}};
+  CHECK(gpu::pool_runs(other, layout) == std::vector<gpu::PoolRun>{{0, 105, 2}});
+
+  ExchangePhase phase;
+  Transfer a;
+  a.peer = 1;
+  a.peer_rank = 1;
+  a.count = 4;
+  a.displacement = 0;
+  a.data.count = 4;
+  Transfer b = a;
+  b.peer = 2;
+  b.peer_rank = 2;
+  b.displacement = 2;  // overlaps a
+  phase.sends = {a, b};
+  CHECK_THROWS_AS(gpu::phase_wire(phase, DType::bf16), ExecutionError);
+  phase.sends[1].displacement = 4;
+  const gpu::PhaseWire wire = gpu::phase_wire(phase, DType::bf16);
+  CHECK(wire.send_bytes == 16);
+  CHECK(wire.sends[1].offset == 8);
+  CHECK(wire.sends[1].bytes == 8);
+}
