@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -39,7 +40,12 @@ struct MeasureSettings {
   std::string cluster_name;
   double peak_tflops = 0;
   std::string launcher;
-  int blas_threads = 1;  // per rank (OpenBLAS, when the build uses it)
+  int blas_threads = 1;         // per rank (OpenBLAS, when the build uses it)
+  std::string backend = "mpi";  // the record's backend, and its notes' prefix
+  // Replaces the MPI library as the record's execution library when set (the NCCL executor:
+  // GPU, driver, CUDA, cuBLAS, NCCL versions), and notes added to the record.
+  std::string library;
+  std::vector<std::string> notes;
 };
 
 struct Measured {
@@ -53,6 +59,34 @@ struct Measured {
 // Collective over `world`: runs the steps and returns the record on rank 0 (nullopt elsewhere).
 std::optional<Measured> measure(const StepPlan& plan, MPI_Comm world,
                                 const ExecutorOptions& options, const MeasureSettings& settings);
+
+// What measuring needs of a rank's executor, so that every executor under MPI (this one, the
+// NCCL executor of backends/gpu) shares the warm-up / timed loop, the gathering of timings and
+// the record: run a step (barrier included), report its timings on the rank's clock.
+class MeasuredRank {
+ public:
+  virtual ~MeasuredRank() = default;
+  virtual void run_step(int step) = 0;
+  virtual const StepTimings& timings() const = 0;
+  virtual int rank() const = 0;
+  virtual const std::vector<int>& host_of() const = 0;
+  virtual const std::vector<std::string>& hosts() const = 0;
+  virtual int compute_threads() const = 0;
+};
+
+// measure() with any executor: `settings.backend` names the record's backend.
+std::optional<Measured> measure_rank(const StepPlan& plan, MPI_Comm world, MeasuredRank& executor,
+                                     double timeout_s, const MeasureSettings& settings);
+
+// Jobs of other backends that run under this launcher and worker (backends/mpi/mpi_backend.hpp):
+// a program that can run them registers a runner (the GPU worker registers `nccl`); `job` is the
+// whole job, for the backend's own settings. Collective over `world`, the record on rank 0.
+using JobRunner = std::optional<Measured> (*)(const StepPlan& plan, MPI_Comm world,
+                                              const ExecutorOptions& options,
+                                              const MeasureSettings& settings,
+                                              const nlohmann::json& job);
+void register_job_runner(const std::string& backend, JobRunner runner);
+JobRunner find_job_runner(const std::string& backend);  // null when none is registered
 
 // OpenBLAS found in this process (by its exported symbols, without linking it): its
 // configuration text and thread count, after setting the count to `threads` when > 0.

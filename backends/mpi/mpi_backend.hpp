@@ -32,6 +32,10 @@ namespace muonbed {
 
 // Adds `mpi` to the backend registry (core/run_point.hpp).
 void register_mpi_backend();
+// Adds `nccl`: the same launcher and worker protocol, with the ranks run by the GPU worker program
+// (muonbed-gpu-worker, beside the CLI, or MUONBED_GPU_WORKER), which links CUDA and NCCL so that
+// the CLI does not. Registered by a CLI built with CUDA, NCCL and MPI.
+void register_nccl_backend();
 
 // The MPI world this process was started in, from its launcher's environment (Open MPI's mpirun,
 // PMIx, PMI-1/2 as MPICH and srun --mpi=pmi2 set it, Slurm's srun), without calling MPI.

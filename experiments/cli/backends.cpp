@@ -8,6 +8,7 @@
 #include "core/errors.hpp"
 #include "core/run_point.hpp"
 #include "experiments/cli/format.hpp"
+#include "kernels/gpu.hpp"
 #include "muonbed/config.hpp"
 
 #if MUONBED_HAVE_SIMGRID
@@ -34,11 +35,28 @@ void register_compiled_backends() {
 #if MUONBED_HAVE_MPI
   register_mpi_backend();
 #endif
+#if MUONBED_HAVE_MPI && MUONBED_HAVE_CUDA
+  register_nccl_backend();
+#endif
 }
 
 void require_backend(const std::string& backend, const std::string& file) {
-  if (find_backend(backend) != nullptr) return;
   const SourceLocation where{file, 0, 0};
+  if (backend == "nccl" && find_backend(backend) != nullptr) {
+    // Checked before any work (this loads the CUDA module, as only a GPU command does).
+    std::string why;
+    if (!cuda_device_available(&why))
+      throw ConfigError(where,
+                        "backend 'nccl' needs a GPU per rank, and this machine has none: " + why,
+                        "run it where each rank has a GPU; on one GPU, build/muonbed-gpu-worker "
+                        "loopback " +
+                            file +
+                            " runs every rank on it; or run the simulator and the analytic "
+                            "model: muonbed run " +
+                            file + " --backend sim --backend analytic");
+    return;
+  }
+  if (find_backend(backend) != nullptr) return;
   const std::string what = "backend '" + backend + "' is not built into this muonbed: ";
   if (backend == "sim")
     throw ConfigError(
@@ -52,10 +70,10 @@ void require_backend(const std::string& backend, const std::string& file) {
                       "rebuild, or run the simulator and the analytic model: muonbed run " +
                           file + " --backend sim --backend analytic");
   if (backend == "nccl")
-    throw ConfigError(where,
-                      what + "it has no NCCL executor yet (the GPU executor is the next milestone)",
-                      "run the simulator and the analytic model for now: muonbed run " + file +
-                          " --backend sim --backend analytic");
+    throw ConfigError(where, what + "the NCCL executor needs a build with CUDA, NCCL and MPI",
+                      "install the CUDA Toolkit with NCCL and libopenmpi-dev and rebuild, or run "
+                      "the simulator and the analytic model: muonbed run " +
+                          file + " --backend sim --backend analytic");
   throw ConfigError(
       where,
       what + "no backend has that name (this build runs " + join(registered_backends()) + ")",

@@ -111,6 +111,13 @@ int run_bench_collective(const BenchCollectiveOptions& o) {
                         backends_summary() + ")",
                     "use --backend sim or --backend analytic; a real executor (mpi, nccl) "
                     "appears here once it is built and registers itself");
+  if (backend == "nccl") {
+    std::string why;
+    if (!cuda_device_available(&why))
+      throw cli_error("backend 'nccl' needs a GPU per rank, and this machine has none: " + why,
+                      "run it where each rank has a GPU, or use --backend sim or --backend "
+                      "analytic");
+  }
   Experiment e;
   e.name = "bench_collective";
   e.cluster = load_cluster_file(find_cluster_file(o.cluster, ""));

@@ -123,7 +123,7 @@ grep -q "sequential" out/muonbed-run.json && { cat out/muonbed-run.json; fail "m
 grep -q "strategy.name=owner/analytic.json" out/muonbed-run.json || fail "manifest lost a current point"
 [ -e out/strategy.name=sequential/analytic.json ] || fail "old results were deleted"
 
-# Backends that cannot run yet: exit 2 before any work, with the fix.
+# Backends that cannot run here (nccl: not built, or no GPU): exit 2 before any work, with the fix.
 "$muonbed" run tiny.yaml --backend nccl >nccl.log 2>&1
 rc=$?
 [ $rc -eq 2 ] || { cat nccl.log; fail "backend nccl: exit $rc, expected 2"; }

@@ -57,6 +57,9 @@ struct Job {
   double peak_tflops = 0;
   std::string launcher;
   std::string label;
+  std::string backend = "mpi";  // or a registered job runner's (nccl)
+  bool graph = false;           // nccl: capture steps as CUDA graphs
+  int ns_version = 2;           // nccl: the NS kernel version
 };
 
 nlohmann::json to_json(const Job& j) {
@@ -72,7 +75,10 @@ nlohmann::json to_json(const Job& j) {
           {"cluster_name", j.cluster_name},
           {"peak_tflops", j.peak_tflops},
           {"launcher", j.launcher},
-          {"label", j.label}};
+          {"label", j.label},
+          {"backend", j.backend},
+          {"graph", j.graph},
+          {"ns_version", j.ns_version}};
 }
 
 Job job_from_json(const nlohmann::json& v) {
@@ -90,6 +96,9 @@ Job job_from_json(const nlohmann::json& v) {
   j.peak_tflops = v.at("peak_tflops").get<double>();
   j.launcher = v.at("launcher").get<std::string>();
   j.label = v.at("label").get<std::string>();
+  j.backend = v.value("backend", std::string("mpi"));
+  j.graph = v.value("graph", false);
+  j.ns_version = v.value("ns_version", 2);
   return j;
 }
 
@@ -188,7 +197,16 @@ std::optional<PointRun> execute_job(const Job& job, bool& wrong_world) {
     settings.peak_tflops = job.peak_tflops;
     settings.launcher = job.launcher;
     settings.blas_threads = job.blas_threads;
-    std::optional<mpi::Measured> m = mpi::measure(*plan, MPI_COMM_WORLD, options, settings);
+    std::optional<mpi::Measured> m;
+    if (job.backend == "mpi") {
+      m = mpi::measure(*plan, MPI_COMM_WORLD, options, settings);
+    } else {
+      const mpi::JobRunner runner = mpi::find_job_runner(job.backend);
+      if (runner == nullptr)
+        throw Error("this program cannot run the " + job.backend +
+                    " backend (muonbed-gpu-worker runs it, in a build with CUDA, NCCL and MPI)");
+      m = runner(*plan, MPI_COMM_WORLD, options, settings, to_json(job));
+    }
     if (!m) return std::nullopt;
     PointRun run;
     run.record = std::move(m->record);
@@ -197,7 +215,7 @@ std::optional<PointRun> execute_job(const Job& job, bool& wrong_world) {
     run.cost.wall_s = m->wall_s;
     run.cost.peak_rss_bytes = m->peak_rss_bytes;
     run.cost.messages = m->messages;
-    run.cost.messages_what = "MPI messages";
+    run.cost.messages_what = job.backend == "mpi" ? "MPI messages" : "NCCL messages";
     return run;
   } catch (const std::exception& e) {
     std::string message = e.what();
@@ -336,12 +354,14 @@ std::string failure_excerpt(const std::string& log) {
 
 // `log_copy`: where the launcher's output is kept when the run fails (beside the point's result
 // file); removed when it succeeds.
-PointRun launch(const Job& job, int ranks, const fs::path& log_copy) {
+// `worker`: the program mpirun starts (its `mpi-worker JOB RESULT` command); empty: this one.
+PointRun launch(const Job& job, int ranks, const fs::path& log_copy, std::string worker = "") {
   const std::string mpirun = find_mpirun();
   char self[4096] = {};
   const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0)
     throw Error("cannot find this program's path (/proc/self/exe) to start it under mpirun");
+  if (worker.empty()) worker = std::string(self, static_cast<std::size_t>(n));
   std::string pattern = (fs::temp_directory_path() / "muonbed-mpi-XXXXXX").string();
   if (mkdtemp(pattern.data()) == nullptr)
     throw Error("cannot create a temporary folder in " + fs::temp_directory_path().string() +
@@ -359,8 +379,8 @@ PointRun launch(const Job& job, int ranks, const fs::path& log_copy) {
   if (ranks > cores) argv.push_back("--oversubscribe");
   if (geteuid() == 0) argv.push_back("--allow-run-as-root");
   // Each rank runs compute threads beside its MPI thread: no binding to one core.
-  argv.insert(argv.end(), {"--bind-to", "none", std::string(self, static_cast<std::size_t>(n)),
-                           "mpi-worker", job_file.string(), result_file.string()});
+  argv.insert(argv.end(),
+              {"--bind-to", "none", worker, "mpi-worker", job_file.string(), result_file.string()});
 
   const auto start = Clock::now();
   const pid_t pid = fork();
@@ -412,7 +432,7 @@ PointRun launch(const Job& job, int ranks, const fs::path& log_copy) {
   run.cost.wall_s = cost.at("wall_s").get<double>();
   run.cost.peak_rss_bytes = cost.at("peak_rss_bytes").get<double>();
   run.cost.messages = cost.at("messages").get<std::int64_t>();
-  run.cost.messages_what = "MPI messages";
+  run.cost.messages_what = job.backend == "mpi" ? "MPI messages" : "NCCL messages";
   fs::remove_all(dir, ec);
   fs::remove(log_copy, ec);
   return run;
@@ -453,7 +473,49 @@ PointRun run_mpi(const Experiment& experiment, const StepPlan& plan, const RunSe
   return run;
 }
 
+// The GPU worker program beside this one (a CUDA + NCCL + MPI build puts it there).
+std::string find_gpu_worker() {
+  if (const char* v = env("MUONBED_GPU_WORKER")) return v;
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  const fs::path path =
+      fs::path(std::string(self, static_cast<std::size_t>(std::max<ssize_t>(n, 0)))).parent_path() /
+      "muonbed-gpu-worker";
+  if (n <= 0 || access(path.c_str(), X_OK) != 0)
+    throw Error("the nccl backend runs its ranks as muonbed-gpu-worker, which is not beside " +
+                std::string(self) +
+                "; fix: build it (a build with CUDA, NCCL and MPI: cmake --build BUILD --target "
+                "muonbed-gpu-worker) or set MUONBED_GPU_WORKER to its path");
+  return path.string();
+}
+
+PointRun run_nccl(const Experiment& experiment, const StepPlan& plan, const RunSettings& settings) {
+  Job job = make_job(experiment, plan, settings);
+  job.backend = "nccl";
+  if (const char* v = env("MUONBED_NCCL_GRAPH")) job.graph = std::string(v) == "1";
+  if (const char* v = env("MUONBED_NS_VERSION")) {
+    job.ns_version = env_int("MUONBED_NS_VERSION", 0);
+    if (job.ns_version < 1) throw Error(std::string("MUONBED_NS_VERSION='") + v + "': use 1 or 2");
+  }
+  if (mpi_environment().inside)
+    throw Error("the nccl backend starts mpirun itself; fix: run this command outside mpirun");
+  const int ranks = plan.mesh().world_size();
+  job.launcher = "mpirun (started by muonbed)";
+  PointRun run = launch(
+      job, ranks, fs::path(result_path(experiment, "nccl")).replace_filename("nccl.failed.log"),
+      find_gpu_worker());
+  run.record.provenance = make_provenance(&experiment, "");
+  return run;
+}
+
 }  // namespace
+
+void register_nccl_backend() {
+  register_backend({"nccl",
+                    "measured on GPUs with NCCL (one process per GPU under mpirun, started per "
+                    "point as muonbed-gpu-worker; MUONBED_NCCL_GRAPH=1 replays CUDA graphs)",
+                    &run_nccl});
+}
 
 MpiEnvironment mpi_environment() {
   MpiEnvironment e;

@@ -192,7 +192,7 @@ Measured build_record(const StepPlan& plan, const std::vector<std::vector<StepTi
   }
 
   ResultRecord& record = out.record;
-  record.backend = "mpi";
+  record.backend = settings.backend;
   record.fidelity = "measured";
   record.traffic.model = "messages";
   ClusterSpec cluster;
@@ -205,7 +205,7 @@ Measured build_record(const StepPlan& plan, const std::vector<std::vector<StepTi
   record.step.measured = step_statistics(times, settings.warmup_steps);
 
   ExecutionInfo& e = record.execution;
-  e.library = mpi_library();
+  e.library = settings.library.empty() ? mpi_library() : settings.library + "; " + mpi_library();
   e.mpi_standard = mpi_standard();
   e.launcher = settings.launcher;
   e.hosts = hosts;
@@ -226,16 +226,19 @@ Measured build_record(const StepPlan& plan, const std::vector<std::vector<StepTi
   e.mpi_s = mpi;
   e.overhead_fraction = record.step.average_s > 0 ? overhead / record.step.average_s : 0;
 
+  const std::string& b = settings.backend;
   record.notes.push_back(
-      "mpi: measured, " + std::to_string(world) + " ranks on " + std::to_string(hosts.size()) +
+      b + ": measured, " + std::to_string(world) + " ranks on " + std::to_string(hosts.size()) +
       " host" + (hosts.size() == 1 ? "" : "s") + ", " + std::to_string(settings.warmup_steps) +
       " warm-up and " + std::to_string(timed) +
       " timed steps; a step's time is its slowest rank's, from the barrier before it to the "
       "rank's last op, on the rank's own monotonic clock");
   record.notes.push_back(
-      "mpi: collective time_s runs from the last member's arrival to completion (the shortest "
+      b +
+      ": collective time_s runs from the last member's arrival to completion (the shortest "
       "of the members' post-to-completion times), waiting excluded as in the simulator; traffic "
       "counts the program's messages per rank, not the MPI library's internal transfers");
+  for (const std::string& note : settings.notes) record.notes.push_back(note);
   if (e.oversubscribed)
     record.notes.push_back("warning: oversubscribed (" + crowded +
                            "): ranks share cores, so these timings are functional only, not a "
@@ -253,6 +256,22 @@ Measured build_record(const StepPlan& plan, const std::vector<std::vector<StepTi
 
 }  // namespace
 
+namespace {
+std::map<std::string, JobRunner>& job_runners() {
+  static std::map<std::string, JobRunner> runners;
+  return runners;
+}
+}  // namespace
+
+void register_job_runner(const std::string& backend, JobRunner runner) {
+  job_runners()[backend] = runner;
+}
+
+JobRunner find_job_runner(const std::string& backend) {
+  const auto it = job_runners().find(backend);
+  return it == job_runners().end() ? nullptr : it->second;
+}
+
 BlasInfo set_blas_threads(int threads) {
   using SetFn = void (*)(int);
   using GetFn = int (*)();
@@ -268,12 +287,38 @@ BlasInfo set_blas_threads(int threads) {
   return info;
 }
 
+namespace {
+
+class MpiRank final : public MeasuredRank {
+ public:
+  MpiRank(const StepPlan& plan, MPI_Comm world, const ExecutorOptions& options)
+      : executor_(plan, world, options) {}
+  void run_step(int step) override { executor_.run_step(step); }
+  const StepTimings& timings() const override { return executor_.timings(); }
+  int rank() const override { return executor_.rank(); }
+  const std::vector<int>& host_of() const override { return executor_.host_of(); }
+  const std::vector<std::string>& hosts() const override { return executor_.hosts(); }
+  int compute_threads() const override { return executor_.compute_threads(); }
+
+ private:
+  Executor executor_;
+};
+
+}  // namespace
+
 std::optional<Measured> measure(const StepPlan& plan, MPI_Comm world,
                                 const ExecutorOptions& options, const MeasureSettings& settings) {
-  const auto start = Clock::now();
   if (settings.timed_steps < 1) throw Error("mpi: at least one timed step (repeats >= 1)");
   set_blas_threads(settings.blas_threads);
-  Executor executor(plan, world, options);
+  MpiRank executor(plan, world, options);
+  return measure_rank(plan, world, executor, options.timeout_s, settings);
+}
+
+std::optional<Measured> measure_rank(const StepPlan& plan, MPI_Comm world, MeasuredRank& executor,
+                                     double timeout_s, const MeasureSettings& settings) {
+  const auto start = Clock::now();
+  if (settings.timed_steps < 1)
+    throw Error(settings.backend + ": at least one timed step (repeats >= 1)");
   std::vector<StepTimings> kept;
   double messages = 0;
   for (int k = 0; k < settings.warmup_steps + settings.timed_steps; ++k) {
@@ -293,7 +338,7 @@ std::optional<Measured> measure(const StepPlan& plan, MPI_Comm world,
   std::vector<int> counts(rank == 0 ? size : 0), displs(rank == 0 ? size : 0);
   MPI_Request request = MPI_REQUEST_NULL;
   MUONBED_MPI_CHECK(MPI_Igather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, world, &request));
-  wait_for(request, options.timeout_s, where, "gathering the timings");
+  wait_for(request, timeout_s, where, "gathering the timings");
   std::vector<double> all;
   if (rank == 0) {
     int total = 0;
@@ -305,7 +350,7 @@ std::optional<Measured> measure(const StepPlan& plan, MPI_Comm world,
   }
   MUONBED_MPI_CHECK(MPI_Igatherv(mine.data(), count, MPI_DOUBLE, all.data(), counts.data(),
                                  displs.data(), MPI_DOUBLE, 0, world, &request));
-  wait_for(request, options.timeout_s, where, "gathering the timings");
+  wait_for(request, timeout_s, where, "gathering the timings");
   if (rank != 0) return std::nullopt;
 
   std::vector<std::vector<StepTimings>> ranks(size);
