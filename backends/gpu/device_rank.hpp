@@ -6,12 +6,13 @@
 //   memory      one device pool allocated once (backends/gpu/layout.hpp's plan_pool: static
 //               tensors, transient buffers at fixed offsets, per-stream scratch and staging), one
 //               NS workspace per stream, the run tables of every view, uploaded once.
-//   ordering    one CUDA stream (with its cuBLAS handle) per plan stream; every op records an
-//               event when its work is queued, and an op first waits for the events of its deps
-//               on other streams (a dep inactive in this step stands for its own deps, as in the
-//               engine's semantics; so do inactive ops before it on its stream). alloc and release
-//               are issued the same way (no work), so the pool's reuse of a released buffer's
-//               space is ordered on the device after the release's users.
+//   ordering    one CUDA stream per plan stream (with a cuBLAS handle where it computes); every
+//               issued op records an event when its work is queued, and an op first waits for
+//               the events of its deps on other streams. Ops that are not issued follow the
+//               engine's semantics: one inactive in the step stands for its deps, a send/recv
+//               this rank passes through for its deps and the ops before it on its stream. alloc
+//               and release are issued the same way (no work), and an alloc also waits for the
+//               releases whose space it reuses (layout.hpp), so reuse is ordered on the device.
 //   compute     momentum (+ Nesterov), apply (+ QK-clip), AdamW (+ QK-clip) with the fused kernels
 //               of kernels/gpu.hpp, the update rounded to the comm dtype; Newton-Schulz through
 //               the kernel registry (v2 by default), the op's same-shape matrices as one batch,

@@ -9,11 +9,10 @@
 // transient buffers get offsets once, from the plan: walking the rank's ops in plan order, a
 // buffer may reuse the space of a buffer released earlier in plan order (first fit), so the
 // region is about the plan's peak of live buffers (rank_memory's, in fp32). Plan order is not an
-// execution order: two streams may run a later alloc before an earlier release. So where the
-// rank's dependency graph (stream order plus deps) does not already put the release before the
-// alloc, the alloc *waits* for the release (reuse_waits, an event wait on the GPU). Every wait
-// points backwards in plan order, as stream order and deps do, and the executors issue each rank's
-// ops in plan order, so the waits add no cycle and every event waited for has been recorded.
+// execution order: two streams may run a later alloc before an earlier release. So the alloc
+// *waits* for the releases whose space it reuses (reuse_waits, event waits on the GPU). Every
+// wait points backwards in plan order, as stream order and deps do, and the executors issue each
+// rank's ops in plan order, so the waits add no cycle and every event waited for is recorded.
 #pragma once
 
 #include <cstdint>
@@ -34,25 +33,13 @@ struct PoolLayout {
   std::int64_t transient_elements = 0;
   std::int64_t peak_live_elements = 0;  // of transient buffers along plan order (the plan's peak)
   // Per program op index (allocs only): plan op ids of the releases whose space the buffer
-  // reuses and that the dependency graph does not order before the alloc.
+  // reuses.
   std::vector<std::vector<int>> reuse_waits;
   std::int64_t elements() const { return transient_begin + transient_elements; }
 };
 
 // Throws ExecutionError when a transient buffer is allocated twice or released unallocated.
 PoolLayout plan_pool(const StepPlan& plan, const RankProgram& program);
-
-// For every op of the program (index into program.ops): the ops of the program that happen
-// before it (stream order and deps, transitively), as a bitset over program op indices.
-class HappensBefore {
- public:
-  HappensBefore(const StepPlan& plan, const RankProgram& program);
-  bool before(int earlier, int later) const;  // program op indices
-
- private:
-  std::size_t words_ = 0;
-  std::vector<std::uint64_t> bits_;  // n * words_
-};
 
 // A view of the pool: runs (sequence, pool, length), sorted by sequence, covering [0, count).
 struct PoolRun {

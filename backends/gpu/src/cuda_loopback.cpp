@@ -259,7 +259,8 @@ void CudaLoopbackExecutor::run_step() {
       pattern[static_cast<std::size_t>(op.id)] = plan_.active_in_step(op, step);
     auto it = events_->graphs.find(pattern);
     if (it == events_->graphs.end()) {
-      MUONBED_GPU_CHECK(cudaStreamBeginCapture(events_->origin, cudaStreamCaptureModeThreadLocal));
+      // Relaxed: the phase-event pool may grow (cudaEventCreate) during the capture.
+      MUONBED_GPU_CHECK(cudaStreamBeginCapture(events_->origin, cudaStreamCaptureModeRelaxed));
       cudaGraph_t graph = nullptr;
       try {
         issue_step(step);
