@@ -55,6 +55,76 @@ void for_each_view(const RankOp& op, Fn&& fn) {
   }
 }
 
+// The device ordering (layout.hpp's wait_list) against the engine's semantics, for every rank and
+// step: R(X), the issued ops the engine completes before issued op X starts (earlier ops on its
+// stream and its deps; an inactive op completes with its deps, a pass-through send/recv with its
+// deps and earlier ops on its stream), must be inside D(X), what the device orders before X (the
+// previous issued op on its stream, the ops of wait_list(X) and an alloc's reuse waits, with
+// everything ordered before those). Returns the number of (rank, step, op) checked.
+std::int64_t check_ordering(const StepPlan& plan, const RankProgram& program,
+                            const gpu::PoolLayout& layout, int step) {
+  const std::size_t n = program.ops.size();
+  auto index = [&](int op) { return program.op_index.at(static_cast<std::size_t>(op)); };
+  auto issued = [&](int op) { return gpu::issued_in_step(plan, program, op, step); };
+  auto stream_of = [&](int op) { return plan.ops.at(static_cast<std::size_t>(op)).stream; };
+  // Requirements of op at program index i, as program indices.
+  auto requirements = [&](std::size_t i) {
+    const int op = program.ops[i].op;
+    std::vector<std::size_t> req;
+    for (int d : plan.ops[static_cast<std::size_t>(op)].deps)
+      if (index(d) >= 0) req.push_back(static_cast<std::size_t>(index(d)));
+    const bool inactive = !plan.active_in_step(plan.ops[static_cast<std::size_t>(op)], step);
+    if (!inactive)
+      for (std::size_t k = 0; k < i; ++k)
+        if (stream_of(program.ops[k].op) == stream_of(op)) req.push_back(k);
+    return req;
+  };
+  // E*(i): issued ops complete when op i completes (memoized, program order is topological).
+  std::vector<std::set<std::size_t>> done_with(n), required(n), device(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t r : requirements(i)) {
+      required[i].insert(done_with[r].begin(), done_with[r].end());
+    }
+    done_with[i] = required[i];
+    if (issued(program.ops[i].op)) done_with[i].insert(i);
+  }
+  std::int64_t checked = 0;
+  std::size_t last_on_stream[64];
+  std::fill(std::begin(last_on_stream), std::end(last_on_stream), static_cast<std::size_t>(-1));
+  for (std::size_t i = 0; i < n; ++i) {
+    const int op = program.ops[i].op;
+    if (!issued(op)) continue;
+    auto order_after = [&](std::size_t k) {
+      device[i].insert(k);
+      device[i].insert(device[k].begin(), device[k].end());
+    };
+    const auto s = static_cast<std::size_t>(stream_of(op));
+    REQUIRE(s < 64);
+    if (last_on_stream[s] != static_cast<std::size_t>(-1)) order_after(last_on_stream[s]);
+    for (int w : gpu::wait_list(plan, program, op, step)) {
+      REQUIRE(index(w) >= 0);
+      CHECK(static_cast<std::size_t>(index(w)) < i);  // backwards in plan order: no cycle
+      CHECK(issued(w));
+      order_after(static_cast<std::size_t>(index(w)));
+    }
+    if (program.ops[i].kind == OpKind::alloc)
+      for (int w : layout.reuse_waits[i])
+        if (plan.active_in_step(plan.ops[static_cast<std::size_t>(w)], step))
+          order_after(static_cast<std::size_t>(index(w)));
+    last_on_stream[s] = i;
+    for (std::size_t r : required[i]) {
+      INFO("rank " << program.rank << ", step " << step << ": plan op " << op << " ('"
+                   << plan.ops[static_cast<std::size_t>(op)].label
+                   << "') is not ordered after plan op " << program.ops[r].op << " ('"
+                   << plan.ops[static_cast<std::size_t>(program.ops[r].op)].label
+                   << "') on the device");
+      CHECK(device[i].count(r) == 1);
+    }
+    ++checked;
+  }
+  return checked;
+}
+
 // Checks one plan on every rank; returns the number of views checked.
 std::int64_t check_plan(const StepPlan& plan) {
   const int world = plan.model.mesh.world_size();
@@ -139,6 +209,7 @@ std::int64_t check_plan(const StepPlan& plan) {
       CHECK(seen.size() == op.newton_schulz.size());
     }
     splits.push_back(gpu::communicator_splits(plan, program));
+    for (int step = 0; step < 2; ++step) CHECK(check_ordering(plan, program, layout, step) > 0);
   }
   // Wire layouts pair up: what i sends j in phase p is what j receives from i.
   for (const Op& op : plan.ops) {
@@ -281,4 +352,43 @@ TEST_CASE("GPU layout: broken views and phases are refused", "[gpu-layout]") {
   CHECK(wire.send_bytes == 16);
   CHECK(wire.sends[1].offset == 8);
   CHECK(wire.sends[1].bytes == 8);
+}
+
+TEST_CASE("GPU layout: ops not issued stand for what the engine waits for", "[gpu-layout]") {
+  // Streams 0 (compute), 1 (comm), 2 (comm_scatter). Op 2 is a send this rank passes through:
+  // it completes after op 1, the op before it on its stream, so op 3 (another stream) must wait
+  // for op 1. Op 4 runs every other step: when it is inactive, op 5 waits for its dep, op 0.
+  StepPlan plan;
+  plan.streams = {"compute", "comm", "comm_scatter"};
+  auto add = [&](OpKind kind, int stream, std::vector<int> deps, int period = 1) {
+    Op op;
+    op.id = static_cast<int>(plan.ops.size());
+    op.kind = kind;
+    op.stream = stream;
+    op.deps = std::move(deps);
+    op.period = period;
+    plan.ops.push_back(op);
+  };
+  add(OpKind::momentum, 0, {});
+  add(OpKind::all_gather, 1, {});
+  add(OpKind::send, 1, {});
+  add(OpKind::unpack, 2, {2});
+  add(OpKind::reduce_scatter, 1, {0}, 2);
+  add(OpKind::pack, 2, {4});
+  RankProgram program;
+  for (const Op& op : plan.ops) {
+    RankOp r;
+    r.op = op.id;
+    r.kind = op.kind;
+    r.bystander = op.kind == OpKind::send;
+    program.op_index.push_back(static_cast<int>(program.ops.size()));
+    program.ops.push_back(r);
+  }
+  CHECK_FALSE(gpu::issued_in_step(plan, program, 2, 0));
+  CHECK(gpu::wait_list(plan, program, 3, 0) == std::vector<int>{1});
+  CHECK(gpu::wait_list(plan, program, 5, 0) == std::vector<int>{4});
+  CHECK_FALSE(gpu::issued_in_step(plan, program, 4, 1));
+  CHECK(gpu::wait_list(plan, program, 5, 1) == std::vector<int>{0});
+  // Op 4 itself waits for op 0 (a dep on another stream), not for op 1 (its own stream).
+  CHECK(gpu::wait_list(plan, program, 4, 0) == std::vector<int>{0});
 }

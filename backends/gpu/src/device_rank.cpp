@@ -339,46 +339,10 @@ void DeviceRank::end_step(CUstream_st* join, const std::function<CUevent_st*()>&
 }
 
 void DeviceRank::wait_deps(int plan_op, int step) {
-  const Impl& m = *impl_;
-  const StepPlan& plan = *m.plan;
-  const int stream = plan.ops.at(static_cast<std::size_t>(plan_op)).stream;
-  cudaStream_t s = this->stream(stream);
-  // The engine's semantics (core/engine.hpp) on the device. Issued ops (active, and not a
-  // send/recv this rank only passes through) record an event when their work is queued. An op
-  // inactive in the step completes when its deps have; a pass-through (bystander) op when its
-  // deps and the ops before it on its stream have. So making `s` wait for op d means: its event
-  // if it is issued (nothing if it is issued on `s`: stream order), else what it waits for.
-  std::set<int> visited;
-  std::function<void(int)> wait_for;
-  auto issued = [&](int op) {
-    const RankOp* r = program_->find(op);
-    return r != nullptr && !r->bystander &&
-           plan.active_in_step(plan.ops[static_cast<std::size_t>(op)], step);
-  };
-  // The ops before program op index `i` on plan stream `on`, back to the first issued one.
-  auto wait_for_stream_before = [&](int i, int on) {
-    for (int k = i - 1; k >= 0; --k) {
-      const int q = program_->ops[static_cast<std::size_t>(k)].op;
-      if (plan.ops[static_cast<std::size_t>(q)].stream != on) continue;
-      wait_for(q);
-      if (issued(q)) break;
-    }
-  };
-  wait_for = [&](int d) {
-    const int i = program_->op_index.at(static_cast<std::size_t>(d));
-    if (i < 0 || !visited.insert(d).second) return;
-    const Op& op = plan.ops[static_cast<std::size_t>(d)];
-    if (issued(d)) {
-      if (op.stream != stream)
-        MUONBED_GPU_CHECK(cudaStreamWaitEvent(s, m.done[static_cast<std::size_t>(i)], 0));
-      return;
-    }
-    for (int dep : op.deps) wait_for(dep);
-    if (plan.active_in_step(op, step)) wait_for_stream_before(i, op.stream);  // a bystander
-  };
-  for (int d : plan.ops.at(static_cast<std::size_t>(plan_op)).deps) wait_for(d);
-  // Earlier ops on its own stream that were not issued stand for what they wait for.
-  wait_for_stream_before(program_->op_index.at(static_cast<std::size_t>(plan_op)), stream);
+  // layout.hpp's wait_list: the engine's semantics on the device (CPU-tested).
+  cudaStream_t s = stream(impl_->plan->ops.at(static_cast<std::size_t>(plan_op)).stream);
+  for (int d : wait_list(*impl_->plan, *program_, plan_op, step))
+    MUONBED_GPU_CHECK(cudaStreamWaitEvent(s, done_event(d), 0));
 }
 
 void DeviceRank::mark_start(int plan_op) {
