@@ -675,11 +675,16 @@ class Scheduler {
         c_.ns != NsPlacement::every_holder && c_.redistribute->name() != "all_gather_owned";
     f.buffer = b_.add_buffer("full updates " + param_label(b_, u.params), u.params,
                              DimSet::all(b_.mesh().ndims()), owned_only);
-    // Each class of ranks inside the box waits for the release of its own unit `depth`+1 back.
+    // Each class of ranks inside the box waits for the release of its own unit `depth`+1 back:
+    // the unit at position k of the class (in the order its units start, which is the order they
+    // finish) waits for the release of unit k - depth - 1, so at most depth + 1 units of a class
+    // are ever live at once, whenever the engine runs the gathers. (Gating on the class's latest
+    // releases instead lets unit k start after unit k - depth - 2 only: depth + 2 live units.)
+    // pipeline() starts a unit only when its classes have at most `depth` units in flight, so
+    // that release has already been emitted.
     for (int cls : classes_in(f.buffer_box)) {
-      const auto& history = releases_[cls];
-      if (static_cast<int>(history.size()) > c_.depth)
-        deps.push_back(history[history.size() - 1 - c_.depth]);
+      const int position = started_[cls]++;
+      if (position > c_.depth) deps.push_back(releases_.at(cls).at(position - c_.depth - 1));
     }
     Op alloc;
     alloc.kind = OpKind::alloc;
@@ -810,6 +815,7 @@ class Scheduler {
   std::vector<int> class_of_rank_;
   std::vector<std::vector<int>> classes_of_box_;
   std::map<int, std::vector<int>> releases_;  // class -> release ops of its units, in order
+  std::map<int, int> started_;                // class -> units started so far
 };
 
 // The group a matrix's collectives run in: independent coords, shard and replicate dims.
