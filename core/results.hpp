@@ -21,6 +21,13 @@
 //                    how many steps have it), worst_s, worst_step (first step with the worst
 //                    time), patterns: [{step, count, time_s}] one per distinct set of active ops
 //                    (seed 002: level-scheduled gradient sync makes average and worst differ)
+//   bound            T_bound, the lower bound of core/bound.hpp, and how far the step is from it:
+//                    step_s (T_bound), ratio (step average_s / step_s), binding ("balanced":
+//                    total NS work over the ranks that may own, or "longest": the longest single
+//                    NS), ns_total_s, ns_balanced_s, ns_longest_s, gather_s and scatter_s (the
+//                    unhideable first gather and last scatter of the binding term), owner_ranks,
+//                    longest (the matrix of the longest NS). Added after schema 1's first files:
+//                    a record without it reads back with zeros.
 //   throughput       seed 002's honest per-GPU reporting, each as {average, worst}, where
 //                    "average" uses the hyper-period average and "worst" the worst step:
 //                      params_per_s_per_gpu      elements updated per second per GPU (the model's
@@ -107,6 +114,19 @@ struct StepSummary {
   std::vector<StepPatternResult> patterns;
 };
 
+struct BoundResult {
+  double step_s = 0;
+  double ratio = 0;
+  std::string binding;
+  double ns_total_s = 0;
+  double ns_balanced_s = 0;
+  double ns_longest_s = 0;
+  double gather_s = 0;
+  double scatter_s = 0;
+  int owner_ranks = 0;
+  std::string longest;
+};
+
 struct ThroughputResult {
   AverageWorst params_per_s_per_gpu;
   AverageWorst compute_time_s;
@@ -170,6 +190,7 @@ struct ResultRecord {
   Provenance provenance;
   SetupInfo setup;
   StepSummary step;
+  BoundResult bound;
   ThroughputResult throughput;
   TrafficResult traffic;
   std::vector<CollectiveResult> collectives;
@@ -214,8 +235,9 @@ std::vector<StepPatternSpec> step_patterns(const StepPlan& plan);
 // Total number of steps the patterns cover (their counts' sum).
 std::int64_t pattern_steps(const std::vector<StepPatternSpec>& patterns);
 
-// Fills setup, step, throughput, traffic, collectives and ranks (memory from rank_memory) from
-// per-pattern measurements. `collectives` holds, per pattern, the backend's per-op measurements.
+// Fills setup, step, bound (core/bound.hpp), throughput, traffic, collectives and ranks (memory
+// from rank_memory) from per-pattern measurements. `collectives` holds, per pattern, the backend's
+// per-op measurements.
 void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& cluster,
                  const std::vector<StepMeasurement>& steps,
                  const std::vector<std::vector<CollectiveMeasurement>>& collectives);

@@ -65,6 +65,14 @@ TEST_CASE("result records round-trip through JSON exactly", "[sim][results]") {
   const std::string text = result_to_json(run.record);
   CHECK(result_to_json(result_from_json(text)) == text);
   CHECK_THROWS_WITH(result_from_json("{\"schema_version\": 99}"), Catch::Contains("schema"));
+  // The bound is in every record, and records written before it existed still read.
+  CHECK(run.record.bound.step_s > 0);
+  CHECK(run.record.bound.ratio == Approx(run.record.step.average_s / run.record.bound.step_s));
+  auto old = nlohmann::json::parse(text);
+  old.erase("bound");
+  const ResultRecord back = result_from_json(old.dump());
+  CHECK(back.bound.step_s == 0);
+  CHECK(back.step.average_s == run.record.step.average_s);
 }
 
 TEST_CASE("records hold every rank and consistent per-rank times", "[sim][results]") {
