@@ -1,5 +1,5 @@
 // A distributed step equals the single-device step, proved with real data on in-process ranks:
-// every plan of the invariant matrix (9 topologies x 11 strategy variants, tests/common) and the
+// every plan of the invariant matrix (9 topologies x 13 strategy variants, tests/common) and the
 // hard cases (uneven torch.chunk splits, empty shards, ranks that own no matrix, 1xN and Nx1
 // matrices, MoE experts under EP, pipeline stages, level-scheduled sync over its hyper-period)
 // runs 3 steps on the loopback executor, and every rank's parameter, momentum and AdamW moments

@@ -1,5 +1,5 @@
 // The invariant matrix shared by the plan tests (tests/core) and the execution tests
-// (tests/backends): nine topologies (every parallelism and a 4-D hybrid, small models) and eleven
+// (tests/backends): nine topologies (every parallelism and a 4-D hybrid, small models) and thirteen
 // strategy variants (every built-in strategy with the options that change its plan's shape).
 #pragma once
 
@@ -58,6 +58,12 @@ inline std::vector<StrategyOptions> strategies() {
     o.gather = "flat";
     o.assign = "size_balanced";
   });
+  add("owner", [](StrategyOptions& o) {  // issue 13's levers: muonbed's preset, small
+    o.gather = "rails";
+    o.assign = "topology";
+    o.comm_lanes = 3;
+    o.order = "lpt";
+  });
   add("owner", [](StrategyOptions& o) {
     o.small_param_threshold = 5000;
     o.grad_sync.enabled = true;
@@ -66,6 +72,11 @@ inline std::vector<StrategyOptions> strategies() {
   add("all_to_all", [](StrategyOptions& o) {
     o.chunk_size = 3;
     o.max_chunks_in_flight = 2;
+  });
+  add("all_to_all", [](StrategyOptions& o) {  // Dion's batches of one shape, largest first
+    o.chunk_size = 3;
+    o.chunk_by_shape = true;
+    o.order = "lpt";
   });
   add("all_to_all", [](StrategyOptions& o) {
     o.chunk_size = 1;
