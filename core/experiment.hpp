@@ -13,12 +13,15 @@
 //               names
 //   strategy: {name: owner, assign: flop_balanced, prefetch_count: 1}
 //   backend: sim                      # sim | analytic | mpi | nccl, or a list
-//   steps: 1
+//   steps: 2                          # measured backends: untimed warm-up steps (default 2)
+//   repeats: 10                       # measured backends: timed steps after them (default 10)
+//   seed: 1                           # measured backends: seed of the step data (default 1)
 //   sweep: {strategy.name: [sequential, owner, all_to_all]}
 //   output: results/quickstart
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -44,8 +47,12 @@ struct Experiment {
   StrategyOptions strategy;
   std::vector<std::string> backends;  // sim, analytic, mpi, nccl
   std::string sim_fidelity = "auto";  // step | flow | auto (sim backend: step up to 256 ranks)
-  int steps = 1;
-  int repeats = 1;
+  // Real executors (mpi, nccl) run `steps` untimed warm-up steps, then `repeats` timed steps,
+  // on data generated from `seed` (backends/cpu/data.hpp). The analytic model and the simulator
+  // are deterministic: they ignore all three (their records say so in their notes).
+  int steps = 2;
+  int repeats = 10;
+  std::uint64_t seed = 1;
   std::string output_dir;
   std::string resolved_yaml;  // the complete resolved configuration of this point, as YAML
 

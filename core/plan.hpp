@@ -198,11 +198,15 @@ std::int64_t buffer_bytes(const StepPlan& plan, const Buffer& buffer, int rank);
 double op_flops(const StepPlan& plan, const Op& op, int rank);
 double op_memory_bytes(const StepPlan& plan, const Op& op, int rank);
 
-// The NS work of a newton_schulz op on `rank`, one entry per matrix (stack): its FLOPs and its
-// smaller dimension, so cost models can apply size-dependent GEMM efficiency.
+// The NS work of a newton_schulz op on `rank`, one entry per matrix (stack): its FLOPs, its
+// smaller dimension (for size-dependent GEMM efficiency) and its shape (for measured NS tables;
+// a stack of `batch` matrices is one call).
 struct MatrixWork {
   double flops = 0;
   double min_dim = 0;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  std::int64_t batch = 1;
 };
 std::vector<MatrixWork> ns_work(const StepPlan& plan, const Op& op, int rank);
 

@@ -20,7 +20,12 @@
 //   step             average_s (over one hyper-period, each distinct step pattern weighted by
 //                    how many steps have it), worst_s, worst_step (first step with the worst
 //                    time), patterns: [{step, count, time_s}] one per distinct set of active ops
-//                    (seed 002: level-scheduled gradient sync makes average and worst differ)
+//                    (seed 002: level-scheduled gradient sync makes average and worst differ).
+//                    Measured backends (mpi): patterns holds every timed step (its index counted
+//                    from the first warm-up step, count 1), average_s is their mean and worst_s
+//                    the slowest, and these keys follow (absent from simulated and analytic
+//                    records): warmup_steps, timed_steps (the experiment's `steps` and
+//                    `repeats`), median_s, p95_s (nearest rank), stddev_s (population), min_s
 //   bound            T_bound, the lower bound of core/bound.hpp, and how far the step is from it:
 //                    step_s (T_bound), ratio (step average_s / step_s), binding ("balanced":
 //                    total NS work over the ranks that may own, or "longest": the longest single
@@ -56,6 +61,14 @@
 //                    average over the hyper-period, worst = in the worst step), bytes_sent and
 //                    bytes_received (per average step, by the algorithms), memory
 //                    {static_bytes, peak_transient_bytes, peak_bytes} from rank_memory(plan)
+//   execution        measured backends only (absent otherwise): what ran and where (library:
+//                    MPI_Get_library_version's first line, mpi_standard, launcher, hosts in
+//                    order of their first rank, ranks_per_host, oversubscribed, blas and
+//                    blas_threads per rank, compute_threads per rank) and the executor's own
+//                    host time per step, mean over timed steps of the slowest rank's:
+//                    engine_s (the engine and op bookkeeping), handlers_s (message packing and
+//                    unpacking, alloc/release, keep copies), mpi_s (inside MPI calls), and
+//                    overhead_fraction = (engine_s + handlers_s) / step average_s
 //   notes            free-text remarks of the backend (approximations used, caps hit)
 #pragma once
 
@@ -107,11 +120,24 @@ struct StepPatternResult {
   double time_s = 0;
 };
 
+// Statistics over the timed steps of a measured backend (timed_steps == 0: none).
+struct StepStatistics {
+  int warmup_steps = 0;
+  int timed_steps = 0;
+  double median_s = 0;
+  double p95_s = 0;
+  double stddev_s = 0;
+  double min_s = 0;
+};
+// Median, p95 (nearest rank), population standard deviation and minimum of step times.
+StepStatistics step_statistics(const std::vector<double>& times, int warmup_steps);
+
 struct StepSummary {
   double average_s = 0;
   double worst_s = 0;
   int worst_step = 0;
   std::vector<StepPatternResult> patterns;
+  StepStatistics measured;
 };
 
 struct BoundResult {
@@ -182,6 +208,23 @@ struct RankResult {
   MemoryResult memory;
 };
 
+// What a measured backend ran on and what the executor itself cost (present: !library.empty()).
+struct ExecutionInfo {
+  std::string library;  // "Open MPI v4.1.4, package: ..."
+  std::string mpi_standard;
+  std::string launcher;  // "mpirun (started by muonbed)", "mpirun", "srun", ...
+  std::vector<std::string> hosts;
+  std::vector<int> ranks_per_host;
+  bool oversubscribed = false;
+  std::string blas;
+  int blas_threads = 0;
+  int compute_threads = 0;
+  double engine_s = 0;
+  double handlers_s = 0;
+  double mpi_s = 0;
+  double overhead_fraction = 0;
+};
+
 struct ResultRecord {
   int schema_version = kResultsSchemaVersion;
   std::string backend;
@@ -195,6 +238,7 @@ struct ResultRecord {
   TrafficResult traffic;
   std::vector<CollectiveResult> collectives;
   std::vector<RankResult> ranks;
+  ExecutionInfo execution;
   std::vector<std::string> notes;
 };
 

@@ -22,9 +22,18 @@
 
 namespace muonbed {
 
+// The note deterministic backends (analytic, sim) add to their records: the experiment's steps,
+// repeats and seed are for measured backends.
+extern const char* const kDeterministicNote;
+
 // Settings of a run that are not part of the experiment.
 struct RunSettings {
   int trace_max_ranks = 64;  // ranks (lowest first) in the Chrome trace of backends that trace
+  // Real backends (mpi, nccl): untimed steps first, then timed steps whose instance times the
+  // record reports (nccl-tests' -w and -n; `muonbed bench collective` passes its flags here).
+  // Predicting backends (analytic, sim) are deterministic and ignore both.
+  int warmup = 0;
+  int iterations = 1;
 };
 
 // What a run cost, for progress lines; not part of the results file (it is not deterministic).
@@ -41,6 +50,9 @@ struct PointRun {
   nlohmann::json trace;    // Chrome trace of the worst step; null when the backend has none
   RunCost cost;            // filled by backends that measure themselves
   double plan_wall_s = 0;  // time to build the plan (run_point)
+  // Elements a real backend found wrong when it checked its results against the reference
+  // (nccl-tests' #wrong); -1 when nothing was checked (predicting backends).
+  std::int64_t wrong_elements = -1;
 };
 
 // A backend's run function: the record (provenance included, timestamp left to run_plan) and,

@@ -15,7 +15,7 @@
 // Step and flow agree within 3% on tests/sim's matrix of collectives, group sizes and layouts
 // (PCIe nodes included), except a smaller (64 MB) ring all-reduce mixing NVLink and NIC edges
 // (flow up to 7% slower: the step model's own jumps of a few percent under sub-microsecond
-// latency changes, experiments/BENCHMARKS.md) and all-to-all groups of more than 65 members on
+// latency changes, experiments/BENCHMARKS.md) and all-to-all groups of more than 257 members on
 // a fat tree, whose merged rounds can be off by tens of percent (a warning note in the record).
 //
 // SimGrid's engine is a process-wide singleton that cannot be re-created, and its fat-tree zone
@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/cluster.hpp"
+#include "core/cost_model.hpp"
 #include "core/plan.hpp"
 #include "core/results.hpp"
 
@@ -42,13 +43,15 @@ struct SimOptions {
   bool isolate = true;       // run in a fork()ed child (see above)
   int trace_max_ranks = 64;  // ranks (lowest first) in the Chrome trace; 0 = no trace
   // Collective lowering.
-  double broadcast_chunk_bytes = 512.0 * 1024;  // pipelined chain: chunk size ...
-  int broadcast_max_chunks = 64;                // ... and at most this many chunks
-  // flow: pairwise rounds merged into at most this many. Groups of up to 65 members keep every
-  // round (exact); merging larger groups' rounds changes how neighbouring rounds overlap as
-  // members drift apart (measured -13% to +38% vs step at 96-160 members), and the record says
-  // so.
+  double broadcast_chunk_bytes = kBroadcastChunkBytes;  // pipelined chain: chunk size ...
+  int broadcast_max_chunks = kBroadcastMaxChunks;       // ... and at most this many chunks
+  // flow: an all-to-all of n members keeps max(flow_all_to_all_rounds,
+  // flow_all_to_all_transfers / n) of its n-1 pairwise rounds, merging the rest. Groups of up to
+  // 257 members keep every round (exact); merging larger groups' rounds changes how
+  // neighbouring rounds overlap as members drift apart (experiments/BENCHMARKS.md), and the
+  // record says so.
   int flow_all_to_all_rounds = 64;
+  long flow_all_to_all_transfers = 65536;
   int flow_rooted_bundles = 64;  // flow: cross-node senders to a root in at most this many flows
   // Network model (SimGrid configuration). CM02 with no cross traffic and a huge TCP-gamma makes a
   // transfer cost exactly latency + size / bandwidth when alone, shared max-min fairly otherwise;

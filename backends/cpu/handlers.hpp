@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "backends/cpu/store.hpp"
@@ -57,8 +58,25 @@ void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire,
                   const PhaseMessages& mine,
                   const std::vector<const std::vector<std::byte>*>& received);
 
+// The same two steps with the messages back to back, as MPI's v-collectives take them: every
+// send encoded into one buffer at byte offset Transfer::displacement x the wire dtype's size, and
+// the received messages as views into the receive buffer (no copy per message).
+struct PackedPhase {
+  std::vector<std::byte> sends;
+  std::vector<float> own;
+};
+// `first_send_only`: encode phase.sends[0] alone (at its displacement), for transports that send
+// one buffer to every peer (a broadcast's root, an all-gather member) when all sends carry the
+// same elements.
+PackedPhase begin_phase_packed(const RankStore& store, const ExchangePhase& phase, DType wire,
+                               bool first_send_only = false);
+void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire,
+                  const std::vector<float>& own,
+                  const std::vector<std::span<const std::byte>>& received);
+
 // Wire format: fp32 as is, bf16 as the high 16 bits (kernels/bf16.hpp's rounding).
 std::vector<std::byte> encode(const float* values, std::int64_t count, DType wire);
-void decode(const std::vector<std::byte>& bytes, DType wire, float* values, std::int64_t count);
+void encode_into(const float* values, std::int64_t count, DType wire, std::byte* out);
+void decode(std::span<const std::byte> bytes, DType wire, float* values, std::int64_t count);
 
 }  // namespace muonbed::cpu

@@ -1,6 +1,7 @@
 // Cluster profiles from YAML: strict parsing of experiments/clusters/*.yaml (and inline or
 // overridden clusters inside experiments), the search for a cluster file by name, the GEMM
-// efficiency curve, and the emitter that writes a profile back as YAML for provenance.
+// efficiency curve, the measured Newton-Schulz table, and the emitter that writes a profile back
+// as YAML for provenance.
 #include "core/cluster.hpp"
 
 #include <algorithm>
@@ -34,16 +35,151 @@ double GpuSpec::efficiency(double dim) const {
   return points.back().efficiency;
 }
 
+namespace {
+
+// Per-step FLOPs of NS on one m x n matrix (m <= n): X X^T, A A, B X.
+double ns_step_flops(double m, double n) {
+  return 4 * m * m * n + 2 * m * m * m;
+}
+
+struct NsPoint {
+  double flops;  // per matrix, all steps
+  double seconds;
+};
+
+// Piecewise-linear interpolation of seconds in FLOPs (points sorted by FLOPs, distinct).
+double interpolate_ns(const std::vector<NsPoint>& p, double flops) {
+  if (p.size() == 1) return p[0].seconds * flops / p[0].flops;
+  if (flops <= p.front().flops) {
+    // The line through the two smallest points: its intercept is the per-call overhead.
+    const double slope = (p[1].seconds - p[0].seconds) / (p[1].flops - p[0].flops);
+    const double t = p[0].seconds + slope * (flops - p[0].flops);
+    return t > 0 && slope > 0 ? t : p[0].seconds * flops / p[0].flops;
+  }
+  if (flops >= p.back().flops) return p.back().seconds * flops / p.back().flops;
+  for (std::size_t i = 1; i < p.size(); ++i)
+    if (flops <= p[i].flops) {
+      const double t = (flops - p[i - 1].flops) / (p[i].flops - p[i - 1].flops);
+      return p[i - 1].seconds + t * (p[i].seconds - p[i - 1].seconds);
+    }
+  return p.back().seconds;
+}
+
+}  // namespace
+
+double GpuSpec::ns_call_seconds(std::int64_t rows, std::int64_t cols, std::int64_t batch, int steps,
+                                const std::string& version) const {
+  const double m = static_cast<double>(std::min(rows, cols));
+  const double n = static_cast<double>(std::max(rows, cols));
+  const double b = static_cast<double>(std::max<std::int64_t>(1, batch));
+  std::vector<const NsTiming*> mine;
+  for (const NsTiming& t : ns_table)
+    if (t.version == version && t.ms > 0 && t.steps > 0) mine.push_back(&t);
+  if (mine.empty()) return -1;
+  // Same shape: the entry whose batch is nearest (in ratio), scaled.
+  const NsTiming* same = nullptr;
+  for (const NsTiming* t : mine) {
+    if (std::min(t->rows, t->cols) != std::min(rows, cols) ||
+        std::max(t->rows, t->cols) != std::max(rows, cols))
+      continue;
+    const auto distance = [&](const NsTiming* e) {
+      return std::abs(std::log(static_cast<double>(e->batch) / b));
+    };
+    if (same == nullptr || distance(t) < distance(same)) same = t;
+  }
+  if (same != nullptr)
+    return same->ms * 1e-3 * (b / static_cast<double>(same->batch)) *
+           (static_cast<double>(steps) / same->steps);
+  // Other shapes: per-matrix points of batched entries for a batched call (when there are any),
+  // of single calls otherwise.
+  const bool batched = batch > 1;
+  bool any_kind = false;
+  for (const NsTiming* t : mine) any_kind = any_kind || ((t->batch > 1) == batched);
+  std::vector<NsPoint> points;
+  for (const NsTiming* t : mine) {
+    if (any_kind && (t->batch > 1) != batched) continue;
+    const double tm = static_cast<double>(std::min(t->rows, t->cols));
+    const double tn = static_cast<double>(std::max(t->rows, t->cols));
+    points.push_back(
+        {ns_step_flops(tm, tn) * t->steps, t->ms * 1e-3 / static_cast<double>(t->batch)});
+  }
+  std::sort(points.begin(), points.end(),
+            [](const NsPoint& a, const NsPoint& c) { return a.flops < c.flops; });
+  // Equal FLOPs (two shapes of one size): keep their mean.
+  std::vector<NsPoint> distinct;
+  std::vector<int> count;
+  for (const NsPoint& q : points) {
+    if (!distinct.empty() && distinct.back().flops == q.flops) {
+      distinct.back().seconds += q.seconds;
+      ++count.back();
+    } else {
+      distinct.push_back(q);
+      count.push_back(1);
+    }
+  }
+  for (std::size_t i = 0; i < distinct.size(); ++i) distinct[i].seconds /= count[i];
+  return b * interpolate_ns(distinct, ns_step_flops(m, n) * steps);
+}
+
+std::vector<std::string> GpuSpec::ns_versions() const {
+  std::vector<std::string> out;
+  for (const NsTiming& t : ns_table)
+    if (std::find(out.begin(), out.end(), t.version) == out.end()) out.push_back(t.version);
+  return out;
+}
+
+std::string_view to_string(CollectiveClass cls) {
+  switch (cls) {
+    case CollectiveClass::ring:
+      return "ring";
+    case CollectiveClass::all_to_all:
+      return "all_to_all";
+    case CollectiveClass::p2p:
+      return "p2p";
+    case CollectiveClass::nvls:
+      return "nvls";
+  }
+  return "?";
+}
+
+double LinkEfficiency::of(CollectiveClass cls) const {
+  switch (cls) {
+    case CollectiveClass::ring:
+      return ring;
+    case CollectiveClass::all_to_all:
+      return all_to_all;
+    case CollectiveClass::p2p:
+      return p2p;
+    case CollectiveClass::nvls:
+      return nvls;
+  }
+  return 1.0;
+}
+
 namespace yaml_util {
 
 namespace {
 
-const std::vector<std::string> kClusterKeys = {"name", "source",     "gpus_per_node", "nodes",
-                                               "gpu",  "intra_node", "nic",           "network"};
-const std::vector<std::string> kGpuKeys = {"name", "peak_tflops", "hbm_GBps", "memory_GiB",
-                                           "gemm_efficiency"};
-const std::vector<std::string> kIntraKeys = {"kind", "bandwidth_GBps", "latency_us",
-                                             "pcie_switch_GBps"};
+const std::vector<std::string> kClusterKeys = {
+    "name",         "source",     "gpus_per_node", "nodes",      "gpu",
+    "intra_node",   "nic",        "network",       "efficiency", "launch_overhead_us",
+    "measurements", "calibration"};
+const std::vector<std::string> kGpuKeys = {
+    "name", "peak_tflops", "hbm_GBps", "memory_GiB", "gemm_efficiency", "ns_table", "ns_kernel"};
+const std::vector<std::string> kIntraKeys = {
+    "kind", "bandwidth_GBps", "latency_us", "pcie_switch_GBps", "nvls", "nvls_latency_us"};
+const std::vector<std::string> kLinkClassKeys = {"intra_node", "network"};
+const std::vector<std::string> kCollectiveClassKeys = {"ring", "all_to_all", "p2p", "nvls"};
+const std::vector<std::string> kLaunchKeys = {"collective", "kernel"};
+const std::vector<std::string> kNsEntryKeys = {"version", "shape", "steps", "ms", "source"};
+const std::vector<std::string> kMeasurementKeys = {
+    "op", "gpus", "size_bytes", "busbw_GBps", "time_us", "algorithm", "source"};
+const std::vector<std::string> kMeasuredOps = {"all_gather", "reduce_scatter", "all_reduce",
+                                               "all_to_all", "broadcast",      "gather",
+                                               "scatter",    "sendrecv"};
+const std::vector<std::string> kAlgorithms = {"ring", "nvls", "nvls_tree"};
+const std::vector<std::string> kCalibrationKeys = {"tool",    "date",    "host", "git_hash",
+                                                   "backend", "command", "notes"};
 const std::vector<std::string> kNicKeys = {"count_per_node", "bandwidth_GBps", "latency_us",
                                            "rail_optimized"};
 const std::vector<std::string> kNetworkKeys = {"topology", "levels", "nodes_per_leaf",
@@ -76,6 +212,74 @@ void read_gemm_efficiency(const Context& ctx, const Field& field, GpuSpec& gpu) 
     points.push_back({dim, efficiency});
   }
   gpu.gemm_efficiency = std::move(points);
+}
+
+void read_link_efficiency(const Context& ctx, const Field& field, LinkEfficiency& out) {
+  const MapReader m(ctx, field, kCollectiveClassKeys);
+  m.read("ring", out.ring, 0, 1, true);
+  m.read("all_to_all", out.all_to_all, 0, 1, true);
+  m.read("p2p", out.p2p, 0, 1, true);
+  m.read("nvls", out.nvls, 0, 1, true);
+}
+
+void read_ns_table(const Context& ctx, const Field& field, GpuSpec& gpu) {
+  const std::string example =
+      "ns_table: [{version: v2, shape: [4096, 4096], ms: 2.749}, {version: v2, shape: [128, "
+      "4096, 4096], ms: 333.8}]";
+  std::vector<NsTiming> table;
+  for (const Field& item : list_items(ctx, field)) {
+    const MapReader e(ctx, item, kNsEntryKeys);
+    e.require("version", example);
+    const Field& shape = e.require("shape", example);
+    e.require("ms", example);
+    NsTiming t;
+    e.read("version", t.version);
+    if (t.version.empty())
+      fail(ctx, *e.find("version"), "'" + item.path + ".version' is empty",
+           "name the kernel version, e.g. v1, v2 or pytorch");
+    std::vector<std::int64_t> dims;
+    for (const Field& d : list_items(ctx, shape)) dims.push_back(to_int(ctx, d, 1, 1 << 24));
+    if (dims.size() != 2 && dims.size() != 3)
+      fail(ctx, shape,
+           "'" + shape.path + "' must list [rows, cols] or [batch, rows, cols], got " +
+               std::to_string(dims.size()) + " numbers",
+           "write e.g. shape: [4096, 11008] or shape: [32, 4096, 11008]");
+    t.batch = dims.size() == 3 ? dims[0] : 1;
+    t.rows = dims[dims.size() - 2];
+    t.cols = dims.back();
+    e.read("steps", t.steps, 1, 1000);
+    e.read("ms", t.ms, 0, kHuge, true);
+    e.read("source", t.source);
+    table.push_back(std::move(t));
+  }
+  gpu.ns_table = std::move(table);
+}
+
+void read_measurements(const Context& ctx, const Field& field, ClusterSpec& spec) {
+  const std::string example =
+      "measurements: [{op: all_gather, gpus: 8, size_bytes: 1073741824, busbw_GBps: 350, "
+      "source: \"NVIDIA/nccl#1281\"}]";
+  std::vector<MeasuredCollective> out;
+  for (const Field& item : list_items(ctx, field)) {
+    const MapReader e(ctx, item, kMeasurementKeys);
+    e.require("op", example);
+    e.require("gpus", example);
+    e.require("size_bytes", example);
+    e.require("source", example);
+    MeasuredCollective m;
+    e.read_choice("op", m.op, kMeasuredOps);
+    e.read("gpus", m.gpus, 1, 1 << 24);
+    e.read("size_bytes", m.size_bytes, 1);
+    e.read("busbw_GBps", m.busbw_GBps, 0, kHuge, true);
+    e.read("time_us", m.time_us, 0, kHuge, true);
+    e.read_choice("algorithm", m.algorithm, kAlgorithms);
+    e.read("source", m.source);
+    if (!(m.busbw_GBps > 0) && !(m.time_us > 0))
+      fail(ctx, item, "'" + item.path + "' gives neither busbw_GBps nor time_us",
+           "give the measured bus bandwidth (busbw_GBps) or time (time_us), or both");
+    out.push_back(std::move(m));
+  }
+  spec.measurements = std::move(out);
 }
 
 }  // namespace
@@ -111,6 +315,8 @@ void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::str
     gpu.read("hbm_GBps", spec.gpu.hbm_GBps, 0, kHuge, true);
     gpu.read("memory_GiB", spec.gpu.memory_GiB, 0, kHuge, true);
     if (const Field* e = gpu.find("gemm_efficiency")) read_gemm_efficiency(ctx, *e, spec.gpu);
+    if (const Field* t = gpu.find("ns_table")) read_ns_table(ctx, *t, spec.gpu);
+    gpu.read("ns_kernel", spec.gpu.ns_kernel);
   }
 
   if (const Field* f = top.find("intra_node")) {
@@ -126,6 +332,8 @@ void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::str
     intra.read("bandwidth_GBps", spec.intra.bandwidth_GBps, 0, kHuge, true);
     intra.read("latency_us", spec.intra.latency_us, 0, kHuge);
     intra.read("pcie_switch_GBps", spec.intra.pcie_switch_GBps, 0, kHuge);
+    intra.read("nvls", spec.intra.nvls);
+    intra.read("nvls_latency_us", spec.intra.nvls_latency_us, 0, kHuge);
   }
 
   if (const Field* f = top.find("nic")) {
@@ -156,6 +364,31 @@ void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::str
     net.read("switch_latency_us", spec.network.switch_latency_us, 0, kHuge);
   }
 
+  if (const Field* f = top.find("efficiency")) {
+    const MapReader eff(ctx, *f, kLinkClassKeys);
+    if (const Field* e = eff.find("intra_node"))
+      read_link_efficiency(ctx, *e, spec.efficiency.intra_node);
+    if (const Field* e = eff.find("network"))
+      read_link_efficiency(ctx, *e, spec.efficiency.network);
+  }
+  if (const Field* f = top.find("launch_overhead_us")) {
+    const MapReader launch(ctx, *f, kLaunchKeys);
+    launch.read("collective", spec.launch_overhead.collective_us, 0, kHuge);
+    launch.read("kernel", spec.launch_overhead.kernel_us, 0, kHuge);
+  }
+  if (const Field* f = top.find("measurements")) read_measurements(ctx, *f, spec);
+  if (const Field* f = top.find("calibration")) {
+    const MapReader cal(ctx, *f, kCalibrationKeys);
+    CalibrationInfo& c = spec.calibration;
+    cal.read("tool", c.tool);
+    cal.read("date", c.date);
+    cal.read("host", c.host);
+    cal.read("git_hash", c.git_hash);
+    cal.read("backend", c.backend);
+    cal.read("command", c.command);
+    cal.read("notes", c.notes);
+  }
+
   // Rules across fields, checked on the result (a preset plus overrides, or a complete map).
   auto at = [&](const char* section, const char* key) -> Field {
     if (const Field* s = top.find(section)) {
@@ -184,6 +417,22 @@ void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::str
     fail(ctx, at("intra_node", "pcie_switch_GBps"),
          "pcie_switch_GBps applies only to intra_node.kind: pcie, but the kind is nvswitch",
          "remove pcie_switch_GBps or set kind: pcie");
+  if (spec.intra.kind == IntraNodeKind::pcie && spec.intra.nvls)
+    fail(ctx, at("intra_node", "nvls"),
+         "intra_node.nvls (NVLink SHARP) needs NVSwitch, but the kind is pcie",
+         "remove nvls or set kind: nvswitch");
+  // The NS kernel version: the one named, else v2 when the table has it, else the table's first.
+  const std::vector<std::string> versions = spec.gpu.ns_versions();
+  if (spec.gpu.ns_kernel.empty() && !versions.empty())
+    spec.gpu.ns_kernel =
+        std::find(versions.begin(), versions.end(), "v2") != versions.end() ? "v2" : versions[0];
+  if (!spec.gpu.ns_kernel.empty() &&
+      std::find(versions.begin(), versions.end(), spec.gpu.ns_kernel) == versions.end())
+    fail(ctx, at("gpu", "ns_kernel"),
+         "gpu.ns_kernel '" + spec.gpu.ns_kernel + "' has no entries in gpu.ns_table" +
+             (versions.empty() ? " (the table is empty)" : " (it has " + join(versions) + ")"),
+         versions.empty() ? "remove ns_kernel, or give gpu.ns_table measured timings of it"
+                          : "use one of: " + join(versions));
 }
 
 std::string resolve_cluster_file(const std::string& name_or_path, const std::string& relative_to) {
@@ -233,6 +482,13 @@ std::vector<std::string> cluster_schema_paths() {
   for (const std::string& k : kIntraKeys) paths.push_back("intra_node." + k);
   for (const std::string& k : kNicKeys) paths.push_back("nic." + k);
   for (const std::string& k : kNetworkKeys) paths.push_back("network." + k);
+  for (const std::string& link : kLinkClassKeys) {
+    paths.push_back("efficiency." + link);
+    for (const std::string& k : kCollectiveClassKeys)
+      paths.push_back("efficiency." + link + "." + k);
+  }
+  for (const std::string& k : kLaunchKeys) paths.push_back("launch_overhead_us." + k);
+  for (const std::string& k : kCalibrationKeys) paths.push_back("calibration." + k);
   return paths;
 }
 
@@ -257,6 +513,23 @@ void emit_cluster(YAML::Emitter& out, const ClusterSpec& spec) {
       out << YAML::Key << format_number(p.dim) << YAML::Value << format_number(p.efficiency);
     out << YAML::EndMap;
   }
+  if (!spec.gpu.ns_table.empty()) {
+    out << YAML::Key << "ns_table" << YAML::Value << YAML::BeginSeq;
+    for (const NsTiming& t : spec.gpu.ns_table) {
+      out << YAML::Flow << YAML::BeginMap;
+      out << YAML::Key << "version" << YAML::Value << t.version;
+      out << YAML::Key << "shape" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+      if (t.batch != 1) out << t.batch;
+      out << t.rows << t.cols << YAML::EndSeq;
+      out << YAML::Key << "steps" << YAML::Value << t.steps;
+      number("ms", t.ms);
+      if (!t.source.empty()) out << YAML::Key << "source" << YAML::Value << t.source;
+      out << YAML::EndMap;
+    }
+    out << YAML::EndSeq;
+  }
+  if (!spec.gpu.ns_kernel.empty())
+    out << YAML::Key << "ns_kernel" << YAML::Value << spec.gpu.ns_kernel;
   out << YAML::EndMap;
 
   out << YAML::Key << "intra_node" << YAML::Value << YAML::BeginMap;
@@ -266,6 +539,10 @@ void emit_cluster(YAML::Emitter& out, const ClusterSpec& spec) {
   number("latency_us", spec.intra.latency_us);
   if (spec.intra.kind == IntraNodeKind::pcie)
     number("pcie_switch_GBps", spec.intra.pcie_switch_GBps);
+  if (spec.intra.nvls) {
+    out << YAML::Key << "nvls" << YAML::Value << true;
+    number("nvls_latency_us", spec.intra.nvls_latency_us);
+  }
   out << YAML::EndMap;
 
   out << YAML::Key << "nic" << YAML::Value << YAML::BeginMap;
@@ -283,6 +560,53 @@ void emit_cluster(YAML::Emitter& out, const ClusterSpec& spec) {
   number("oversubscription", spec.network.oversubscription);
   number("switch_latency_us", spec.network.switch_latency_us);
   out << YAML::EndMap;
+
+  const auto link = [&](const char* key, const LinkEfficiency& e) {
+    out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginMap;
+    number("ring", e.ring);
+    number("all_to_all", e.all_to_all);
+    number("p2p", e.p2p);
+    number("nvls", e.nvls);
+    out << YAML::EndMap;
+  };
+  out << YAML::Key << "efficiency" << YAML::Value << YAML::BeginMap;
+  link("intra_node", spec.efficiency.intra_node);
+  link("network", spec.efficiency.network);
+  out << YAML::EndMap;
+  out << YAML::Key << "launch_overhead_us" << YAML::Value << YAML::Flow << YAML::BeginMap;
+  number("collective", spec.launch_overhead.collective_us);
+  number("kernel", spec.launch_overhead.kernel_us);
+  out << YAML::EndMap;
+  if (!spec.measurements.empty()) {
+    out << YAML::Key << "measurements" << YAML::Value << YAML::BeginSeq;
+    for (const MeasuredCollective& m : spec.measurements) {
+      out << YAML::Flow << YAML::BeginMap;
+      out << YAML::Key << "op" << YAML::Value << m.op;
+      out << YAML::Key << "gpus" << YAML::Value << m.gpus;
+      out << YAML::Key << "size_bytes" << YAML::Value << m.size_bytes;
+      if (m.busbw_GBps > 0) number("busbw_GBps", m.busbw_GBps);
+      if (m.time_us > 0) number("time_us", m.time_us);
+      if (!m.algorithm.empty()) out << YAML::Key << "algorithm" << YAML::Value << m.algorithm;
+      out << YAML::Key << "source" << YAML::Value << m.source;
+      out << YAML::EndMap;
+    }
+    out << YAML::EndSeq;
+  }
+  if (!spec.calibration.empty()) {
+    const CalibrationInfo& c = spec.calibration;
+    out << YAML::Key << "calibration" << YAML::Value << YAML::BeginMap;
+    const auto text = [&](const char* key, const std::string& v) {
+      if (!v.empty()) out << YAML::Key << key << YAML::Value << v;
+    };
+    text("tool", c.tool);
+    text("date", c.date);
+    text("host", c.host);
+    text("git_hash", c.git_hash);
+    text("backend", c.backend);
+    text("command", c.command);
+    text("notes", c.notes);
+    out << YAML::EndMap;
+  }
   out << YAML::EndMap;
 }
 

@@ -27,23 +27,6 @@ namespace {
 constexpr double kGB = 1e9;
 constexpr double kMicro = 1e-6;
 
-// How a collective's traffic crosses node boundaries (see link_from_profile).
-enum class TrafficPattern { ring, rooted, all_to_all };
-
-TrafficPattern pattern_of(OpKind kind) {
-  switch (kind) {
-    case OpKind::gather:
-    case OpKind::scatter:
-    case OpKind::send:
-    case OpKind::recv:
-      return TrafficPattern::rooted;
-    case OpKind::all_to_all:
-      return TrafficPattern::all_to_all;
-    default:
-      return TrafficPattern::ring;  // all_gather, reduce_scatter, all_reduce, broadcast
-  }
-}
-
 // Where a group's members sit: enough to pick its links. Built from members in ascending rank
 // order (nodes then come in nondecreasing order, so per-node counts are runs).
 struct GroupProfile {
@@ -109,69 +92,117 @@ int nodes_per_leaf(const ClusterSpec& cluster) {
   return cluster.network.topology == TopologyKind::fat_tree ? cluster.network.nodes_per_leaf : 0;
 }
 
+constexpr double kUnbounded = std::numeric_limits<double>::infinity();
+
+// Per-rank bandwidth when a fraction `cross` of a member's traffic goes to other nodes (at
+// `network` per rank) and the rest stays on the node (at `intra`), both at once.
+double overlapped_bandwidth(double cross, double intra, double network) {
+  if (!(cross > 0)) return intra;
+  if (!(cross < 1)) return network;
+  return std::min(network / cross, intra / (1 - cross));
+}
+
 // The link rules.
 //
 // Inside one node: NVSwitch gives every GPU its per-GPU bandwidth and latency. PCIe gives each
 // GPU its link bandwidth, but when pcie_switch_GBps is set the group's members on the node share
-// that host bridge: per rank min(link, switch / members on the node).
+// that host bridge: per rank min(link, switch / members on the node). Every link class runs at
+// its efficiency for the kind's collective class (cluster.efficiency).
 //
-// Across nodes: latency = NIC latency + switch hops x switch latency (single switch: 1 hop; fat
-// tree: 1 hop under one leaf, else 2*levels-1 hops, the worst path up to the top level and
-// down). Bandwidth per rank = min(intra-node bandwidth, the network's share), where the share
-// depends on the traffic pattern. Let nic_total = NICs per node x NIC bandwidth and let one GPU
-// drive at most max(1, NICs / GPUs per node) NICs (a GPU reaches its own rail's NIC; a NIC shared
-// by several GPUs can be driven by one of them alone):
+// Across nodes: the crossing latency = NIC latency + switch hops x switch latency (single switch:
+// 1 hop; fat tree: 1 hop under one leaf, else 2*levels-1 hops, the worst path up to the top
+// level and down); steps inside a node keep the intra-node latency. Let nic_total = NICs per
+// node x NIC bandwidth, let one GPU drive at most max(1, NICs / GPUs per node) NICs (gpu_nic),
+// and let m be the fewest and M the most members on a node:
 //   ring (all_gather, reduce_scatter, all_reduce, broadcast chain, barrier): NCCL runs one
-//     channel (ring) per NIC, and each ring enters and leaves a node once, so a node's m members
-//     together push one rank's per-step traffic through up to min(m x per-GPU NICs, all NICs):
-//     share = min over nodes of min(m x gpu_nic, nic_total). A full 8-GPU node with 8 NICs thus
-//     reaches the aggregate NIC bandwidth, as nccl-tests measure; one rank per node gets one NIC.
-//   all_to_all: nearly all of every member's traffic leaves the node and a GPU cannot aggregate
-//     NICs, so share = min(gpu_nic, nic_total / m) with m the largest count of members on a node.
-//   rooted (gather, scatter, send, recv): the root's (or the pair's) own NIC is the bottleneck:
-//     share = gpu_nic.
-// A fat tree with oversubscription > 1 divides the share of groups that span leaves by it.
-// Concurrent instances of other groups on the same NICs are not modelled (each instance is costed
-// alone); rail-optimized wiring does not change these per-instance figures.
+//     channel per member on a node, each entering and leaving the node once on its own rail, so
+//     a rank's per-step traffic leaves the node through up to min(m x gpu_nic, nic_total), and
+//     of the m channels a GPU sends on, m-1 stay on NVLink: bandwidth = min(network share,
+//     intra x m/(m-1)) (one member per node: the network share).
+//   all_to_all: a member's traffic to the n-M members on other nodes leaves through its own NIC
+//     (a GPU cannot aggregate NICs: min(gpu_nic, nic_total / M)), the rest goes over NVLink at
+//     the same time (NCCL posts every peer at once), so the per-rank bandwidth is what makes both
+//     parts take equally long: min(net / f, intra / (1 - f)), f = (n-M)/(n-1).
+//   rooted (gather, scatter, send, recv): the same overlap through the root's own NIC (gpu_nic).
+// A fat tree with oversubscription > 1 divides the network share of groups that span leaves by
+// it. Concurrent instances of other groups on the same NICs are not modelled (each instance is
+// costed alone); rail-optimized wiring does not change these per-instance figures.
 LinkParams link_from_profile(const ClusterSpec& c, int gpus_per_node, const GroupProfile& g,
                              OpKind kind) {
+  const CollectiveClass cls = collective_class(kind);
+  const LinkEfficiency& ei = c.efficiency.intra_node;
+  const LinkEfficiency& en = c.efficiency.network;
   double intra_bw = c.intra.bandwidth_GBps * kGB;
   if (c.intra.kind == IntraNodeKind::pcie && c.intra.pcie_switch_GBps > 0 && g.max_per_node > 0)
     intra_bw = std::min(intra_bw, c.intra.pcie_switch_GBps * kGB / g.max_per_node);
-  if (g.nodes <= 1) return {c.intra.latency_us * kMicro, intra_bw};
-
+  LinkParams link;
+  link.intra_latency_s = c.intra.latency_us * kMicro;
+  link.latency_s = link.intra_latency_s;
+  link.launch_s = c.launch_overhead.collective_us * kMicro;
+  link.nodes = std::max(1, g.nodes);
   const int nic_count = std::max(1, c.nic.count_per_node);
   const double nic_bw = c.nic.bandwidth_GBps * kGB;
   const double nic_total = nic_count * nic_bw;
   const double gpu_nic = nic_bw * std::max(1, nic_count / std::max(1, gpus_per_node));
-  double share = 0;
-  switch (pattern_of(kind)) {
-    case TrafficPattern::ring:
-      share = std::min(g.min_per_node * gpu_nic, nic_total);
-      break;
-    case TrafficPattern::all_to_all:
-      share = std::min(gpu_nic, nic_total / std::max(1, g.max_per_node));
-      break;
-    case TrafficPattern::rooted:
-      share = gpu_nic;
-      break;
-  }
   int hops = 1;
-  if (c.network.topology == TopologyKind::fat_tree && g.spans_leaves) {
+  double over = 1;
+  if (g.nodes > 1 && c.network.topology == TopologyKind::fat_tree && g.spans_leaves) {
     hops = 2 * std::max(1, c.network.levels) - 1;
-    if (c.network.oversubscription > 1) share /= c.network.oversubscription;
+    if (c.network.oversubscription > 1) over = c.network.oversubscription;
   }
-  return {(c.nic.latency_us + hops * c.network.switch_latency_us) * kMicro,
-          std::min(intra_bw, share)};
+  if (g.nodes > 1)
+    link.latency_s = (c.nic.latency_us + hops * c.network.switch_latency_us) * kMicro;
+
+  // NVLS: the NVSwitch reduces; needs >= 2 members on every node, the same count on each.
+  if (kind == OpKind::all_reduce && c.intra.nvls && c.intra.kind == IntraNodeKind::nvswitch &&
+      g.min_per_node >= 2 && g.min_per_node == g.max_per_node) {
+    NvlsParams& v = link.nvls;
+    v.available = true;
+    v.per_node = g.min_per_node;
+    v.nodes = std::max(1, g.nodes);
+    v.latency_s = c.intra.nvls_latency_us * kMicro;
+    v.intra_Bps = intra_bw * ei.nvls;
+    v.network_Bps = std::min(gpu_nic, nic_total / v.per_node) * en.nvls / over;
+    v.step_latency_s = link.latency_s;
+  }
+
+  const double intra = intra_bw * ei.of(cls);
+  if (g.nodes <= 1) {
+    link.bandwidth_Bps = intra;
+    return link;
+  }
+  const int m = std::max(1, g.min_per_node), big_m = std::max(1, g.max_per_node);
+  const int n = std::max(1, g.members);
+  switch (cls) {
+    case CollectiveClass::ring:
+    case CollectiveClass::nvls: {
+      const double share = std::min(m * gpu_nic, nic_total) * en.of(cls) / over;
+      link.bandwidth_Bps = m > 1 ? std::min(share, intra * m / static_cast<double>(m - 1)) : share;
+      link.channels = m;
+      link.intra_channel_Bps = intra;
+      break;
+    }
+    case CollectiveClass::all_to_all:
+    case CollectiveClass::p2p: {
+      const double net =
+          (cls == CollectiveClass::all_to_all ? std::min(gpu_nic, nic_total / big_m) : gpu_nic) *
+          en.of(cls) / over;
+      const double cross =
+          n > 1 ? static_cast<double>(n - std::min(n, big_m)) / static_cast<double>(n - 1) : 1.0;
+      link.bandwidth_Bps = overlapped_bandwidth(cross, intra, net);
+      break;
+    }
+  }
+  return link;
 }
 
-double checked_bandwidth(const LinkParams& link, double bytes, OpKind kind) {
-  if (bytes > 0 && !(link.bandwidth_Bps > 0))
+double checked_bandwidth(double bandwidth_Bps, double bytes, OpKind kind) {
+  if (bytes > 0 && !(bandwidth_Bps > 0))
     throw PlanError("collective_time: " + std::string(to_string(kind)) + " of " +
                     std::to_string(bytes) +
                     " bytes over a link with no bandwidth; fix: give the cluster's intra-node "
                     "and NIC bandwidths (GB/s) positive values");
-  return link.bandwidth_Bps;
+  return bandwidth_Bps;
 }
 
 int ceil_log2(int n) {
@@ -180,12 +211,25 @@ int ceil_log2(int n) {
   return k;
 }
 
+// Latency of `steps` consecutive steps around a ring of n members over `nodes` nodes: the worst
+// window of `steps` edges holds ceil(steps x nodes / n) crossing edges (at most `steps`).
+double ring_latency(long steps, int n, const LinkParams& link) {
+  if (steps <= 0) return 0;
+  if (link.nodes <= 1 || n <= 1) return steps * link.latency_s;
+  const long crossing = std::min<long>(
+      steps, static_cast<long>(std::ceil(static_cast<double>(steps) * link.nodes / n - 1e-9)));
+  return crossing * link.latency_s + (steps - crossing) * link.intra_latency_s;
+}
+
 // ------------------------------------------------------------------------------------------------
-// Compute durations. Newton-Schulz runs each matrix at the GPU's sustained GEMM rate for its
-// smallest dimension (ns_work lists them); elementwise ops run their few FLOPs at peak. Either is
-// bounded below by the op's HBM traffic at HBM bandwidth (hbm_GBps = 0: not modelled).
+// Compute durations. Newton-Schulz runs each matrix (or stacked batch, one call) for the time
+// gpu.ns_table measured for the chosen kernel version, interpolated in FLOPs; without an entry of
+// that version, at the GPU's sustained GEMM rate for its smallest dimension plus one kernel
+// launch. Elementwise ops run their few FLOPs at peak, bounded below by their HBM traffic at HBM
+// bandwidth (hbm_GBps = 0: not modelled), plus one kernel launch per parameter they touch.
 double compute_seconds(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster) {
   const GpuSpec& gpu = cluster.gpu;
+  const double launch = cluster.launch_overhead.kernel_us * kMicro;
   double t = 0;
   const auto no_rate = [&](double flops) {
     return PlanError("compute_time: op " + std::to_string(op.id) + " (" +
@@ -196,18 +240,37 @@ double compute_seconds(const StepPlan& plan, const Op& op, int rank, const Clust
   if (op.kind == OpKind::newton_schulz) {
     for (const MatrixWork& w : ns_work(plan, op, rank)) {
       if (!(w.flops > 0)) continue;
+      if (!gpu.ns_kernel.empty()) {
+        const double measured =
+            gpu.ns_call_seconds(w.rows, w.cols, w.batch, op.ns_steps, gpu.ns_kernel);
+        if (measured >= 0) {
+          t += measured;
+          continue;
+        }
+      }
       const double rate = gpu.sustained_flops(w.min_dim);
       if (!(rate > 0)) throw no_rate(w.flops);
-      t += w.flops / rate;
+      t += w.flops / rate + launch;
     }
-  } else {
-    const double flops = op_flops(plan, op, rank);
-    if (flops > 0) {
-      if (!(gpu.peak_tflops > 0)) throw no_rate(flops);
-      t = flops / (gpu.peak_tflops * 1e12);
-    }
+    // The memory bound holds for the peak-rate estimate only: measured times include it.
+    if (gpu.hbm_GBps > 0 && gpu.ns_kernel.empty())
+      t = std::max(t, op_memory_bytes(plan, op, rank) / (gpu.hbm_GBps * kGB));
+    return t;
+  }
+  const double flops = op_flops(plan, op, rank);
+  if (flops > 0) {
+    if (!(gpu.peak_tflops > 0)) throw no_rate(flops);
+    t = flops / (gpu.peak_tflops * 1e12);
   }
   if (gpu.hbm_GBps > 0) t = std::max(t, op_memory_bytes(plan, op, rank) / (gpu.hbm_GBps * kGB));
+  if (launch > 0) {
+    int calls = 0;
+    for (int p : op.params)
+      if ((!op.owned_only || plan.assignment.owner[p] == rank) &&
+          plan.model.params[p].layout.holds(plan.mesh(), rank))
+        ++calls;
+    t += calls * launch;
+  }
   return t;
 }
 
@@ -238,45 +301,140 @@ double bus_factor(OpKind kind, int group_size) {
   }
 }
 
-LinkParams link_for_group(const ClusterSpec& cluster, const DeviceMesh& mesh,
+LinkParams link_for_group(const ClusterSpec& cluster, int gpus_per_node,
                           const std::vector<int>& members, OpKind kind) {
   std::vector<int> sorted = members;
   std::sort(sorted.begin(), sorted.end());
-  const int gpn = physical_gpus_per_node(cluster, mesh);
+  const int gpn = std::max(1, gpus_per_node);
   ProfileBuilder builder(gpn, nodes_per_leaf(cluster));
   for (int r : sorted) builder.add(r);
   return link_from_profile(cluster, gpn, builder.finish(), kind);
 }
 
-double collective_time(OpKind kind, int group_size, double total_bytes, const LinkParams& link) {
+LinkParams link_for_group(const ClusterSpec& cluster, const DeviceMesh& mesh,
+                          const std::vector<int>& members, OpKind kind) {
+  return link_for_group(cluster, physical_gpus_per_node(cluster, mesh), members, kind);
+}
+
+CollectiveClass collective_class(OpKind kind) {
+  switch (kind) {
+    case OpKind::gather:
+    case OpKind::scatter:
+    case OpKind::send:
+    case OpKind::recv:
+      return CollectiveClass::p2p;
+    case OpKind::all_to_all:
+      return CollectiveClass::all_to_all;
+    default:
+      return CollectiveClass::ring;  // all_gather, reduce_scatter, all_reduce, broadcast, barrier
+  }
+}
+
+std::string_view to_string(AllReduceAlgorithm algorithm) {
+  switch (algorithm) {
+    case AllReduceAlgorithm::ring:
+      return "ring";
+    case AllReduceAlgorithm::nvls:
+      return "nvls";
+    case AllReduceAlgorithm::nvls_tree:
+      return "nvls_tree";
+  }
+  return "?";
+}
+
+double all_reduce_time(AllReduceAlgorithm algorithm, int group_size, double total_bytes,
+                       const LinkParams& link) {
+  const int n = group_size;
+  const double S = total_bytes;
+  if (n <= 1) return 0;
+  if (algorithm == AllReduceAlgorithm::ring)
+    return link.launch_s + ring_latency(2L * (n - 1), n, link) +
+           (S > 0 ? 2.0 * (n - 1) * S /
+                        (n * checked_bandwidth(link.bandwidth_Bps, S, OpKind::all_reduce))
+                  : 0);
+  const NvlsParams& v = link.nvls;
+  const bool tree = v.nodes > 1;
+  if (!v.available || tree != (algorithm == AllReduceAlgorithm::nvls_tree)) return kUnbounded;
+  const double g = v.per_node;
+  double bw = S > 0 ? S * (g + 1) / g / checked_bandwidth(v.intra_Bps, S, OpKind::all_reduce) : 0;
+  if (tree && S > 0)
+    bw = std::max(bw, 2.0 * (v.nodes - 1) / v.nodes * S / g /
+                          checked_bandwidth(v.network_Bps, S, OpKind::all_reduce));
+  const double latency =
+      v.latency_s + (tree ? 2.0 * (v.nodes - 1) * v.step_latency_s : link.latency_s);
+  return link.launch_s + latency + bw;
+}
+
+AllReduceAlgorithm all_reduce_algorithm(int group_size, double total_bytes,
+                                        const LinkParams& link) {
+  if (!link.nvls.available || group_size <= 1) return AllReduceAlgorithm::ring;
+  const AllReduceAlgorithm nvls =
+      link.nvls.nodes > 1 ? AllReduceAlgorithm::nvls_tree : AllReduceAlgorithm::nvls;
+  return all_reduce_time(nvls, group_size, total_bytes, link) <
+                 all_reduce_time(AllReduceAlgorithm::ring, group_size, total_bytes, link)
+             ? nvls
+             : AllReduceAlgorithm::ring;
+}
+
+double collective_time(OpKind kind, int group_size, double total_bytes, const LinkParams& link,
+                       double min_piece_bytes) {
   if (group_size < 1)
     throw PlanError("collective_time: group size " + std::to_string(group_size) + " is below 1");
   if (total_bytes < 0)
     throw PlanError("collective_time: negative size " + std::to_string(total_bytes));
   if (group_size == 1) return 0;  // nothing leaves the rank
-  const double n = group_size;
+  const int n = group_size;
   const double a = link.latency_s;
   const double S = total_bytes;
+  const auto bw = [&](double bytes) {
+    return bytes > 0 ? bytes / checked_bandwidth(link.bandwidth_Bps, S, kind) : 0.0;
+  };
   switch (kind) {
     case OpKind::all_gather:
-    case OpKind::reduce_scatter:
-    case OpKind::all_to_all:  // pairwise exchange: n-1 rounds of S/n per peer
-      return (n - 1) * (a + (S > 0 ? S / (n * checked_bandwidth(link, S, kind)) : 0));
-    case OpKind::all_reduce:  // ring reduce-scatter then ring all-gather
-      return 2 * (n - 1) * (a + (S > 0 ? S / (n * checked_bandwidth(link, S, kind)) : 0));
+    case OpKind::reduce_scatter: {
+      // Each ring edge carries everything but its receiver's (or sender's) piece.
+      const double p_min = min_piece_bytes >= 0 ? std::min(min_piece_bytes, S) : S / n;
+      return link.launch_s + ring_latency(n - 1, n, link) + bw(S - p_min);
+    }
+    case OpKind::all_reduce:
+      return all_reduce_time(all_reduce_algorithm(n, S, link), n, S, link);
+    case OpKind::all_to_all: {
+      const long rounds = (n - 1 + kAllToAllPeersInFlight - 1) / kAllToAllPeersInFlight;
+      return link.launch_s + rounds * a + bw(S * (n - 1) / n);
+    }
     case OpKind::gather:
-    case OpKind::scatter:  // direct: the root's link carries the n-1 other pieces
-      return a + (S > 0 ? S * (n - 1) / (n * checked_bandwidth(link, S, kind)) : 0);
-    case OpKind::broadcast:
-      // Pipelined chain with k chunks: (n-2+k) (a + S/(kB)). With fine chunks (k >> n) the first
-      // chunk pays n-1 latencies and the rest streams at B: a(n-1) + S/B, the bound NCCL's
-      // pipelined ring broadcast approaches for large messages.
-      return a * (n - 1) + (S > 0 ? S / checked_bandwidth(link, S, kind) : 0);
+    case OpKind::scatter:  // direct: the root's links carry the n-1 other pieces
+      return link.launch_s + a + bw(S * (n - 1) / n);
+    case OpKind::broadcast: {
+      // Pipelined chains, one per channel (c = the fewest members on a node; 1 inside a node),
+      // each channel's S/c cut into k chunks: a hop forwards one chunk at a time, paying its
+      // latency each time. Across nodes a channel's hop uses one NIC (B / c of the ring
+      // bandwidth); inside a node a GPU's NVLink serves the c-1 channels that stay on it.
+      // The steady rate is the slowest hop's; the first chunk pays every hop, and while it
+      // fills the chains the channels reach a GPU staggered, so about half of them share it.
+      const int channels = link.nodes > 1 ? std::max(1, link.channels) : 1;
+      const double per_channel = S / channels;
+      const int k = static_cast<int>(std::clamp(std::ceil(per_channel / kBroadcastChunkBytes), 1.0,
+                                                static_cast<double>(kBroadcastMaxChunks)));
+      const double chunk = per_channel / k;
+      if (link.nodes <= 1) {
+        const double hop = a + bw(chunk);
+        return link.launch_s + (n - 2 + k) * hop;
+      }
+      const double intra = std::max(1e-300, link.intra_channel_Bps);
+      const double net_hop = a + bw(chunk * channels);
+      const double intra_steady = link.intra_latency_s + chunk * (channels - 1) / intra;
+      const double intra_fill = link.intra_latency_s + chunk * 0.5 * (channels - 1) / intra +
+                                (channels > 1 ? 0.0 : chunk / intra);
+      const long crossing = std::min<long>(n - 1, link.nodes - 1);
+      const double fill = crossing * net_hop + (n - 1 - crossing) * intra_fill;
+      return link.launch_s + fill + (k - 1) * std::max(net_hop, intra_steady);
+    }
     case OpKind::send:
     case OpKind::recv:
-      return a + (S > 0 ? S / checked_bandwidth(link, S, kind) : 0);
+      return link.launch_s + a + bw(S);
     case OpKind::barrier:  // dissemination barrier: ceil(log2 n) rounds of a message each way
-      return 2 * a * ceil_log2(group_size);
+      return link.launch_s + 2 * a * ceil_log2(group_size);
     default:
       throw PlanError("collective_time: '" + std::string(to_string(kind)) +
                       "' is not a collective");
@@ -351,6 +509,7 @@ struct OpCost {
   std::int64_t starts = 0;  // compute: ranks of the box; collective: instances
   std::int64_t left = 0;    // starts left in this step; the cache goes at zero
   std::vector<double> cache;
+  std::vector<double> cache_min;  // all_gather / reduce_scatter: the smallest member piece
 };
 
 class AnalyticReplay final : public OpHandler {
@@ -380,7 +539,7 @@ class AnalyticReplay final : public OpHandler {
     bool operator>(const Due& o) const { return t != o.t ? t > o.t : seq > o.seq; }
   };
   template <typename Eval>
-  double cached(int op, int rank, Eval eval);
+  double cached(int op, int rank, Eval eval, bool smallest_piece = false);
   void due(int op, double t, int item);
 
   const StepPlan& plan_;
@@ -454,13 +613,14 @@ AnalyticReplay::AnalyticReplay(const StepPlan& plan, const ClusterSpec& cluster)
 }
 
 template <typename Eval>
-double AnalyticReplay::cached(int op, int rank, Eval eval) {
+double AnalyticReplay::cached(int op, int rank, Eval eval, bool smallest_piece) {
   OpCost& c = cost_[op];
   if (!c.cacheable) return eval();
-  if (c.cache.empty()) c.cache.assign(c.key_count, std::numeric_limits<double>::quiet_NaN());
+  std::vector<double>& cache = smallest_piece ? c.cache_min : c.cache;
+  if (cache.empty()) cache.assign(c.key_count, std::numeric_limits<double>::quiet_NaN());
   std::int64_t key = 0;
   for (const auto& [d, mult] : c.key) key += index_.coord(rank, d) * mult;
-  double& slot = c.cache[key];
+  double& slot = cache[key];
   if (std::isnan(slot)) slot = eval();
   return slot;
 }
@@ -506,7 +666,15 @@ void AnalyticReplay::start_collective(const CollectiveInstance& instance) {
   const double bytes = o.kind == OpKind::barrier ? 0 : cached(op, sizer, [&] {
     return static_cast<double>(collective_bytes(plan_, o, sizer));
   });
-  if (--cost_[op].left == 0) std::vector<double>().swap(cost_[op].cache);
+  const double min_piece =
+      o.kind == OpKind::all_gather || o.kind == OpKind::reduce_scatter
+          ? cached(
+                op, sizer, [&] { return smallest_piece_bytes(plan_, o, members); }, true)
+          : -1.0;
+  if (--cost_[op].left == 0) {
+    std::vector<double>().swap(cost_[op].cache);
+    std::vector<double>().swap(cost_[op].cache_min);
+  }
   ProfileBuilder builder(gpn_, nodes_per_leaf(cluster_));
   if (index_.is_pair(op)) {
     builder.add(std::min(members[0], members[1]));
@@ -521,7 +689,7 @@ void AnalyticReplay::start_collective(const CollectiveInstance& instance) {
   const double seconds =
       split ? cached(op, instance.leader,
                      [&] { return split_ns_time(plan_, o, instance.leader, cluster_); })
-            : collective_time(o.kind, static_cast<int>(members.size()), bytes, link);
+            : collective_time(o.kind, static_cast<int>(members.size()), bytes, link, min_piece);
   for (int m : members)
     timeline_.begin(m, split ? Activity::compute : Activity::communication, now_);
   if (instance.id >= static_cast<int>(members_.size())) members_.resize(instance.id + 1);
@@ -540,6 +708,7 @@ StepEstimate AnalyticReplay::run(int step) {
   for (int i = 0; i < index_.num_ops(); ++i) {
     cost_[i].left = cost_[i].starts;
     cost_[i].cache.clear();
+    cost_[i].cache_min.clear();
   }
   engine_.begin_step(step);
   while (!heap_.empty()) {
@@ -589,6 +758,27 @@ StepEstimate AnalyticReplay::run(int step) {
 }
 
 }  // namespace
+
+double smallest_piece_bytes(const StepPlan& plan, const Op& op, const std::vector<int>& members) {
+  if (op.kind != OpKind::all_gather && op.kind != OpKind::reduce_scatter) return -1;
+  double smallest = -1;
+  for (int m : members) {
+    const double p = static_cast<double>(piece_bytes(plan, op, m));
+    if (smallest < 0 || p < smallest) smallest = p;
+  }
+  return smallest;
+}
+
+double instance_time(const StepPlan& plan, const ClusterSpec& cluster, const Op& op,
+                     const std::vector<int>& participants, int leader) {
+  const bool pair = op.kind == OpKind::send || op.kind == OpKind::recv;
+  const int sizer = pair ? participants.front() : leader;
+  const double bytes =
+      op.kind == OpKind::barrier ? 0 : static_cast<double>(collective_bytes(plan, op, sizer));
+  const LinkParams link = link_for_group(cluster, plan.mesh(), participants, op.kind);
+  return collective_time(op.kind, static_cast<int>(participants.size()), bytes, link,
+                         smallest_piece_bytes(plan, op, participants));
+}
 
 StepEstimate estimate_step(const StepPlan& plan, const ClusterSpec& cluster, int step) {
   if (step < 0) throw PlanError("estimate_step: step " + std::to_string(step) + " is negative");

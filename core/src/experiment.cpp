@@ -35,7 +35,7 @@ constexpr std::int64_t kMaxWorld = 1 << 24;
 
 const std::vector<std::string> kTopKeys = {"name",      "cluster",  "mesh",    "model", "parallel",
                                            "optimizer", "strategy", "backend", "sim",   "steps",
-                                           "repeats",   "output",   "sweep"};
+                                           "repeats",   "seed",     "output",  "sweep"};
 const std::vector<std::string> kMeshKeys = {"dims", "gpus_per_node", "world_size"};
 const std::vector<std::string> kDimKeys = {"name", "size", "role"};
 const std::vector<std::string> kDimValueKeys = {"size", "role"};
@@ -1090,6 +1090,7 @@ std::string resolved_yaml(const Experiment& e, const MeshSection& ms, const Mode
   out << YAML::Key << "fidelity" << YAML::Value << e.sim_fidelity << YAML::EndMap;
   out << YAML::Key << "steps" << YAML::Value << e.steps;
   out << YAML::Key << "repeats" << YAML::Value << e.repeats;
+  out << YAML::Key << "seed" << YAML::Value << e.seed;
   out << YAML::Key << "output" << YAML::Value << e.output_dir;
   out << YAML::EndMap;
   (void)ms;
@@ -1162,8 +1163,9 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root) {
     const MapReader sim(ctx, *f, kSimKeys);
     sim.read_choice("fidelity", e.sim_fidelity, kFidelities);
   }
-  top.read("steps", e.steps, 1, 1000000);
+  top.read("steps", e.steps, 0, 1000000);
   top.read("repeats", e.repeats, 1, 1000000);
+  if (std::int64_t seed = 1; top.read("seed", seed, 0)) e.seed = static_cast<std::uint64_t>(seed);
   e.output_dir = "results/" + e.name;
   if (const Field* f = top.find("output")) {
     e.output_dir = to_string_value(ctx, *f);

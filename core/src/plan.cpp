@@ -403,7 +403,8 @@ std::vector<MatrixWork> ns_work(const StepPlan& plan, const Op& op, int rank) {
     const auto& dp = plan.model.params[p];
     if (!dp.layout.holds(plan.mesh(), rank)) continue;
     work.push_back({newton_schulz_flops(dp.rows(), dp.cols(), op.ns_steps, dp.batch()),
-                    static_cast<double>(std::min(dp.rows(), dp.cols()))});
+                    static_cast<double>(std::min(dp.rows(), dp.cols())), dp.rows(), dp.cols(),
+                    dp.batch()});
   }
   return work;
 }

@@ -86,6 +86,26 @@ std::vector<StepPatternSpec> step_patterns(const StepPlan& plan) {
   return out;
 }
 
+StepStatistics step_statistics(const std::vector<double>& times, int warmup_steps) {
+  StepStatistics s;
+  s.warmup_steps = warmup_steps;
+  s.timed_steps = static_cast<int>(times.size());
+  if (times.empty()) return s;
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  const std::size_t n = sorted.size();
+  s.median_s = n % 2 == 1 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  // Nearest rank: the smallest time with at least 95 % of the steps at or below it.
+  const std::size_t rank = static_cast<std::size_t>(std::ceil(0.95 * static_cast<double>(n)));
+  s.p95_s = sorted[std::max<std::size_t>(rank, 1) - 1];
+  s.min_s = sorted.front();
+  const double mean = std::accumulate(sorted.begin(), sorted.end(), 0.0) / static_cast<double>(n);
+  double var = 0;
+  for (double t : sorted) var += (t - mean) * (t - mean);
+  s.stddev_s = std::sqrt(var / static_cast<double>(n));
+  return s;
+}
+
 std::int64_t pattern_steps(const std::vector<StepPatternSpec>& patterns) {
   std::int64_t n = 0;
   for (const auto& p : patterns) n += p.count;
@@ -302,7 +322,7 @@ struct InstanceTraffic {
 
 InstanceTraffic closed_form_traffic(const StepPlan& plan, const Op& op,
                                     const std::vector<int>& members, int gpn,
-                                    std::vector<double>& sent) {
+                                    AllReduceAlgorithm algorithm, std::vector<double>& sent) {
   const int n = static_cast<int>(members.size());
   InstanceTraffic t;
   if (n < 2 || op.kind == OpKind::barrier) return t;
@@ -316,6 +336,17 @@ InstanceTraffic closed_form_traffic(const StepPlan& plan, const Op& op,
     t.network += total * net_fraction;
     t.intra += total * (1 - net_fraction);
   };
+  if (op.kind == OpKind::all_reduce && algorithm != AllReduceAlgorithm::ring) {
+    // NVLS: each GPU moves S (g+1)/g over NVLink; NVLS tree adds 2(N-1)/N S/g over its NIC.
+    const double s = static_cast<double>(collective_bytes(plan, op, members[0]));
+    const double g = static_cast<double>(n) / nodes;
+    const double intra = s * (g + 1) / g;
+    const double net = nodes > 1 ? 2.0 * (nodes - 1) / nodes * s / g : 0.0;
+    t.intra += n * intra;
+    t.network += n * net;
+    for (int i = 0; i < n; ++i) sent[members[i]] += intra + net;
+    return t;
+  }
   switch (op.kind) {
     case OpKind::all_gather:
     case OpKind::reduce_scatter:
@@ -423,18 +454,23 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster) {
       index.for_each_instance(op.id, [&](int leader) {
         const std::vector<int> group = index.members(op.id, leader);
         const std::vector<int> members = index.participants(op.id, leader);
-        const LinkParams link = link_for_group(cluster, mesh, members, op.kind);
-        const double bytes = static_cast<double>(collective_bytes(plan, op, leader));
-        const double time =
-            split ? split_ns_time(plan, op, leader, cluster)
-                  : collective_time(op.kind, static_cast<int>(members.size()), bytes, link);
+        const int sizer = members.size() == 2 && index.is_pair(op.id) ? members.front() : leader;
+        const double bytes = static_cast<double>(collective_bytes(plan, op, sizer));
+        const double time = split ? split_ns_time(plan, op, leader, cluster)
+                                  : instance_time(plan, cluster, op, members, leader);
         c.group_size = static_cast<int>(members.size());
         ++c.instances;
         c.bytes_sum += bytes;
         c.time_sum += time;
         c.time_max = std::max(c.time_max, time);
         if (members.front() / gpn != members.back() / gpn) c.crosses_nodes = true;
-        const InstanceTraffic t = closed_form_traffic(plan, op, group, gpn, m.bytes_sent);
+        const AllReduceAlgorithm algorithm =
+            op.kind == OpKind::all_reduce
+                ? all_reduce_algorithm(static_cast<int>(members.size()), bytes,
+                                       link_for_group(cluster, mesh, members, op.kind))
+                : AllReduceAlgorithm::ring;
+        const InstanceTraffic t =
+            closed_form_traffic(plan, op, group, gpn, algorithm, m.bytes_sent);
         m.intra_node_bytes += t.intra;
         m.network_bytes += t.network;
       });
@@ -449,8 +485,10 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster) {
   record.traffic.model = "closed_form";
   fill_record(record, plan, cluster, steps, collectives);
   record.notes.push_back(
-      "analytic: alpha-beta closed forms per collective instance (core/cost_model.hpp); "
-      "instances are costed alone, so contention between concurrent collectives is not modelled");
+      "analytic: alpha-beta closed forms per collective instance (core/cost_model.hpp): link "
+      "efficiencies per collective class, per-call launch overhead, NVLS all-reduce where the "
+      "cluster has it; instances are costed alone, so contention between concurrent collectives "
+      "is not modelled");
   return record;
 }
 
@@ -519,6 +557,14 @@ std::string result_to_json(const ResultRecord& r) {
                     {"worst_s", r.step.worst_s},
                     {"worst_step", r.step.worst_step},
                     {"patterns", patterns}};
+  if (const StepStatistics& m = r.step.measured; m.timed_steps > 0) {
+    j["step"]["warmup_steps"] = m.warmup_steps;
+    j["step"]["timed_steps"] = m.timed_steps;
+    j["step"]["median_s"] = m.median_s;
+    j["step"]["p95_s"] = m.p95_s;
+    j["step"]["stddev_s"] = m.stddev_s;
+    j["step"]["min_s"] = m.min_s;
+  }
   const BoundResult& b = r.bound;
   j["bound"] = ojson{{"step_s", b.step_s},
                      {"ratio", b.ratio},
@@ -568,6 +614,20 @@ std::string result_to_json(const ResultRecord& r) {
                                            {"peak_transient_bytes", rr.memory.peak_transient_bytes},
                                            {"peak_bytes", rr.memory.peak_bytes}}}});
   j["ranks"] = std::move(ranks);
+  if (const ExecutionInfo& e = r.execution; !e.library.empty())
+    j["execution"] = ojson{{"library", e.library},
+                           {"mpi_standard", e.mpi_standard},
+                           {"launcher", e.launcher},
+                           {"hosts", e.hosts},
+                           {"ranks_per_host", e.ranks_per_host},
+                           {"oversubscribed", e.oversubscribed},
+                           {"blas", e.blas},
+                           {"blas_threads", e.blas_threads},
+                           {"compute_threads", e.compute_threads},
+                           {"engine_s", e.engine_s},
+                           {"handlers_s", e.handlers_s},
+                           {"mpi_s", e.mpi_s},
+                           {"overhead_fraction", e.overhead_fraction}};
   j["notes"] = r.notes;
   return j.dump(1) + "\n";
 }
@@ -608,6 +668,15 @@ ResultRecord result_from_json(const std::string& text) {
     for (const auto& pt : st.at("patterns"))
       r.step.patterns.push_back(
           {pt.at("step").get<int>(), pt.at("count").get<int>(), pt.at("time_s").get<double>()});
+    if (st.contains("timed_steps")) {  // measured backends only
+      StepStatistics& m = r.step.measured;
+      m.warmup_steps = st.at("warmup_steps").get<int>();
+      m.timed_steps = st.at("timed_steps").get<int>();
+      m.median_s = st.at("median_s").get<double>();
+      m.p95_s = st.at("p95_s").get<double>();
+      m.stddev_s = st.at("stddev_s").get<double>();
+      m.min_s = st.at("min_s").get<double>();
+    }
     if (j.contains("bound")) {  // records written before the bound existed have none
       const auto& b = j.at("bound");
       r.bound.step_s = b.at("step_s").get<double>();
@@ -662,6 +731,23 @@ ResultRecord result_from_json(const std::string& text) {
                   m.at("peak_transient_bytes").get<std::int64_t>(),
                   m.at("peak_bytes").get<std::int64_t>()};
       r.ranks.push_back(x);
+    }
+    if (j.contains("execution")) {  // measured backends only
+      const auto& e = j.at("execution");
+      ExecutionInfo& x = r.execution;
+      x.library = e.at("library").get<std::string>();
+      x.mpi_standard = e.at("mpi_standard").get<std::string>();
+      x.launcher = e.at("launcher").get<std::string>();
+      x.hosts = e.at("hosts").get<std::vector<std::string>>();
+      x.ranks_per_host = e.at("ranks_per_host").get<std::vector<int>>();
+      x.oversubscribed = e.at("oversubscribed").get<bool>();
+      x.blas = e.at("blas").get<std::string>();
+      x.blas_threads = e.at("blas_threads").get<int>();
+      x.compute_threads = e.at("compute_threads").get<int>();
+      x.engine_s = e.at("engine_s").get<double>();
+      x.handlers_s = e.at("handlers_s").get<double>();
+      x.mpi_s = e.at("mpi_s").get<double>();
+      x.overhead_fraction = e.at("overhead_fraction").get<double>();
     }
     for (const auto& n : j.at("notes")) r.notes.push_back(n.get<std::string>());
     return r;

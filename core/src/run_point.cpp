@@ -10,12 +10,17 @@
 
 namespace muonbed {
 
+const char* const kDeterministicNote =
+    "steps, repeats and seed (warm-up steps, timed steps and data of the measured backends) do "
+    "not apply: a deterministic model computes each step pattern of the hyper-period once";
+
 namespace {
 
 PointRun run_analytic(const Experiment& experiment, const StepPlan& plan, const RunSettings&) {
   PointRun run;
   run.record = analytic_record(plan, experiment.cluster);
   run.record.provenance = make_provenance(&experiment, "");
+  run.record.notes.push_back(kDeterministicNote);
   return run;
 }
 

@@ -407,7 +407,10 @@ class StagedRedistribute final : public RedistributePolicy {
       op.group = DimSet{static_cast<std::uint32_t>(part.roots.coord[0])};
       op.root = part.root;
       op.params = part.params;
+      // The owner's replica: after the scatters; the others: after their own momentum (the
+      // input deps), whose update the broadcast overwrites.
       for (int p : part.params) op.deps.insert(op.deps.end(), after[p].begin(), after[p].end());
+      op.deps.insert(op.deps.end(), deps.begin(), deps.end());
       op.label = "broadcast " + stage_label(b, part.params);
       done.push_back(b.emit(std::move(op)));
     }
@@ -550,7 +553,9 @@ class AllToAllRedistribute final : public RedistributePolicy {
       op.group = layout.replicate_dims();
       op.root = b.mesh().group_index(owner, layout.replicate_dims());
       op.params = ps;
-      op.deps = last;
+      op.deps = last;  // as in StagedRedistribute: receivers after their own momentum too
+      for (int d : deps)
+        if (std::find(op.deps.begin(), op.deps.end(), d) == op.deps.end()) op.deps.push_back(d);
       op.label = "broadcast " + param_label(b, params);
       last = {b.emit(std::move(op))};
     }
@@ -768,6 +773,7 @@ class Scheduler {
   // Runs the pipeline over `units` (grouped into lanes by lane_key, in first-seen order).
   // Returns the op ids after which every update of these units is in place.
   std::vector<int> run(const std::vector<Unit>& units, const std::vector<int>& start_deps) {
+    start_deps_ = start_deps;
     classify_ranks(units);
     std::vector<std::vector<int>> lanes_order;
     std::map<std::vector<int>, std::vector<const Unit*>> lanes;
@@ -910,9 +916,14 @@ class Scheduler {
     return {b_.emit(std::move(op))};
   }
 
+  // Redistribution also waits for what the step started after (the momentum op): a replica that
+  // receives the result by broadcast gathered nothing, so nothing else orders its momentum (which
+  // wrote the update where the result lands) before the broadcast writes there.
   std::vector<int> finish_unit(const InFlight& f, const std::vector<int>& ns_ids) {
     const int scatter_stream = scatter_streams_[lane_stream_.at(f.unit->lane_key)];
-    auto done = c_.redistribute->emit(b_, f.unit->params, scatter_stream, ns_ids);
+    std::vector<int> deps = ns_ids;
+    deps.insert(deps.end(), start_deps_.begin(), start_deps_.end());
+    auto done = c_.redistribute->emit(b_, f.unit->params, scatter_stream, deps);
     Op release;
     release.kind = OpKind::release;
     release.stream = scatter_stream;
@@ -990,6 +1001,7 @@ class Scheduler {
     return classes_of_box_.at(it - boxes_.begin());
   }
 
+  std::vector<int> start_deps_;  // what run() started after (the momentum op)
   PlanBuilder& b_;
   const Composition& c_;
   int ns_steps_;

@@ -13,6 +13,9 @@
 #if MUONBED_HAVE_SIMGRID
 #include "sim/simulate.hpp"
 #endif
+#if MUONBED_HAVE_MPI
+#include "backends/mpi/mpi_backend.hpp"
+#endif
 
 namespace muonbed::cli {
 
@@ -28,6 +31,9 @@ void register_compiled_backends() {
 #if MUONBED_HAVE_SIMGRID
   register_sim_backend();
 #endif
+#if MUONBED_HAVE_MPI
+  register_mpi_backend();
+#endif
 }
 
 void require_backend(const std::string& backend, const std::string& file) {
@@ -40,10 +46,14 @@ void require_backend(const std::string& backend, const std::string& file) {
         "install libsimgrid-dev (bash scripts/install-deps) and rebuild, or run the analytic "
         "model: muonbed run " +
             file + " --backend analytic");
-  if (backend == "mpi" || backend == "nccl")
+  if (backend == "mpi")
+    throw ConfigError(where, what + "it was built without MPI, so the 'mpi' backend is off",
+                      "install libopenmpi-dev and openmpi-bin (bash scripts/install-deps) and "
+                      "rebuild, or run the simulator and the analytic model: muonbed run " +
+                          file + " --backend sim --backend analytic");
+  if (backend == "nccl")
     throw ConfigError(where,
-                      what + "it has no " + (backend == "mpi" ? "Open MPI" : "NCCL") +
-                          " executor (the real executors of backends/ are the next milestone)",
+                      what + "it has no NCCL executor yet (the GPU executor is the next milestone)",
                       "run the simulator and the analytic model for now: muonbed run " + file +
                           " --backend sim --backend analytic");
   throw ConfigError(

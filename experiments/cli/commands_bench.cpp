@@ -1,12 +1,25 @@
 // `muonbed bench ns`: the Newton-Schulz benchmark of kernels/bench.hpp. Each kernel is validated
 // against the CPU reference before it is timed; prints time, TFLOP/s and the fraction of a large
 // GEMM's rate. Without a GPU it runs (and says it runs) the CPU fp32 path.
+// `muonbed bench collective`: nccl-tests' table for one collective on any registered backend
+// (core/collective_bench.hpp): predicted by the analytic model or the simulator on a cluster
+// profile, measured by the real executors when they register.
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include <yaml-cpp/yaml.h>
+
+#include "core/cluster.hpp"
+#include "core/collective_bench.hpp"
+#include "core/cost_model.hpp"
 #include "core/errors.hpp"
+#include "core/results.hpp"
+#include "core/run_point.hpp"
+#include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"
 #include "kernels/bench.hpp"
 #include "kernels/gpu.hpp"
@@ -14,6 +27,181 @@
 namespace muonbed::cli {
 
 namespace {
+
+struct BenchCollectiveOptions {
+  std::string backend;
+  std::string cluster = "dgx-h100";
+  std::string op = "all_gather";
+  int gpus = 8;
+  std::string mesh;   // "dp=2,tp=8"
+  std::string group;  // "tp" or "dp,tp"
+  std::string sizes = "1K:1G";
+  int root = 0;
+  std::string dtype = "float";
+  int warmup = 5;
+  int iterations = 20;
+  std::string fidelity = "auto";
+  std::string json_path;
+};
+
+ConfigError cli_error(const std::string& what, const std::string& fix) {
+  return ConfigError(SourceLocation{"bench collective", 0, 0}, what, fix);
+}
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream in(text);
+  while (std::getline(in, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// "--mesh dp=2,tp=8 --group tp", or "--gpus N" (one dim "g", the group).
+void build_mesh(const BenchCollectiveOptions& o, const ClusterSpec& cluster,
+                CollectiveBenchSpec& spec) {
+  const int gpn = std::max(1, cluster.gpus_per_node);
+  if (o.mesh.empty()) {
+    if (o.gpus < 2)
+      throw cli_error("--gpus " + std::to_string(o.gpus) + " is too few for a collective",
+                      "use --gpus 2 or more");
+    spec.mesh = DeviceMesh({{"g", o.gpus, DimRole::replicate}}, gpn);
+    spec.group = DimSet::of({0});
+    if (!o.group.empty() && o.group != "g")
+      throw cli_error("--group " + o.group + " names no dim of the mesh 'g'",
+                      "give --mesh NAME=SIZE,... with --group, or drop --group");
+    return;
+  }
+  std::vector<MeshDim> dims;
+  for (const std::string& item : split(o.mesh, ',')) {
+    const std::size_t eq = item.find('=');
+    int size = 0;
+    try {
+      size = eq == std::string::npos ? 0 : std::stoi(item.substr(eq + 1));
+    } catch (const std::exception&) {
+      size = 0;
+    }
+    if (eq == std::string::npos || eq == 0 || size < 1)
+      throw cli_error("bad mesh dim '" + item + "' in --mesh " + o.mesh,
+                      "write NAME=SIZE pairs, outermost first, e.g. --mesh dp=2,tp=8");
+    dims.push_back({item.substr(0, eq), size, DimRole::replicate});
+  }
+  spec.mesh = DeviceMesh(dims, gpn);
+  const std::vector<std::string> names = split(o.group, ',');
+  if (names.empty())
+    throw cli_error("--mesh needs --group: the dims the collective spans",
+                    "e.g. --mesh dp=2,tp=8 --group tp");
+  DimSet group;
+  for (const std::string& name : names) {
+    const int d = spec.mesh.find(name);
+    if (d < 0)
+      throw cli_error("--group " + name + " is not a dim of --mesh " + o.mesh,
+                      "name dims of the mesh, e.g. --group " + dims.back().name);
+    group = group.with(d);
+  }
+  spec.group = group;
+}
+
+int run_bench_collective(const BenchCollectiveOptions& o) {
+  std::string backend = o.backend;
+  if (backend.empty()) backend = find_backend("sim") ? "sim" : "analytic";
+  if (find_backend(backend) == nullptr)
+    throw cli_error("backend '" + backend + "' is not built into this muonbed (this build has " +
+                        backends_summary() + ")",
+                    "use --backend sim or --backend analytic; a real executor (mpi, nccl) "
+                    "appears here once it is built and registers itself");
+  Experiment e;
+  e.name = "bench_collective";
+  e.cluster = load_cluster_file(find_cluster_file(o.cluster, ""));
+  e.backends = {backend};
+  e.sim_fidelity = o.fidelity;
+  CollectiveBenchSpec spec;
+  spec.op = o.op;
+  spec.root = o.root;
+  if (o.dtype == "float" || o.dtype == "fp32")
+    spec.dtype = DType::fp32;
+  else if (o.dtype == "bfloat16" || o.dtype == "bf16")
+    spec.dtype = DType::bf16;
+  else
+    throw cli_error("unknown --dtype " + o.dtype, "use float or bfloat16");
+  build_mesh(o, e.cluster, spec);
+  e.mesh = spec.mesh;
+  const int world = spec.mesh.world_size();
+  const int gpn = std::max(1, e.cluster.gpus_per_node);
+  if (e.cluster.nodes > 0 && world > e.cluster.nodes * gpn)
+    throw cli_error(std::to_string(world) + " GPUs do not fit cluster '" + e.cluster.name + "' (" +
+                        std::to_string(e.cluster.nodes) + " nodes x " + std::to_string(gpn) + ")",
+                    "use fewer GPUs or a cluster with more nodes");
+  const std::vector<std::int64_t> sizes = parse_size_range(o.sizes);
+  {
+    YAML::Emitter out;
+    out << YAML::BeginMap << YAML::Key << "bench" << YAML::Value << "collective";
+    out << YAML::Key << "op" << YAML::Value << o.op << YAML::Key << "mesh" << YAML::Value
+        << spec.mesh.describe() << YAML::Key << "sizes" << YAML::Value << o.sizes;
+    out << YAML::Key << "cluster" << YAML::Value << e.cluster.name << YAML::EndMap;
+    e.resolved_yaml = std::string(out.c_str()) + "\n";
+  }
+  RunSettings settings;
+  settings.trace_max_ranks = 0;
+  settings.warmup = o.warmup;
+  settings.iterations = o.iterations;
+
+  const int n = spec.mesh.group_size(spec.group);
+  const int instances = world / n;
+  const int nodes = (world + gpn - 1) / gpn;
+  const OpKind kind = o.op == "sendrecv" ? OpKind::send : op_kind_from_string(o.op);
+  std::ostringstream factor;
+  factor.precision(4);
+  factor << bus_factor(kind, n);
+  std::cout << "# muonbed bench collective: " << o.op << " on backend " << backend << " ("
+            << find_backend(backend)->description << "), cluster " << e.cluster.name << "\n"
+            << "# " << world << " GPUs on " << nodes << (nodes == 1 ? " node" : " nodes") << " ("
+            << gpn << " per node); " << instances << (instances == 1 ? " group" : " groups")
+            << " of " << n << " (mesh " << spec.mesh.describe() << ")\n"
+            << "# busbw = algbw x " << factor.str() << " (nccl-tests' bus factor for " << o.op
+            << " on " << n << " ranks); algbw = size / time\n";
+  const bool predicting = backend == "analytic" || backend == "sim";
+  if (predicting)
+    std::cout << "# " << backend
+              << " predicts one deterministic iteration per size (warmup and iterations are for "
+                 "real backends); #wrong N/A: no data is computed\n";
+  else
+    std::cout << "# warmup iters: " << o.warmup << " iters: " << o.iterations << "\n";
+  std::cout << "#\n" << collective_bench_header();
+  std::vector<CollectiveBenchRow> rows;
+  double busbw_sum = 0;
+  for (std::int64_t size : sizes) {
+    rows.push_back(run_collective_bench(spec, e, size, backend, settings));
+    busbw_sum += rows.back().busbw_GBps;
+    std::cout << collective_bench_line(rows.back()) << std::endl;
+  }
+  std::ostringstream avg;
+  avg.setf(std::ios::fixed);
+  avg.precision(3);
+  avg << (rows.empty() ? 0.0 : busbw_sum / static_cast<double>(rows.size()));
+  std::cout << "# Avg bus bandwidth    : " << avg.str() << "\n#\n";
+  if (!o.json_path.empty()) {
+    nlohmann::ordered_json doc;
+    doc["bench"] = "collective";
+    doc["op"] = o.op;
+    doc["backend"] = backend;
+    doc["cluster"] = e.cluster.name;
+    doc["mesh"] = spec.mesh.describe();
+    doc["warmup"] = o.warmup;
+    doc["iterations"] = o.iterations;
+    const Provenance p = make_provenance(nullptr, "");
+    doc["muonbed_version"] = p.muonbed_version;
+    doc["git_hash"] = p.git_hash;
+    doc["host_name"] = p.host_name;
+    doc["timestamp"] = utc_timestamp();
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const CollectiveBenchRow& r : rows) list.push_back(collective_bench_json(r));
+    doc["rows"] = list;
+    write_file_atomically(o.json_path, doc.dump(1) + "\n");
+    std::cout << "# wrote " << o.json_path << "\n";
+  }
+  return 0;
+}
 
 struct BenchNsOptions {
   NsBenchOptions bench;
@@ -66,10 +254,12 @@ int run_bench_ns(BenchNsOptions& o) {
 }  // namespace
 
 void add_bench_command(CLI::App& app, int& exit_code) {
-  CLI::App* bench = app.add_subcommand("bench", "Microbenchmarks (validated before timed)");
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Microbenchmarks: Newton-Schulz kernels, collectives (nccl-tests' table)");
   bench->require_subcommand(1);
-  bench->footer(R"(Example:
-  muonbed bench ns --device cpu)");
+  bench->footer(R"(Examples:
+  muonbed bench ns --device cpu
+  muonbed bench collective --backend sim --cluster dgx-h100 --op all_gather --gpus 8)");
   auto options = std::make_shared<BenchNsOptions>();
   NsBenchOptions& b = options->bench;
   CLI::App* ns = bench->add_subcommand(
@@ -103,6 +293,43 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   muonbed bench ns --device gpu --json ns.json        fails (exit 2) without a usable GPU
 Exit code 1 means a kernel disagreed with the CPU reference (it is reported, never timed).)");
   ns->callback([options, &exit_code] { exit_code = run_bench_ns(*options); });
+
+  auto c = std::make_shared<BenchCollectiveOptions>();
+  CLI::App* coll = bench->add_subcommand(
+      "collective",
+      "nccl-tests' table (size, count, type, time, algbw, busbw) for one collective on a backend");
+  coll->add_option(
+      "--backend", c->backend,
+      "sim (default when built), analytic, or a real backend (" + backends_summary() + ")");
+  coll->add_option("--cluster", c->cluster, "cluster profile (sim, analytic): name or YAML path")
+      ->capture_default_str();
+  coll->add_option("--op", c->op, "the collective")
+      ->check(CLI::IsMember(collective_bench_ops()))
+      ->capture_default_str();
+  coll->add_option("--gpus", c->gpus, "ranks, all in one group (rank r on GPU r of the cluster)")
+      ->capture_default_str();
+  coll->add_option("--mesh", c->mesh, "a mesh instead: NAME=SIZE,... outermost first");
+  coll->add_option("--group", c->group, "with --mesh: the dim(s) the collective spans (1 or 2)");
+  coll->add_option("--sizes", c->sizes, "MIN:MAX[:FACTOR] (nccl-tests' -b -e -f) or one size")
+      ->capture_default_str();
+  coll->add_option("--root", c->root, "broadcast, gather, scatter: group-local root")
+      ->capture_default_str();
+  coll->add_option("--dtype", c->dtype, "float or bfloat16")->capture_default_str();
+  coll->add_option("--warmup", c->warmup, "real backends: untimed iterations (nccl-tests' -w)")
+      ->capture_default_str();
+  coll->add_option("--iters", c->iterations, "real backends: timed iterations (nccl-tests' -n)")
+      ->capture_default_str();
+  coll->add_option("--fidelity", c->fidelity, "sim: step, flow or auto")
+      ->check(CLI::IsMember({"step", "flow", "auto"}))
+      ->capture_default_str();
+  coll->add_option("--json", c->json_path, "also write one JSON row per size to this file");
+  coll->footer(R"(Examples:
+  muonbed bench collective --backend sim --cluster dgx-h100 --op all_gather --gpus 8 --sizes 1K:1G
+  muonbed bench collective --backend analytic --op all_reduce --gpus 32 --sizes 1M:8G:8
+  muonbed bench collective --op all_to_all --mesh dp=2,tp=8 --group tp --sizes 64M --json a2a.json
+size is nccl-tests' S (all_gather: the gathered buffer; all_to_all: one rank's send buffer);
+busbw = algbw x the bus factor of core/cost_model.hpp, so the columns compare with nccl-tests.)");
+  coll->callback([c, &exit_code] { exit_code = run_bench_collective(*c); });
 }
 
 }  // namespace muonbed::cli

@@ -33,6 +33,10 @@
 #include "experiments/cli/format.hpp"
 #include "muonbed/config.hpp"
 
+#if MUONBED_HAVE_MPI
+#include "backends/mpi/mpi_backend.hpp"
+#endif
+
 namespace muonbed::cli {
 
 namespace {
@@ -56,13 +60,16 @@ double seconds_since(Clock::time_point start) {
 }
 
 // The resolved configuration without the keys that do not change this backend's result (which
-// backends run, where files go, the simulator's settings for other backends), so adding a backend
-// or moving the output keeps finished points.
+// backends run, where files go, the simulator's settings for other backends, the measured
+// backends' warm-up and timed steps and data seed for the deterministic ones), so adding a
+// backend or moving the output keeps finished points.
 std::string result_identity(const std::string& resolved_yaml, const std::string& backend) {
   YAML::Node root = YAML::Load(resolved_yaml);
   root.remove("backend");
   root.remove("output");
   if (backend != "sim") root.remove("sim");
+  if (backend == "analytic" || backend == "sim")
+    for (const char* key : {"steps", "repeats", "seed"}) root.remove(key);
   YAML::Emitter out;
   out << root;
   return out.c_str();
@@ -256,7 +263,7 @@ void write_manifests(const std::vector<Experiment>& points) {
            {"experiment_file", point.file},
            {"results", nlohmann::json::array()},
            {"traces", nlohmann::json::array()}};
-    for (const char* backend : {"analytic", "sim"}) {
+    for (const char* backend : {"analytic", "sim", "mpi", "nccl"}) {
       const fs::path path = result_path(point, backend);
       std::error_code ec;
       if (!fs::exists(path, ec)) continue;
@@ -312,6 +319,13 @@ void make_plots(const std::vector<std::string>& output_dirs) {
 }
 
 int run_command(RunOptions& o) {
+#if MUONBED_HAVE_MPI
+  // Started under mpirun or srun: ranks other than 0 serve rank 0's mpi points and end here.
+  if (const int code = mpi_command_begin(); code >= 0) return code;
+  struct EndMpi {
+    ~EndMpi() { mpi_command_end(); }
+  } end_mpi;
+#endif
   std::vector<Experiment> all = load_experiment(o.file);
   for (Experiment& point : all) apply_overrides(point, o);
   std::vector<Experiment> points;
@@ -435,7 +449,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
                   "simulator fidelity instead of the file's sim.fidelity")
       ->check(CLI::IsMember({"step", "flow", "auto"}));
   cmd->add_option("--trace-ranks", options->trace_ranks,
-                  "ranks in the simulator's Chrome trace (0: no trace)")
+                  "ranks in the Chrome trace of the sim and mpi backends (0: no trace)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_flag("--force", options->force, "rerun points that already have results");
   cmd->add_flag("--no-plots", options->no_plots, "do not call analysis/plot.py");
@@ -443,6 +457,9 @@ void add_run_command(CLI::App& app, int& exit_code) {
   muonbed run experiments/quickstart.yaml            simulate every strategy on one DGX H100 node
   muonbed run experiments/scaling.yaml --point mesh.dp_shard=128   one point of a sweep
   muonbed run experiments/quickstart.yaml --backend analytic --output results/qs-analytic
+  muonbed run experiments/mpi_quickstart.yaml        measure real steps, one MPI process per rank
+  mpirun -np 2 muonbed run experiments/mpi_quickstart.yaml   the same in a world you started
+                                                     (or srun -n 2 ...: every rank runs muonbed)
 Results: <output>/<point>/<backend>.json (schema in core/results.hpp) and <backend>.trace.json
 (Chrome/Perfetto trace of the worst step: open in ui.perfetto.dev). Rerunning skips finished
 points; a killed sweep resumes where it stopped.)");

@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
     muonbed::cli::add_presets_command(app, exit_code);
     muonbed::cli::add_run_command(app, exit_code);
     muonbed::cli::add_bench_command(app, exit_code);
+    muonbed::cli::add_mpi_worker_command(app, exit_code);
     // An unknown first word would otherwise read "A subcommand is required".
     const std::vector<CLI::App*> commands = app.get_subcommands({});
     const bool known_command =

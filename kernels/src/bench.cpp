@@ -108,10 +108,21 @@ void write_json(const std::string& path, nlohmann::json header, const std::vecto
                 const std::vector<Validation>& checks, double yardstick_tflops) {
   nlohmann::json records = nlohmann::json::array();
   for (const Row& r : rows) {
-    nlohmann::json j = {{"batch", r.shape.batch}, {"rows", r.shape.rows}, {"cols", r.shape.cols},
-                        {"group", r.group},       {"flops", r.flops},     {"skipped", r.note}};
+    // Each row names what it measured, as `muonbed bench collective --json` rows do.
+    nlohmann::json j = {
+        {"bench", "ns"},
+        {"device", header.value("device", "")},
+        {"kernel_version",
+         header.contains("kernel_version") ? header["kernel_version"] : nlohmann::json(nullptr)},
+        {"batch", r.shape.batch},
+        {"rows", r.shape.rows},
+        {"cols", r.shape.cols},
+        {"group", r.group},
+        {"flops", r.flops},
+        {"skipped", r.note}};
     if (r.note.empty()) {
       const double tflops = r.flops / (r.timing.median_ms * 1e-3) / 1e12;
+      j["time_us"] = r.timing.median_ms * 1e3;
       j["median_ms"] = r.timing.median_ms;
       j["p95_ms"] = r.timing.p95_ms;
       j["max_ms"] = r.timing.max_ms;

@@ -15,6 +15,7 @@ PointRun run_sim(const Experiment& experiment, const StepPlan& plan, const RunSe
   PointRun run;
   run.record = std::move(result.record);
   run.record.provenance = make_provenance(&experiment, simgrid_version());
+  run.record.notes.push_back(kDeterministicNote);
   run.trace = std::move(result.trace);
   run.cost.what = "simulation";
   run.cost.wall_s = result.stats.wall_s;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/cost_model.hpp"
 #include "core/errors.hpp"
 
 namespace muonbed::sim {
@@ -22,6 +23,7 @@ constexpr std::uint64_t kMaxA =
 constexpr std::uint64_t kMaxB = (std::uint64_t{1} << kBitsB) - 1;
 constexpr std::uint64_t kMaxC = (std::uint64_t{1} << kBitsC) - 1;
 constexpr std::uint64_t kDelayTag = ~std::uint64_t{0};
+constexpr std::uint64_t kLaunchTag = ~std::uint64_t{0} - 1;  // no pack() result has these top bits
 std::uint64_t pack(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
   if (a > kMaxA || b > kMaxB || c > kMaxC)
     throw Error("internal: collective tag fields out of range (channel " + std::to_string(a) +
@@ -65,6 +67,17 @@ double max_cyclic_window(const std::vector<double>& w, long length) {
 // partly. Their mean tracked the step model within 3% over tests/sim's matrix of collectives.
 double step_transfer_time(double uncontended, double from_flow) {
   return 0.5 * (uncontended + std::max(uncontended, from_flow));
+}
+
+// What a transfer of `bytes` costs on the wire: the link class it crosses (the NICs when it leaves
+// the node) moves the collective class's traffic at cluster.efficiency's share of its bandwidth,
+// so a transfer occupies its links for bytes / efficiency. Traffic is still counted in logical
+// bytes (CollectiveHost::account).
+double wire_bytes(const Topology& topo, int src, int dst, double bytes, CollectiveClass cls) {
+  const EfficiencySpec& e = topo.cluster().efficiency;
+  const double f =
+      topo.node_of(src) == topo.node_of(dst) ? e.intra_node.of(cls) : e.network.of(cls);
+  return f > 0 ? bytes / f : bytes;
 }
 
 // Largest path latency from a sample of members to the member `shift` places after them.
@@ -128,11 +141,12 @@ class Ring final : public CollectiveAlgorithm {
         const PathInfo path = host_.topology().path(src, dst);
         const std::size_t e = static_cast<std::size_t>(c) * n_ + i;
         const double bytes = edge_bytes(c, i);
+        const double wire = wire_bytes(host_.topology(), src, dst, bytes, CollectiveClass::ring);
         latency_[e] = path.latency_s;
-        uncontended_[e] = path.bandwidth_Bps > 0 ? bytes / steps_ / path.bandwidth_Bps : 0;
+        uncontended_[e] = path.bandwidth_Bps > 0 ? wire / steps_ / path.bandwidth_Bps : 0;
         ++outstanding_;
         host_.account(src, dst, bytes);
-        host_.transfer(src, dst, bytes, pack(c, i, 0));
+        host_.transfer(src, dst, wire, pack(c, i, 0));
       }
   }
 
@@ -202,7 +216,8 @@ class Ring final : public CollectiveAlgorithm {
     const int src = member(c, i), dst = member(c, (i + 1) % n_);
     const double bytes = chunk(c, i, t);
     host_.account(src, dst, bytes);
-    host_.transfer(src, dst, bytes, pack(c, i, t));
+    host_.transfer(src, dst, wire_bytes(host_.topology(), src, dst, bytes, CollectiveClass::ring),
+                   pack(c, i, t));
   }
 
   const CollectiveSpec& spec_;
@@ -277,7 +292,9 @@ class Broadcast final : public CollectiveAlgorithm {
     busy_[k] = 1;
     const int src = spec_.members[chains_[c][h]], dst = spec_.members[chains_[c][h + 1]];
     host_.account(src, dst, bytes_ / chunks_);
-    host_.transfer(src, dst, bytes_ / chunks_, pack(c, h, next_[k]));
+    host_.transfer(src, dst,
+                   wire_bytes(host_.topology(), src, dst, bytes_ / chunks_, CollectiveClass::ring),
+                   pack(c, h, next_[k]));
   }
 
   const CollectiveSpec& spec_;
@@ -295,6 +312,13 @@ class Broadcast final : public CollectiveAlgorithm {
 // ---- Pairwise exchange rounds: all_to_all and the dissemination barrier
 // ---------------------------
 
+// Round r of member i sends to member i + shift(r). All-to-all: a member keeps up to `window`
+// sends to peers on its node and `window` sends to other nodes in flight (kAllToAllPeersInFlight;
+// NCCL posts a grouped send/recv to every peer at once and runs them over its channels), each in
+// round order, posting the next one of a kind whenever one of that kind completes: NVLink and
+// NIC peers overlap instead of going in lockstep. A member is done when all its sends are (every
+// receive is some member's send). Barrier: each level waits for the member's message
+// of the level before (a window of one, gated on receiving too).
 class Rounds final : public CollectiveAlgorithm {
  public:
   Rounds(const CollectiveSpec& spec, CollectiveHost& host, const LoweringOptions& options)
@@ -314,6 +338,8 @@ class Rounds final : public CollectiveAlgorithm {
       for (int s = 1; s < n_; ++s) shifts.push_back(s);
     }
     const int logical = static_cast<int>(shifts.size());
+    const int window = barrier_ ? 1 : std::max(1, options.a2a_window);
+    window_ = window;
     if (options.step_fidelity) {
       for (int s : shifts) groups_.push_back({s, s, s});
     } else if (barrier_) {
@@ -322,13 +348,22 @@ class Rounds final : public CollectiveAlgorithm {
       return;
     } else {
       // Contiguous ranges of shifts; a merged round carries the range's bytes of each member
-      // to its heaviest peer in the range, plus the latencies of the rounds it stands for.
-      const int rounds = std::max(1, std::min(logical, options.a2a_rounds));
+      // to its heaviest peer in the range. The window shrinks with the merge so that the same
+      // share of the exchange is in flight; the latency rounds the merge skips are added.
+      const int rounds = all_to_all_rounds(n_, options);
+      double latency = 0;
       for (int r = 0; r < rounds; ++r) {
         const int lo = shifts[static_cast<std::size_t>(r) * logical / rounds];
         const int hi = shifts[static_cast<std::size_t>(r + 1) * logical / rounds - 1];
         groups_.push_back({lo, lo, hi});
-        for (int s = lo + 1; s <= hi; ++s) tail_ += shift_latency(spec.members, s, host.topology());
+      }
+      if (rounds < logical) {
+        for (int s : shifts) latency += shift_latency(spec.members, s, host.topology());
+        window_ = std::max(
+            1, static_cast<int>(std::lround(static_cast<double>(window) * rounds / logical)));
+        const long exact = (logical + window - 1) / window;
+        const long merged = (rounds + window_ - 1) / window_;
+        tail_ = std::max(0L, exact - merged) * latency / logical;
       }
     }
   }
@@ -339,24 +374,37 @@ class Rounds final : public CollectiveAlgorithm {
       return host_.finished();
     }
     const std::size_t r = groups_.size();
-    round_.assign(n_, 0);
-    sent_.assign(n_, 0);
-    // With per-member targets a member may expect zero or several messages in a merged round.
-    awaited_.assign(static_cast<std::size_t>(n_) * r, 0);
-    for (std::size_t k = 0; k < r; ++k)
-      for (int i = 0; i < n_; ++i) {
-        const int j = (i + target_shift(i, groups_[k])) % n_;
-        ++awaited_[static_cast<std::size_t>(j) * r + k];
-      }
-    for (int i = 0; i < n_; ++i) begin_round(i);
+    lo_.assign(n_, 0);
+    next_.assign(n_, 0);
+    inflight_.assign(n_, 0);
+    if (!barrier_) {
+      next_cross_.assign(n_, 0);
+      inflight_cross_.assign(n_, 0);
+    }
+    if (barrier_) {
+      sent_.assign(static_cast<std::size_t>(n_) * r, 0);
+      awaited_.assign(static_cast<std::size_t>(n_) * r, 0);
+      for (std::size_t k = 0; k < r; ++k)
+        for (int i = 0; i < n_; ++i) {
+          const int j = (i + target_shift(i, groups_[k])) % n_;
+          ++awaited_[static_cast<std::size_t>(j) * r + k];
+        }
+    }
+    for (int i = 0; i < n_; ++i) advance(i);
   }
 
   void done(std::uint64_t tag) override {
     if (tag == kDelayTag) return host_.finished();
     const int i = field_b(tag), r = field_c(tag);
+    if (!barrier_) {
+      --(crosses(i, r) ? inflight_cross_ : inflight_)[i];
+      return advance(i);
+    }
+    --inflight_[i];
+    const std::size_t rounds = groups_.size();
     const int j = (i + target_shift(i, groups_[r])) % n_;
-    sent_[i] = 1;
-    --awaited_[static_cast<std::size_t>(j) * groups_.size() + r];
+    sent_[static_cast<std::size_t>(i) * rounds + r] = 1;
+    --awaited_[static_cast<std::size_t>(j) * rounds + r];
     advance(i);
     if (j != i) advance(j);
   }
@@ -390,29 +438,52 @@ class Rounds final : public CollectiveAlgorithm {
     for (int s = g.lo; s <= g.hi; ++s) b += spec_.a2a[i][(i + s) % n_];
     return b;
   }
-  void begin_round(int i) {
-    const int r = round_[i];
-    if (r == static_cast<int>(groups_.size())) {
-      if (++members_done_ == n_) {
-        if (tail_ > 0) return host_.delay(tail_, kDelayTag);
-        host_.finished();
-      }
-      return;
-    }
-    sent_[i] = 0;
+  void post(int i, int r) {
     const Group& g = groups_[r];
     if (!barrier_)  // the logical messages of the rounds this one stands for
       for (int s = g.lo; s <= g.hi; ++s)
         host_.account(spec_.members[i], spec_.members[(i + s) % n_], spec_.a2a[i][(i + s) % n_]);
-    host_.transfer(spec_.members[i], spec_.members[(i + target_shift(i, g)) % n_], bytes(i, g),
+    const int src = spec_.members[i], dst = spec_.members[(i + target_shift(i, g)) % n_];
+    if (barrier_) ++inflight_[i];
+    host_.transfer(src, dst,
+                   wire_bytes(host_.topology(), src, dst, bytes(i, g), CollectiveClass::all_to_all),
                    pack(0, i, r));
   }
+  // Whether member i's round r goes to another node.
+  bool crosses(int i, int r) const {
+    const Topology& t = host_.topology();
+    return t.node_of(spec_.members[i]) !=
+           t.node_of(spec_.members[(i + target_shift(i, groups_[r])) % n_]);
+  }
+
+  // Posts member i's next rounds while the window allows; the barrier first retires the levels
+  // whose send and receive are both done.
   void advance(int i) {
-    const int r = round_[i];
-    if (r < static_cast<int>(groups_.size()) && sent_[i] &&
-        awaited_[static_cast<std::size_t>(i) * groups_.size() + r] == 0) {
-      ++round_[i];
-      begin_round(i);
+    const int rounds = static_cast<int>(groups_.size());
+    int& lo = lo_[i];
+    const bool was_done = lo == rounds;
+    if (barrier_) {
+      const std::size_t base = static_cast<std::size_t>(i) * rounds;
+      while (lo < rounds && lo < next_[i] && sent_[base + lo] && awaited_[base + lo] == 0) ++lo;
+      while (next_[i] < rounds && next_[i] < lo + window_) post(i, next_[i]++);
+    } else {
+      for (const bool cross : {true, false}) {
+        int& next = (cross ? next_cross_ : next_)[i];
+        int& inflight = (cross ? inflight_cross_ : inflight_)[i];
+        while (true) {
+          while (next < rounds && crosses(i, next) != cross) ++next;
+          if (next == rounds || inflight >= window_) break;
+          ++inflight;
+          post(i, next++);
+        }
+      }
+      if (next_[i] == rounds && next_cross_[i] == rounds && inflight_[i] == 0 &&
+          inflight_cross_[i] == 0)
+        lo = rounds;
+    }
+    if (!was_done && lo == rounds && ++members_done_ == n_) {
+      if (tail_ > 0) return host_.delay(tail_, kDelayTag);
+      host_.finished();
     }
   }
 
@@ -420,12 +491,95 @@ class Rounds final : public CollectiveAlgorithm {
   CollectiveHost& host_;
   int n_ = 0;
   bool barrier_ = false;
+  int window_ = 1;
   double tail_ = 0;
   int members_done_ = 0;
   std::vector<Group> groups_;
-  std::vector<int> round_;
-  std::vector<char> sent_;
-  std::vector<int> awaited_;  // per member and round: messages not yet received
+  std::vector<int> lo_, next_;  // per member: oldest incomplete round (rounds = done), next to post
+  std::vector<int> inflight_;   // per member: sends in flight (all_to_all: inside the node)
+  std::vector<int> next_cross_, inflight_cross_;  // all_to_all: the same for other nodes
+  std::vector<char> sent_;                        // barrier, per member and level: its send is done
+  std::vector<int> awaited_;  // barrier, per member and level: messages not yet received
+};
+
+// ---- NVLS all-reduce: NVLink SHARP inside nodes, NVLS tree across them ----------------------
+
+// The NVSwitch reduces, so each GPU moves S (g+1)/g over its NVLink per direction (its share of
+// every block up for reduction, the reduced blocks back by multicast): a flow of that size to its
+// neighbour on the node loads every GPU's links in both directions exactly so. Across N nodes
+// (NVLS tree) the node results are combined rail by rail: each GPU moves 2(N-1)/N S/g over its
+// NIC, a flow to its rail peer on the next node. All flows run at once (NCCL pipelines the
+// phases); the fixed latencies come after: the NVLS latency and, across nodes, the remaining
+// 2(N-1)-1 inter-node steps (the flows paid one each). Both fidelities lower it this way.
+class Nvls final : public CollectiveAlgorithm {
+ public:
+  Nvls(const CollectiveSpec& spec, CollectiveHost& host, const NvlsParams& params)
+      : spec_(spec), host_(host), params_(params) {}
+
+  void start() override {
+    const Topology& topo = host_.topology();
+    const EfficiencySpec& eff = topo.cluster().efficiency;
+    std::vector<std::vector<int>> nodes;  // members are ascending: a node's members are a run
+    for (int r : spec_.members) {
+      if (nodes.empty() || topo.node_of(r) != topo.node_of(nodes.back().front()))
+        nodes.emplace_back();
+      nodes.back().push_back(r);
+    }
+    const double S = spec_.pieces.at(0);
+    const int big_n = static_cast<int>(nodes.size());
+    const double g = static_cast<double>(nodes.front().size());
+    const double intra = S * (g + 1) / g;
+    const double net = big_n > 1 ? 2.0 * (big_n - 1) / big_n * S / g : 0.0;
+    std::uint64_t k = 0;
+    for (int j = 0; j < big_n; ++j) {
+      const std::vector<int>& local = nodes[j];
+      for (std::size_t i = 0; i < local.size(); ++i) {
+        const int src = local[i], dst = local[(i + 1) % local.size()];
+        host_.account(src, dst, intra);
+        ++outstanding_;
+        host_.transfer(src, dst, intra / std::max(1e-12, eff.intra_node.nvls), pack(0, 0, k++));
+        if (big_n > 1) {
+          const int peer = nodes[(j + 1) % big_n][i];
+          host_.account(src, peer, net);
+          ++outstanding_;
+          host_.transfer(src, peer, net / std::max(1e-12, eff.network.nvls), pack(0, 0, k++));
+        }
+      }
+    }
+    tail_ = params_.latency_s + (big_n > 1 ? (2.0 * (big_n - 1) - 1) * params_.step_latency_s : 0);
+  }
+
+  void done(std::uint64_t tag) override {
+    if (tag == kDelayTag) return host_.finished();
+    if (--outstanding_ > 0) return;
+    if (tail_ > 0) return host_.delay(tail_, kDelayTag);
+    host_.finished();
+  }
+
+ private:
+  const CollectiveSpec& spec_;
+  CollectiveHost& host_;
+  NvlsParams params_;
+  long outstanding_ = 0;
+  double tail_ = 0;
+};
+
+// ---- The per-call launch overhead, before any algorithm ---------------------------------------
+
+class Launched final : public CollectiveAlgorithm {
+ public:
+  Launched(std::unique_ptr<CollectiveAlgorithm> inner, CollectiveHost& host, double seconds)
+      : inner_(std::move(inner)), host_(host), seconds_(seconds) {}
+  void start() override { host_.delay(seconds_, kLaunchTag); }
+  void done(std::uint64_t tag) override {
+    if (tag == kLaunchTag) return inner_->start();
+    inner_->done(tag);
+  }
+
+ private:
+  std::unique_ptr<CollectiveAlgorithm> inner_;
+  CollectiveHost& host_;
+  double seconds_;
 };
 
 // ---- Rooted: gather, scatter, send/recv ---------------------------------------------------------
@@ -478,8 +632,11 @@ class Rooted final : public CollectiveAlgorithm {
     outstanding_ = static_cast<long>(parts.size());
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const bool send_from_root = !to_root;
-      host_.transfer(send_from_root ? root_rank : parts[i].rank,
-                     send_from_root ? parts[i].rank : root_rank, parts[i].bytes, pack(0, 0, i));
+      const int src = send_from_root ? root_rank : parts[i].rank;
+      const int dst = send_from_root ? parts[i].rank : root_rank;
+      host_.transfer(src, dst,
+                     wire_bytes(host_.topology(), src, dst, parts[i].bytes, CollectiveClass::p2p),
+                     pack(0, 0, i));
     }
   }
 
@@ -495,6 +652,13 @@ class Rooted final : public CollectiveAlgorithm {
 };
 
 }  // namespace
+
+int all_to_all_rounds(int members, const LoweringOptions& options) {
+  const long logical = std::max(1, members - 1);
+  const long budget =
+      std::max<long>(options.a2a_rounds, options.a2a_transfers / std::max(1, members));
+  return static_cast<int>(std::max(1L, std::min(logical, budget)));
+}
 
 std::vector<std::vector<int>> ring_channels(const std::vector<int>& members,
                                             const Topology& topology) {
@@ -526,18 +690,23 @@ std::vector<std::vector<int>> ring_channels(const std::vector<int>& members,
   return rings;
 }
 
-std::unique_ptr<CollectiveAlgorithm> make_algorithm(const CollectiveSpec& spec,
-                                                    CollectiveHost& host,
-                                                    const LoweringOptions& options) {
-  const std::size_t n = spec.members.size();
-  const bool needs_pieces = spec.kind != OpKind::barrier && spec.kind != OpKind::all_to_all;
-  if (needs_pieces && spec.pieces.size() != n)
-    throw Error("internal: collective of " + std::to_string(n) + " members has " +
-                std::to_string(spec.pieces.size()) + " piece sizes");
+namespace {
+
+std::unique_ptr<CollectiveAlgorithm> lower(const CollectiveSpec& spec, CollectiveHost& host,
+                                           const LoweringOptions& options) {
   switch (spec.kind) {
+    case OpKind::all_reduce:
+      if (spec.members.size() >= 2 && host.topology().cluster().intra.nvls) {
+        const LinkParams link =
+            link_for_group(host.topology().cluster(), host.topology().gpus_per_node(), spec.members,
+                           OpKind::all_reduce);
+        const int n = static_cast<int>(spec.members.size());
+        if (all_reduce_algorithm(n, spec.pieces.at(0), link) != AllReduceAlgorithm::ring)
+          return std::make_unique<Nvls>(spec, host, link.nvls);
+      }
+      return std::make_unique<Ring>(spec, host, options);
     case OpKind::all_gather:
     case OpKind::reduce_scatter:
-    case OpKind::all_reduce:
       return std::make_unique<Ring>(spec, host, options);
     case OpKind::broadcast:
       return std::make_unique<Broadcast>(spec, host, options);
@@ -552,6 +721,22 @@ std::unique_ptr<CollectiveAlgorithm> make_algorithm(const CollectiveSpec& spec,
     default:
       throw Error("internal: '" + std::string(to_string(spec.kind)) + "' is not a collective");
   }
+}
+
+}  // namespace
+
+std::unique_ptr<CollectiveAlgorithm> make_algorithm(const CollectiveSpec& spec,
+                                                    CollectiveHost& host,
+                                                    const LoweringOptions& options) {
+  const std::size_t n = spec.members.size();
+  const bool needs_pieces = spec.kind != OpKind::barrier && spec.kind != OpKind::all_to_all;
+  if (needs_pieces && spec.pieces.size() != n)
+    throw Error("internal: collective of " + std::to_string(n) + " members has " +
+                std::to_string(spec.pieces.size()) + " piece sizes");
+  std::unique_ptr<CollectiveAlgorithm> algorithm = lower(spec, host, options);
+  const double launch = host.topology().cluster().launch_overhead.collective_us * 1e-6;
+  if (n >= 2 && launch > 0) return std::make_unique<Launched>(std::move(algorithm), host, launch);
+  return algorithm;
 }
 
 }  // namespace muonbed::sim

@@ -14,8 +14,13 @@
 //                                whole-piece steps would not (collectives.cpp: uneven_pieces).
 //   broadcast                    pipelined chain from the root along each channel's ring, data
 //                                split over channels, each channel's share cut into chunks.
-//   all_to_all                   pairwise exchange: round t, member i sends to i+t (mod n) and
-//                                moves on when its send and its receive of the round are done.
+//   all_reduce with NVLS          where the cluster has intra_node.nvls and core's tuner
+//                                (all_reduce_algorithm) picks it: flows sized as the NVSwitch
+//                                reduction loads each GPU's NVLink (and, NVLS tree, its NIC).
+//   all_to_all                   pairwise exchange: round t, member i sends to i+t (mod n); a
+//                                member keeps kAllToAllPeersInFlight rounds in flight, a round
+//                                being complete when its send and its receive are done (NVLink
+//                                and NIC peers overlap, as NCCL posts every peer at once).
 //   gather / scatter             direct transfers between the root and every member at once.
 //   send / recv                  one transfer from the root to the peer.
 //   barrier                      dissemination, a zero-byte message each way per level:
@@ -23,18 +28,22 @@
 // Fidelity step: each ring step / round / chunk is a transfer. Fidelity flow: a ring edge carries
 // all its steps as one flow and the other n-2 (2n-3) step latencies are added as a delay; a chain
 // hop carries all chunks at once, plus the pipeline fill (n+k-3) latencies and (n-2) chunk times;
-// all-to-all rounds are merged into at most `a2a_rounds` rounds (shifts grouped in contiguous
-// ranges; each member sends its range's bytes to its heaviest peer in the range, so skewed
-// exchanges keep their receivers' load; the skipped rounds' latencies added); cross-node senders
+// all-to-all rounds are merged into at most max(a2a_rounds, a2a_transfers / members) rounds
+// (shifts grouped in contiguous ranges; each member sends its range's bytes to its heaviest peer
+// in the range, so skewed exchanges keep their receivers' load; the window of rounds in flight
+// shrinks in proportion and the latency rounds the merge skips are added); cross-node senders
 // to a root are bundled into at most `rooted_bundles` flows (the root's link is the bottleneck
 // either way).
-// Zero-byte messages cost their path latency.
+// Zero-byte messages cost their path latency. Every transfer occupies its links for its bytes
+// over the link class's efficiency for the collective class (cluster.efficiency), and every
+// instance of two or more members starts with the cluster's per-call launch overhead.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "core/cost_model.hpp"
 #include "core/plan.hpp"
 #include "sim/src/platform.hpp"
 
@@ -54,9 +63,11 @@ struct CollectiveSpec {
 
 struct LoweringOptions {
   bool step_fidelity = true;
-  double broadcast_chunk_bytes = 512.0 * 1024;
-  int broadcast_max_chunks = 64;
-  int a2a_rounds = 64;  // as SimOptions::flow_all_to_all_rounds
+  double broadcast_chunk_bytes = kBroadcastChunkBytes;
+  int broadcast_max_chunks = kBroadcastMaxChunks;
+  int a2a_rounds = 64;                      // as SimOptions::flow_all_to_all_rounds ...
+  long a2a_transfers = 65536;               // ... and flow_all_to_all_transfers
+  int a2a_window = kAllToAllPeersInFlight;  // all-to-all rounds a member keeps in flight
   int rooted_bundles = 64;
 };
 
@@ -87,6 +98,9 @@ class CollectiveAlgorithm {
 std::unique_ptr<CollectiveAlgorithm> make_algorithm(const CollectiveSpec& spec,
                                                     CollectiveHost& host,
                                                     const LoweringOptions& options);
+
+// Flow fidelity: the rounds an all-to-all of `members` keeps (members - 1 when not merged).
+int all_to_all_rounds(int members, const LoweringOptions& options);
 
 // Ring orders: per channel, a permutation of member indices (see above). Exposed for tests.
 std::vector<std::vector<int>> ring_channels(const std::vector<int>& members,

@@ -128,25 +128,28 @@ SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
                : "one flow per ring edge and channel and per bundle of senders to a root (at "
                  "most " +
                      std::to_string(options.flow_rooted_bundles) + "), all-to-all in at most " +
-                     std::to_string(options.flow_all_to_all_rounds) +
-                     " merged rounds, skipped latencies added analytically, broadcast in chunks; "
+                     std::to_string(options.flow_all_to_all_rounds) + "-" +
+                     std::to_string(options.flow_all_to_all_transfers) +
+                     " / members merged rounds, skipped latencies added analytically, broadcast in "
+                     "chunks; "
                      "intra-node links shared by a per-node max-min model");
   record.notes.push_back(note.str());
   if (fidelity == "flow") {
-    int largest_merged = 0;
-    for (const CollectiveResult& c : record.collectives)
-      if (c.kind == "all_to_all" && c.group_size - 1 > options.flow_all_to_all_rounds)
-        largest_merged = std::max(largest_merged, c.group_size);
+    int largest_merged = 0, rounds = 0;
+    for (const CollectiveResult& c : record.collectives) {
+      if (c.kind != "all_to_all") continue;
+      const int kept = sim::all_to_all_rounds(c.group_size, replay.lowering);
+      if (kept < c.group_size - 1 && c.group_size > largest_merged) {
+        largest_merged = c.group_size;
+        rounds = kept;
+      }
+    }
     if (largest_merged > 0)
       record.notes.push_back(
           "warning: flow fidelity merged the pairwise rounds of all-to-all groups of up to " +
-          std::to_string(largest_merged) + " members into " +
-          std::to_string(options.flow_all_to_all_rounds) +
+          std::to_string(largest_merged) + " members into " + std::to_string(rounds) +
           "; merged rounds change how neighbouring rounds overlap as members drift apart "
-          "(measured -13% to +38% against step fidelity at 96-160 members for uniform "
-          "exchanges, +8% on the "
-          "all_to_all strategy's step at 256 GPUs, experiments/BENCHMARKS.md); fix: use "
-          "sim.fidelity: step for this plan");
+          "(experiments/BENCHMARKS.md); fix: use sim.fidelity: step for this plan");
   }
   result.trace = std::move(out.trace);
 

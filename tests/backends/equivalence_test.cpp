@@ -18,41 +18,20 @@
 #include "backends/loopback/loopback.hpp"
 #include "core/errors.hpp"
 #include "core/plan_json.hpp"
+#include "tests/common/equivalence_cases.hpp"
 #include "tests/common/strategy_matrix.hpp"
 
 using namespace muonbed;
+using testing::drop_op;
+using testing::kVariants;
+using testing::odd_model;
+using testing::settings_of;
+using testing::Variant;
 
 namespace {
 
 constexpr int kSteps = 3;
 constexpr std::uint64_t kSeed = 20260101;
-
-struct Variant {
-  std::string name;
-  DType comm = DType::bf16;
-  MomentumForm form = MomentumForm::lerp;
-  bool nesterov = true;
-  bool qk_clip = true;
-};
-
-const Variant kVariants[] = {
-    {"bf16 comm, lerp momentum, Nesterov, QK-clip", DType::bf16, MomentumForm::lerp, true, true},
-    {"fp32 comm, classic momentum, no Nesterov", DType::fp32, MomentumForm::classic, false, false},
-};
-
-PlanSettings settings_of(const Variant& v, const Model& model) {
-  PlanSettings s;
-  auto& o = s.optimizer;
-  o.comm_dtype = v.comm;
-  o.muon.lr = 0.02;  // large enough that every step moves every parameter visibly
-  o.muon.momentum_form = v.form;
-  o.muon.nesterov = v.nesterov;
-  o.adamw.lr = 0.01;
-  o.qk_clip.enabled = v.qk_clip;
-  o.qk_clip.tau = 50.0;  // logits are uniform on [0, 100): about half of the heads clip
-  o.qk_clip.head_dim = model.head_dim;
-  return s;
-}
 
 // Runs `plan` and returns the first mismatch with the reference (empty if none); also checks that
 // every collective moved what plan.hpp counts, pair by pair.
@@ -171,30 +150,6 @@ TEST_CASE("4-D: every strategy equals the single-device step bit for bit", "[equ
 
 namespace {
 
-// Shapes that split unevenly (torch.chunk leaves trailing shards smaller or empty), 1xN and Nx1
-// matrices, an expert stack, and parameters of both optimizers, on two layers.
-Model odd_model() {
-  Model m;
-  m.name = "odd";
-  m.num_layers = 2;
-  m.head_dim = 2;
-  auto add = [&](std::string name, std::vector<std::int64_t> shape, ParamRole role, int layer) {
-    m.params.push_back({std::move(name), std::move(shape), DType::bf16, role, layer});
-  };
-  add("embed", {13, 6}, ParamRole::embedding, -1);
-  add("layers.0.attn_norm", {7}, ParamRole::norm, 0);
-  add("layers.0.attn.q", {8, 6}, ParamRole::attn_q, 0);
-  add("layers.0.attn.k", {4, 6}, ParamRole::attn_k, 0);
-  add("layers.0.row", {1, 7}, ParamRole::other_matrix, 0);
-  add("layers.0.column", {9, 1}, ParamRole::other_matrix, 0);
-  add("layers.0.small", {3, 8}, ParamRole::other_matrix, 0);
-  add("layers.1.moe.experts.up", {6, 5, 3}, ParamRole::expert_up, 1);
-  add("layers.1.mlp.down", {5, 10}, ParamRole::mlp_down, 1);
-  add("norm", {7}, ParamRole::norm, -1);
-  add("lm_head", {13, 6}, ParamRole::lm_head, -1);
-  return m;
-}
-
 std::vector<testing::Topology> odd_topologies() {
   return {
       {"FSDP 4 (uneven, empty shards)", {{"dp_shard", 4, DimRole::fsdp}}, ""},
@@ -302,27 +257,6 @@ TEST_CASE("a plan read back from JSON executes to the same bits, with the model 
 // Negative controls: the check fails on broken plans, naming the tensor, rank and first element.
 
 namespace {
-
-// The plan without op `id`: later ids shift down, and ops that depended on it inherit its deps.
-StepPlan drop_op(StepPlan plan, int id) {
-  const std::vector<int> inherited = plan.ops[id].deps;
-  plan.ops.erase(plan.ops.begin() + id);
-  for (Op& op : plan.ops) {
-    std::vector<int> deps;
-    for (int d : op.deps) {
-      if (d == id)
-        deps.insert(deps.end(), inherited.begin(), inherited.end());
-      else
-        deps.push_back(d > id ? d - 1 : d);
-    }
-    std::sort(deps.begin(), deps.end());
-    deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
-    op.deps = deps;
-    if (op.id > id) --op.id;
-  }
-  validate_plan(plan);
-  return plan;
-}
 
 std::string broken_run(const StepPlan& plan, const Model& model) {
   LoopbackOptions options;

@@ -153,7 +153,8 @@ StepEstimate reference_estimate(const StepPlan& plan, const ClusterSpec& cluster
           const double start = std::max(ready(from), ready(to));
           const double t =
               collective_time(op.kind, 2, static_cast<double>(collective_bytes(plan, op, from)),
-                              link_for_group(cluster, mesh, {from, to}, op.kind));
+                              link_for_group(cluster, mesh, {from, to}, op.kind),
+                              smallest_piece_bytes(plan, op, {from, to}));
           for (int m : members) {
             if (m == from || m == to) {
               complete(m, start, start + t, true, true);
@@ -168,7 +169,8 @@ StepEstimate reference_estimate(const StepPlan& plan, const ClusterSpec& cluster
         for (int m : members) start = std::max(start, ready(m));
         const double t = collective_time(op.kind, static_cast<int>(members.size()),
                                          static_cast<double>(collective_bytes(plan, op, leader)),
-                                         link_for_group(cluster, mesh, members, op.kind));
+                                         link_for_group(cluster, mesh, members, op.kind),
+                                         smallest_piece_bytes(plan, op, members));
         for (int m : members) complete(m, start, start + t, true, true);
       }
     }
@@ -334,11 +336,14 @@ TEST_CASE("collective closed forms on hand numbers", "[cost_model]") {
   const double S = 8e6;              // 8 MB: S/(nB) = 1 ms for n = 8
   CHECK(collective_time(OpKind::all_gather, 8, S, link) == near(7 * (1e-6 + 1e-3)));
   CHECK(collective_time(OpKind::reduce_scatter, 8, S, link) == near(7.007e-3));
-  CHECK(collective_time(OpKind::all_to_all, 8, S, link) == near(7.007e-3));
+  // Pairwise with kAllToAllPeersInFlight = 8 peers at once: one latency for 7 peers.
+  CHECK(collective_time(OpKind::all_to_all, 8, S, link) == near(1e-6 + 7e-3));
+  CHECK(collective_time(OpKind::all_to_all, 12, 12e6, link) == near(2e-6 + 11e-3));
   CHECK(collective_time(OpKind::all_reduce, 8, S, link) == near(14.014e-3));
   CHECK(collective_time(OpKind::gather, 8, S, link) == near(1e-6 + 7e-3));
   CHECK(collective_time(OpKind::scatter, 8, S, link) == near(1e-6 + 7e-3));
-  CHECK(collective_time(OpKind::broadcast, 8, S, link) == near(7e-6 + 8e-3));
+  // Chunked chain: 16 chunks of 512 KiB (kBroadcastChunkBytes), (n - 2 + k) hops.
+  CHECK(collective_time(OpKind::broadcast, 8, S, link) == near(22 * (1e-6 + 0.5e-3)));
   CHECK(collective_time(OpKind::send, 2, S, link) == near(1e-6 + 8e-3));
   CHECK(collective_time(OpKind::recv, 2, S, link) == near(1e-6 + 8e-3));
   CHECK(collective_time(OpKind::barrier, 8, 0, link) == near(6e-6));  // 2 * 3 rounds
@@ -378,16 +383,17 @@ TEST_CASE("link_for_group inside a node and across nodes", "[cost_model]") {
     // Uneven: the node with fewer members bounds the ring: min(1 x 50, 100) = 50.
     CHECK(link_for_group(c, mesh, {0, 1, 2, 4}, OpKind::reduce_scatter).bandwidth_Bps ==
           near(50e9));
-    // All-to-all: 4 members share 2 NICs, 25 GB/s each.
+    // All-to-all: 4 members share 2 NICs, 25 GB/s each, for the 4 of 7 peers on the other node,
+    // while the 3 on the node go over NVLink at the same time: 25 / (4/7) per rank.
     CHECK(link_for_group(c, mesh, {0, 1, 2, 3, 4, 5, 6, 7}, OpKind::all_to_all).bandwidth_Bps ==
-          near(25e9));
-    // Rooted: the root's own NIC.
+          near(25e9 * 7 / 4));
+    // Rooted: the root's own NIC for the 4 remote pieces, NVLink for the 3 local ones.
     CHECK(link_for_group(c, mesh, {0, 1, 2, 3, 4, 5, 6, 7}, OpKind::gather).bandwidth_Bps ==
-          near(50e9));
+          near(50e9 * 7 / 4));
     CHECK(link_for_group(c, mesh, {0, 4}, OpKind::send).bandwidth_Bps == near(50e9));
-    // A slow NVLink still caps the share.
+    // A slow NVLink still caps the share: of the 4 channels a GPU sends on, 3 stay on NVLink.
     c.intra.bandwidth_GBps = 30;
-    CHECK(link_for_group(c, mesh, {0, 1, 2, 3, 4, 5, 6, 7}).bandwidth_Bps == near(30e9));
+    CHECK(link_for_group(c, mesh, {0, 1, 2, 3, 4, 5, 6, 7}).bandwidth_Bps == near(30e9 * 4 / 3));
   }
   SECTION("PCIe: a shared host bridge divides among the members on the node") {
     c.intra.kind = IntraNodeKind::pcie;
@@ -531,8 +537,9 @@ TEST_CASE("estimate_step on tiny hand-made plans", "[cost_model]") {
     StepPlan plan = tiny_plan(4, 2);  // 2 nodes of 2
     add(plan, collective_op(plan, OpKind::all_gather, 2, 1));
     const StepEstimate e = estimate_step(plan, c);
-    // Ring: min(2 x 25, 2 x 25) = 50 GB/s, latency 5 + 1 us: 3 (6 us + 2 MiB / (4 x 50 GB/s)).
-    CHECK(e.step_time_s == near(3 * (6e-6 + 2097152.0 / (4 * 50e9))));
+    // Ring: min(2 x 25, 2 x 25) = 50 GB/s; of its 3 steps 2 cross nodes (NIC 5 + switch 1 us)
+    // and one stays on the node (1 us): 13 us + 3/4 of 2 MiB / 50 GB/s.
+    CHECK(e.step_time_s == near(13e-6 + 3 * 2097152.0 / (4 * 50e9)));
   }
   SECTION("alloc and release take no time but keep stream order") {
     StepPlan plan = tiny_plan(2, 2);
@@ -668,4 +675,230 @@ TEST_CASE("estimate rejects malformed plans with the op named", "[cost_model]") 
   plan.ops[0].deps = {};
   plan.ops[0].period = 0;
   CHECK_THROWS_AS(estimate(plan, test_cluster()), PlanError);
+}
+
+// ---- The calibrated model (issue 12): each fix below fails on the model before it.
+
+TEST_CASE("ring steps inside a node pay the intra-node latency, crossing steps the NIC's",
+          "[cost_model][latency]") {
+  // 2 nodes x 4 GPUs: intra 1 us; NIC 5 us + one switch 1 us = 6 us.
+  const ClusterSpec c = test_cluster(4);
+  const DeviceMesh mesh({{"dp", 16, DimRole::replicate}}, 4);
+  const LinkParams two_nodes = link_for_group(c, mesh, {0, 1, 2, 3, 4, 5, 6, 7});
+  CHECK(two_nodes.latency_s == near(6e-6));
+  CHECK(two_nodes.intra_latency_s == near(1e-6));
+  CHECK(two_nodes.nodes == 2);
+  // A ring of 8 over 2 nodes has 2 crossing edges: 7 steps pay 2 x 6 + 5 x 1 us (every step
+  // paid 6 us before: 42 us).
+  CHECK(collective_time(OpKind::all_gather, 8, 0, two_nodes) == near(17e-6));
+  // All-reduce: 14 steps, ceil(14 x 2 / 8) = 4 of them crossing.
+  CHECK(collective_time(OpKind::all_reduce, 8, 0, two_nodes) == near(4 * 6e-6 + 10 * 1e-6));
+  // The broadcast chain from the root crosses into the other node once.
+  CHECK(collective_time(OpKind::broadcast, 8, 0, two_nodes) == near(6e-6 + 6 * 1e-6));
+  // One member per node: every step crosses.
+  const LinkParams spread = link_for_group(c, mesh, {0, 4, 8, 12});
+  CHECK(collective_time(OpKind::all_gather, 4, 0, spread) == near(3 * 6e-6));
+  // One node: the intra-node latency throughout.
+  CHECK(collective_time(OpKind::all_gather, 4, 0, link_for_group(c, mesh, {0, 1, 2, 3})) ==
+        near(3e-6));
+}
+
+TEST_CASE("an all-gather from a single owner is never faster than the owner's link allows",
+          "[cost_model][single_owner]") {
+  // owner_allgather's shape: one 8192 x 8192 bf16 matrix (128 MiB) owned by rank 3 of 8 GPUs on
+  // one node. Its owner must send all of it: t >= S / B. The even-piece form gave 7/8 of that.
+  const DeviceMesh mesh({{"dp", 8, DimRole::fsdp}}, 8);
+  std::vector<DistributedParam> params(1);
+  params[0].name = "w";
+  params[0].shape = {8192, 8192};
+  params[0].layout = TensorLayout(mesh, params[0].shape, {Placement::shard(0)});
+  StepPlan plan;
+  plan.strategy = "hand";
+  plan.model = shard_explicitly(mesh, "one", params);
+  plan.assignment.owner = {3};
+  plan.streams = {"comm"};
+  Op op = collective_op(plan, OpKind::all_gather, 0, 0);
+  op.owned_only = true;
+  op.tensor = TensorRole::result;
+  add(plan, op);
+  const ClusterSpec c = test_cluster(8);
+  const double S = 8192.0 * 8192 * 2;
+  const std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7};
+  CHECK(smallest_piece_bytes(plan, plan.ops[0], all) == 0.0);
+  const double t = estimate_step(plan, c).step_time_s;
+  CHECK(t >= S / 100e9);
+  CHECK(t == near(7e-6 + S / 100e9));
+  CHECK(instance_time(plan, c, plan.ops[0], all, 0) == near(t));
+  // Even pieces keep the (n-1)/n form.
+  CHECK(collective_time(OpKind::all_gather, 8, S, LinkParams{1e-6, 100e9}) ==
+        near(7e-6 + 7 * S / 8 / 100e9));
+  CHECK(collective_time(OpKind::all_gather, 8, S, LinkParams{1e-6, 100e9}, S / 8) ==
+        near(7e-6 + 7 * S / 8 / 100e9));
+}
+
+TEST_CASE("each link class runs at its efficiency for the collective class",
+          "[cost_model][efficiency]") {
+  ClusterSpec c = test_cluster(4);
+  c.efficiency.intra_node = {0.8, 0.5, 0.9, 1.0};
+  c.efficiency.network = {0.7, 0.6, 0.95, 1.0};
+  const DeviceMesh mesh({{"dp", 8, DimRole::replicate}}, 4);
+  const std::vector<int> node = {0, 1, 2, 3};
+  CHECK(link_for_group(c, mesh, node, OpKind::all_gather).bandwidth_Bps == near(0.8 * 100e9));
+  CHECK(link_for_group(c, mesh, node, OpKind::reduce_scatter).bandwidth_Bps == near(80e9));
+  CHECK(link_for_group(c, mesh, node, OpKind::broadcast).bandwidth_Bps == near(80e9));
+  CHECK(link_for_group(c, mesh, node, OpKind::all_to_all).bandwidth_Bps == near(50e9));
+  CHECK(link_for_group(c, mesh, node, OpKind::gather).bandwidth_Bps == near(90e9));
+  CHECK(link_for_group(c, mesh, {0, 1}, OpKind::send).bandwidth_Bps == near(90e9));
+  // Across nodes the NICs' share at the network efficiency: ring min(4 x 25, 2 x 25) x 0.7.
+  CHECK(link_for_group(c, mesh, {0, 1, 2, 3, 4, 5, 6, 7}, OpKind::all_gather).bandwidth_Bps ==
+        near(0.7 * 50e9));
+  CHECK(link_for_group(c, mesh, {0, 4}, OpKind::send).bandwidth_Bps == near(0.95 * 25e9));
+  // busbw of a large ring all-gather approaches the efficient bandwidth.
+  const LinkParams l = link_for_group(c, mesh, node, OpKind::all_gather);
+  const double S = 1e12;
+  CHECK(S / collective_time(OpKind::all_gather, 4, S, l) * bus_factor(OpKind::all_gather, 4) ==
+        Approx(80e9).epsilon(1e-6));
+}
+
+TEST_CASE("a multi-node all-to-all overlaps NVLink and NIC peers", "[cost_model][all_to_all]") {
+  // 2 nodes x 8 GPUs, one 50 GB/s NIC per GPU, NVLink 450 GB/s. 8 of a member's 15 peers are
+  // across: the NIC carries 8/16 of S while NVLink carries 7/16 at the same time, so
+  // busbw = NIC x 15/8 (nccl-tests#130: "On 2 nodes ... BusBW = 2x network bandwidth per GPU"
+  // with 1 GPU per node). Peers in lockstep gave busbw = one NIC.
+  ClusterSpec c = test_cluster(8);
+  c.intra.bandwidth_GBps = 450;
+  c.nic.count_per_node = 8;
+  c.nic.bandwidth_GBps = 50;
+  const DeviceMesh mesh({{"dp", 32, DimRole::replicate}}, 8);
+  const double S = 1e12;
+  const auto busbw = [&](int n) {
+    std::vector<int> m(n);
+    for (int i = 0; i < n; ++i) m[i] = i;
+    const LinkParams l = link_for_group(c, mesh, m, OpKind::all_to_all);
+    return S / collective_time(OpKind::all_to_all, n, S, l) * bus_factor(OpKind::all_to_all, n);
+  };
+  CHECK(busbw(16) == Approx(50e9 * 15 / 8).epsilon(1e-4));
+  CHECK(busbw(32) == Approx(50e9 * 31 / 24).epsilon(1e-4));
+}
+
+TEST_CASE("all-reduce runs NVLS or NVLS tree where the cluster has it and it is faster",
+          "[cost_model][nvls]") {
+  ClusterSpec c = h100_like();
+  c.intra.latency_us = 0.6;
+  c.intra.nvls = true;
+  c.intra.nvls_latency_us = 10;
+  c.nic.bandwidth_GBps = 50;
+  c.efficiency.intra_node = {0.81, 0.81, 0.81, 0.685};
+  c.efficiency.network = {0.9, 0.94, 0.94, 0.627};
+  const DeviceMesh mesh({{"dp", 32, DimRole::replicate}}, 8);
+  const auto first = [](int n) {
+    std::vector<int> m(n);
+    for (int i = 0; i < n; ++i) m[i] = i;
+    return m;
+  };
+  const auto busbw = [&](int n, double S) {
+    const LinkParams l = link_for_group(c, mesh, first(n), OpKind::all_reduce);
+    return S / collective_time(OpKind::all_reduce, n, S, l) * bus_factor(OpKind::all_reduce, n);
+  };
+  const LinkParams eight = link_for_group(c, mesh, first(8), OpKind::all_reduce);
+  REQUIRE(eight.nvls.available);
+  CHECK(all_reduce_algorithm(8, 64 * 1024, eight) == AllReduceAlgorithm::ring);
+  CHECK(all_reduce_algorithm(8, 1 << 30, eight) == AllReduceAlgorithm::nvls);
+  // The switch reduces: each GPU moves S (g+1)/g, so busbw = 2 (n-1)/(n+1) x 450 x 0.685:
+  // 480 GB/s on 8 GPUs (nccl-tests#212), ~370 on 4, and on 2 the ring is faster (nccl#1455).
+  CHECK(busbw(8, 1e13) == Approx(450e9 * 0.685 * 14 / 9).epsilon(1e-4));
+  CHECK(busbw(4, 1e13) == Approx(450e9 * 0.685 * 6 / 5).epsilon(1e-4));
+  CHECK(all_reduce_algorithm(2, 1e13, link_for_group(c, mesh, first(2), OpKind::all_reduce)) ==
+        AllReduceAlgorithm::ring);
+  // Across nodes: NVLS tree on 2 nodes (its NIC part moves S/g per GPU), the ring on 4.
+  const LinkParams sixteen = link_for_group(c, mesh, first(16), OpKind::all_reduce);
+  CHECK(all_reduce_algorithm(16, 1e12, sixteen) == AllReduceAlgorithm::nvls_tree);
+  CHECK(busbw(16, 1e13) == Approx(8 * 50e9 * 0.627 * 30 / 16).epsilon(1e-3));
+  CHECK(all_reduce_algorithm(32, 1e12, link_for_group(c, mesh, first(32), OpKind::all_reduce)) ==
+        AllReduceAlgorithm::ring);
+  // NVLS needs at least two members on every node.
+  CHECK_FALSE(link_for_group(c, mesh, {0, 8, 16, 24}, OpKind::all_reduce).nvls.available);
+  c.intra.nvls = false;
+  CHECK(all_reduce_algorithm(8, 1e12, link_for_group(c, mesh, first(8), OpKind::all_reduce)) ==
+        AllReduceAlgorithm::ring);
+}
+
+TEST_CASE("every collective call pays the launch overhead once", "[cost_model][launch]") {
+  ClusterSpec c = test_cluster(8);
+  c.launch_overhead.collective_us = 8;
+  const DeviceMesh mesh({{"dp", 8, DimRole::replicate}}, 8);
+  const std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (OpKind kind :
+       {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all,
+        OpKind::broadcast, OpKind::gather, OpKind::scatter, OpKind::barrier}) {
+    INFO(to_string(kind));
+    const LinkParams with = link_for_group(c, mesh, all, kind);
+    LinkParams without = with;
+    without.launch_s = 0;
+    CHECK(with.launch_s == near(8e-6));
+    CHECK(collective_time(kind, 8, 8e6, with) ==
+          near(collective_time(kind, 8, 8e6, without) + 8e-6));
+  }
+  // A group of one launches nothing.
+  CHECK(collective_time(OpKind::all_gather, 1, 8e6, link_for_group(c, mesh, {0})) == 0.0);
+}
+
+TEST_CASE("Newton-Schulz time comes from the measured table of the chosen kernel version",
+          "[cost_model][ns_table]") {
+  GpuSpec gpu;
+  gpu.name = "g";
+  gpu.peak_tflops = 1000;
+  gpu.ns_table = {{"v2", 1024, 1024, 1, 5, 0.25, ""},
+                  {"v2", 2048, 2048, 1, 5, 0.5, ""},
+                  {"v2", 4096, 4096, 1, 5, 2.7, ""},
+                  {"v2", 4096, 4096, 128, 5, 320, ""},
+                  {"v1", 1024, 1024, 1, 5, 0.2, ""}};
+  const auto ms = [&](std::int64_t r, std::int64_t c, std::int64_t b, int steps,
+                      const char* v = "v2") {
+    return gpu.ns_call_seconds(r, c, b, steps, v) * 1e3;
+  };
+  CHECK(ms(1024, 1024, 1, 5) == Approx(0.25));
+  CHECK(ms(1024, 1024, 1, 5, "v1") == Approx(0.2));
+  CHECK(ms(1024, 1024, 1, 10) == Approx(0.5));   // steps scale
+  CHECK(ms(2048, 2048, 4, 5) == Approx(2.0));    // a batch of an unbatched entry
+  CHECK(ms(4096, 4096, 128, 5) == Approx(320));  // the batched entry itself
+  CHECK(ms(4096, 4096, 64, 5) == Approx(160));   // nearest batch: 128
+  CHECK(ms(4096, 4096, 2, 5) == Approx(5.4));    // nearest batch: 1
+  CHECK(gpu.ns_call_seconds(1024, 1024, 1, 5, "v3") < 0);
+  // Orientation does not matter; other shapes interpolate in FLOPs between single calls.
+  const auto f = [](double m, double n) { return 5 * (4 * m * m * n + 2 * m * m * m); };
+  const double t = 0.25 + (f(1024, 3072) - f(1024, 1024)) / (f(2048, 2048) - f(1024, 1024)) * 0.25;
+  CHECK(ms(3072, 1024, 1, 5) == Approx(t));
+  CHECK(ms(1024, 3072, 1, 5) == Approx(t));
+  // Below the smallest entry: the line through the two smallest (its intercept is the per-call
+  // overhead); above the largest: the largest's FLOP rate.
+  const double slope = 0.25 / (f(2048, 2048) - f(1024, 1024));
+  CHECK(ms(256, 256, 1, 5) == Approx(0.25 - slope * (f(1024, 1024) - f(256, 256))));
+  CHECK(ms(8192, 8192, 1, 5) == Approx(2.7 * 8));
+  CHECK(gpu.ns_versions() == std::vector<std::string>{"v2", "v1"});
+}
+
+TEST_CASE("compute_time: measured NS table, peak-rate fallback and kernel launch overhead",
+          "[cost_model][ns_table][launch]") {
+  StepPlan plan = tiny_plan(2, 2);
+  ClusterSpec c = test_cluster();
+  add(plan, ns_op(plan, 0, 1, 0));  // p1: 128 x 128
+  CHECK(compute_time(plan, plan.ops[0], 0, c) == near(t128));
+  c.gpu.ns_table = {{"v2", 128, 128, 1, 5, 0.05, ""}, {"v1", 64, 64, 1, 5, 0.02, ""}};
+  c.gpu.ns_kernel = "v2";
+  CHECK(compute_time(plan, plan.ops[0], 0, c) == near(0.05e-3));
+  c.gpu.ns_kernel = "v1";  // no 128 x 128 entry: the v1 line through its one point
+  CHECK(compute_time(plan, plan.ops[0], 0, c) == near(0.02e-3 * 8));
+  // Without a table for the version: peak x efficiency plus one kernel launch per NS call.
+  c.gpu.ns_kernel = "";
+  c.launch_overhead.kernel_us = 5;
+  CHECK(compute_time(plan, plan.ops[0], 0, c) == near(t128 + 5e-6));
+  // Elementwise ops: one launch per parameter the rank touches.
+  Op momentum = collective_op(plan, OpKind::momentum, 2, 0);
+  momentum.group = DimSet{};
+  momentum.params = {0, 2};
+  c.launch_overhead.kernel_us = 0;
+  const double bare = compute_time(plan, momentum, 1, c);
+  c.launch_overhead.kernel_us = 5;
+  CHECK(compute_time(plan, momentum, 1, c) == near(bare + 10e-6));
 }

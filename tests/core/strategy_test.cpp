@@ -443,3 +443,45 @@ TEST_CASE("plans name unknown strategies and bad options", "[strategy]") {
   o.explicit_owners = {{"layers.0.attn.q", 0}};
   REQUIRE_THROWS_WITH(build_plan(model, o, PlanSettings{}), Catch::Contains("no owner"));
 }
+
+// A replica that receives a result by broadcast gathered nothing, so only a dependency orders its
+// own momentum (which writes the update where the result lands) before the broadcast: without it
+// the two race on a real executor (found by the MPI executor under level-scheduled sync, where
+// momentum waits for the gradient all-reduce).
+TEST_CASE("broadcasts of results come after the receiving rank's momentum", "[strategy]") {
+  for (const Topology& t : topologies()) {
+    const ShardedModel model = make_model(t);
+    for (const auto& options : strategies()) {
+      const StepPlan plan = build_plan(model, options, PlanSettings{});
+      const DeviceMesh& mesh = plan.mesh();
+      int momentum = -1;
+      for (const Op& op : plan.ops)
+        if (op.kind == OpKind::momentum && !op.owned_only) momentum = op.id;
+      if (momentum < 0) continue;
+      for (int r = 0; r < mesh.world_size(); ++r) {
+        // The ops that precede each op on rank r: its deps r takes part in and the earlier op of
+        // its stream on r, transitively.
+        std::vector<std::set<int>> before(plan.ops.size());
+        std::map<int, int> last_on_stream;
+        for (const Op& op : plan.ops) {
+          if (!op.ranks.contains(mesh, r)) continue;
+          std::set<int>& b = before[op.id];
+          std::vector<int> direct = op.deps;
+          if (auto it = last_on_stream.find(op.stream); it != last_on_stream.end())
+            direct.push_back(it->second);
+          for (int d : direct) {
+            if (!plan.ops[d].ranks.contains(mesh, r)) continue;
+            b.insert(d);
+            b.insert(before[d].begin(), before[d].end());
+          }
+          last_on_stream[op.stream] = op.id;
+          if (op.kind == OpKind::broadcast && plan.ops[momentum].ranks.contains(mesh, r)) {
+            INFO(t.name << ", " << options.to_json_text() << ", rank " << r << ", op " << op.id
+                        << " '" << op.label << "'");
+            CHECK(b.count(momentum) == 1);
+          }
+        }
+      }
+    }
+  }
+}

@@ -12,6 +12,7 @@
 
 #include "core/cluster.hpp"
 #include "core/errors.hpp"
+#include "core/src/yaml_util.hpp"  // emit_cluster, for the round trip
 #include "muonbed/config.hpp"
 
 using namespace muonbed;
@@ -53,8 +54,17 @@ TEST_CASE("shipped cluster presets load with their documented numbers", "[experi
   CHECK(h100.intra.kind == IntraNodeKind::nvswitch);
   CHECK(h100.intra.bandwidth_GBps == 450);
   CHECK(h100.nic.count_per_node == 8);
-  CHECK(h100.nic.bandwidth_GBps == 48);
+  CHECK(h100.nic.bandwidth_GBps == 50);  // the line rate; efficiency.network says what NCCL gets
   CHECK(h100.nic.rail_optimized);
+  CHECK(h100.intra.nvls);
+  CHECK(h100.efficiency.intra_node.ring == Approx(0.81));     // 365 of 450 GB/s
+  CHECK(h100.efficiency.network.all_to_all == Approx(0.94));  // 47 of 50 GB/s
+  CHECK(h100.launch_overhead.collective_us == 8);
+  CHECK(h100.gpu.ns_kernel == "v2");
+  CHECK(h100.gpu.ns_versions() == std::vector<std::string>{"pytorch", "v1", "v2"});
+  // The measured v2 time of 4096x4096 (kernels/BENCHMARKS.md).
+  CHECK(h100.gpu.ns_call_seconds(4096, 4096, 1, 5, "v2") == Approx(2.749e-3));
+  CHECK(h100.measurements.size() >= 6);
   CHECK(h100.network.topology == TopologyKind::fat_tree);
   CHECK(h100.gpu.efficiency(8192) == Approx(0.80));
   // The large-GEMM end matches the 788-798 TFLOP/s measured (FACTS.md).
@@ -65,6 +75,8 @@ TEST_CASE("shipped cluster presets load with their documented numbers", "[experi
   const ClusterSpec h200 = load_cluster_file(cluster_path("dgx-h200"));
   CHECK(h200.gpu.hbm_GBps == 4300);
   CHECK(h200.gpu.memory_GiB > 139);
+  CHECK(h200.gpu.ns_table.size() == h100.gpu.ns_table.size());  // assumed equal (see the file)
+  CHECK(h200.efficiency.intra_node.nvls == h100.efficiency.intra_node.nvls);
 
   const ClusterSpec a100 = load_cluster_file(cluster_path("a100-pcie-4x"));
   CHECK(a100.gpus_per_node == 4);
@@ -193,4 +205,107 @@ TEST_CASE("a cluster file with a YAML syntax error", "[experiments][cluster][err
     CHECK_THAT(std::string(e.what()), Contains("YAML syntax error"));
   }
   std::filesystem::remove(path);
+}
+
+TEST_CASE("calibration fields parse strictly and round-trip",
+          "[experiments][cluster][calibration]") {
+  const std::string full = std::string(kValid) +
+                           "efficiency:\n"                                     // 7
+                           "  intra_node: {ring: 0.81, nvls: 0.685}\n"         // 8
+                           "  network: {all_to_all: 0.94}\n"                   // 9
+                           "launch_overhead_us: {collective: 8, kernel: 5}\n"  // 10
+                           "measurements:\n"                                   // 11
+                           "  - {op: all_gather, gpus: 8, size_bytes: 1024, busbw_GBps: 350, "
+                           "source: s}\n"  // 12
+                           "  - {op: all_reduce, gpus: 8, size_bytes: 1024, time_us: 20, "
+                           "algorithm: ring, source: t}\n"  // 13
+                           "calibration: {tool: muonbed calibrate, date: 2026-11-24, "
+                           "backend: nccl}\n";  // 14
+  std::string with_table = full;
+  with_table.replace(
+      with_table.find("memory_GiB: 16}"), 15,
+      "memory_GiB: 16, ns_kernel: v1, ns_table: [{version: v1, shape: [64, 128], "
+      "ms: 0.1}, {version: v2, shape: [4, 64, 128], steps: 6, ms: 0.3, source: x}]}");
+  with_table.replace(with_table.find("latency_us: 2}"), 14,
+                     "latency_us: 2, nvls: true, nvls_latency_us: 10}");
+  const ClusterSpec c = parse_cluster(YAML::Load(with_table), "c.yaml");
+  CHECK(c.efficiency.intra_node.ring == 0.81);
+  CHECK(c.efficiency.intra_node.all_to_all == 1.0);  // unset classes stay at the line rate
+  CHECK(c.efficiency.intra_node.nvls == 0.685);
+  CHECK(c.efficiency.network.all_to_all == 0.94);
+  CHECK(c.launch_overhead.collective_us == 8);
+  CHECK(c.launch_overhead.kernel_us == 5);
+  REQUIRE(c.measurements.size() == 2);
+  CHECK(c.measurements[1].time_us == 20);
+  CHECK(c.measurements[1].algorithm == "ring");
+  CHECK(c.calibration.backend == "nccl");
+  CHECK(c.intra.nvls);
+  CHECK(c.intra.nvls_latency_us == 10);
+  REQUIRE(c.gpu.ns_table.size() == 2);
+  CHECK(c.gpu.ns_table[1].batch == 4);
+  CHECK(c.gpu.ns_table[1].rows == 64);
+  CHECK(c.gpu.ns_table[1].steps == 6);
+  CHECK(c.gpu.ns_kernel == "v1");
+  // Without ns_kernel the model takes v2 when the table has it.
+  std::string no_kernel = with_table;
+  no_kernel.erase(no_kernel.find("ns_kernel: v1, "), 15);
+  CHECK(parse_cluster(YAML::Load(no_kernel), "c.yaml").gpu.ns_kernel == "v2");
+
+  // What the emitter writes reads back to the same profile (provenance of every record).
+  YAML::Emitter out;
+  yaml_util::emit_cluster(out, c);
+  const ClusterSpec back = parse_cluster(YAML::Load(out.c_str()), "back.yaml");
+  CHECK(back.efficiency.intra_node.nvls == c.efficiency.intra_node.nvls);
+  CHECK(back.efficiency.network.all_to_all == c.efficiency.network.all_to_all);
+  CHECK(back.launch_overhead.kernel_us == 5);
+  CHECK(back.measurements.size() == 2);
+  CHECK(back.calibration.tool == "muonbed calibrate");
+  CHECK(back.gpu.ns_table.size() == 2);
+  CHECK(back.gpu.ns_table[1].batch == 4);
+  CHECK(back.gpu.ns_kernel == "v1");
+  CHECK(back.intra.nvls);
+
+  SECTION("an efficiency above 1, or of an unknown class") {
+    std::string bad = full;
+    bad.replace(bad.find("ring: 0.81"), 10, "ring: 1.2");
+    ConfigError e = cluster_error(bad);
+    CHECK(e.where().line == 8);
+    CHECK_THAT(std::string(e.what()),
+               Contains("efficiency.intra_node.ring' = 1.2 is out of range"));
+    bad = full;
+    bad.replace(bad.find("all_to_all: 0.94"), 10, "alltoall");
+    e = cluster_error(bad);
+    CHECK(e.where().line == 9);
+    CHECK_THAT(std::string(e.what()), Contains("did you mean 'all_to_all'?"));
+  }
+  SECTION("an NS table entry without a valid shape") {
+    std::string bad = std::string(kValid).replace(
+        std::string(kValid).find("memory_GiB: 16}"), 15,
+        "memory_GiB: 16, ns_table: [{version: v2, shape: [64], ms: 1}]}");
+    const ConfigError e = cluster_error(bad);
+    CHECK(e.where().line == 3);
+    CHECK_THAT(std::string(e.what()), Contains("[rows, cols] or [batch, rows, cols]"));
+  }
+  SECTION("an NS kernel the table does not have") {
+    std::string bad = with_table;
+    bad.replace(bad.find("ns_kernel: v1"), 13, "ns_kernel: v3");
+    const ConfigError e = cluster_error(bad);
+    CHECK(e.where().line == 3);
+    CHECK_THAT(std::string(e.what()), Contains("gpu.ns_kernel 'v3' has no entries"));
+    CHECK_THAT(e.fix(), Contains("v1, v2"));
+  }
+  SECTION("NVLS on PCIe") {
+    std::string bad = std::string(kValid).replace(std::string(kValid).find("{kind: nvswitch"), 15,
+                                                  "{kind: pcie, nvls: true");
+    const ConfigError e = cluster_error(bad);
+    CHECK(e.where().line == 4);
+    CHECK_THAT(std::string(e.what()), Contains("needs NVSwitch"));
+  }
+  SECTION("a measurement with neither busbw nor time") {
+    std::string bad = full;
+    bad.replace(bad.find("busbw_GBps: 350, "), 17, "");
+    const ConfigError e = cluster_error(bad);
+    CHECK(e.where().line == 12);
+    CHECK_THAT(std::string(e.what()), Contains("neither busbw_GBps nor time_us"));
+  }
 }

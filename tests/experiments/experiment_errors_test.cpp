@@ -80,8 +80,9 @@ TEST_CASE("negative count", "[experiments][errors]") {
                {"prefetch_count' = -1 must not be negative", "in 0..1024"});
 }
 
-TEST_CASE("zero steps", "[experiments][errors]") {
-  expect_error(kBase + "steps: 0\n", 7, 8, {"'steps' = 0 must be positive", "in 1..1000000"});
+TEST_CASE("zero timed steps, negative warm-up steps", "[experiments][errors]") {
+  expect_error(kBase + "repeats: 0\n", 7, 10, {"'repeats' = 0 must be positive", "in 1..1000000"});
+  expect_error(kBase + "steps: -1\n", 7, 8, {"'steps' = -1", "in 0..1000000"});
 }
 
 TEST_CASE("zero mesh dim size", "[experiments][errors]") {

@@ -243,8 +243,9 @@ TEST_CASE("defaults resolve as documented", "[experiments]") {
   CHECK(e.optimizer.adamw.weight_decay == 0.01);
   CHECK(e.backends == std::vector<std::string>{"sim"});
   CHECK(e.sim_fidelity == "auto");
-  CHECK(e.steps == 1);
-  CHECK(e.repeats == 1);
+  CHECK(e.steps == 2);  // warm-up steps of the measured backends
+  CHECK(e.repeats == 10);
+  CHECK(e.seed == 1);
   CHECK(e.output_dir == "results/my-study");
   CHECK(e.point_label.empty());
   CHECK(e.plan_settings().ns_steps() == 5);

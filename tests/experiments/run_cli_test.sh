@@ -123,10 +123,16 @@ grep -q "strategy.name=owner/analytic.json" out/muonbed-run.json || fail "manife
 [ -e out/strategy.name=sequential/analytic.json ] || fail "old results were deleted"
 
 # Backends that cannot run yet: exit 2 before any work, with the fix.
-"$muonbed" run tiny.yaml --backend mpi >mpi.log 2>&1
+"$muonbed" run tiny.yaml --backend nccl >nccl.log 2>&1
 rc=$?
-[ $rc -eq 2 ] || { cat mpi.log; fail "backend mpi: exit $rc, expected 2"; }
-grep -q "fix: .*--backend sim --backend analytic" mpi.log || { cat mpi.log; fail "no fix for mpi"; }
+[ $rc -eq 2 ] || { cat nccl.log; fail "backend nccl: exit $rc, expected 2"; }
+grep -q "fix: .*--backend sim --backend analytic" nccl.log || { cat nccl.log; fail "no fix for nccl"; }
+if "$muonbed" presets 2>/dev/null | grep -q "mpi (not built)"; then
+  "$muonbed" run tiny.yaml --backend mpi >mpi.log 2>&1
+  rc=$?
+  [ $rc -eq 2 ] || { cat mpi.log; fail "backend mpi without MPI: exit $rc, expected 2"; }
+  grep -q "built without MPI" mpi.log || { cat mpi.log; fail "no MPI message"; }
+fi
 if [ "$have_sim" = 0 ]; then
   "$muonbed" run tiny.yaml --backend sim >nosim.log 2>&1
   rc=$?

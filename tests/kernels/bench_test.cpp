@@ -34,6 +34,11 @@ TEST_CASE("bench ns runs on the CPU and says so", "[bench]") {
   // 2 matrices x 5 steps x (4 * 32^2 * 48 + 2 * 32^3) = 2_621_440 FLOPs.
   CHECK(j.at("results")[1].at("flops") == 2621440.0);
   CHECK(j.at("results")[0].at("median_ms").get<double>() > 0.0);
+  // Rows name what they measured (the row form of `muonbed bench collective --json`).
+  CHECK(j.at("results")[0].at("bench") == "ns");
+  CHECK(j.at("results")[0].at("device") == "cpu");
+  CHECK(j.at("results")[0].at("time_us").get<double>() ==
+        Approx(1e3 * j.at("results")[0].at("median_ms").get<double>()));
   std::remove(options.json_path.c_str());
 }
 

@@ -4,9 +4,12 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <iostream>
 #include <string>
 #include <vector>
 
+#include "core/cost_model.hpp"
+#include "muonbed/config.hpp"
 #include "sim/src/harness.hpp"
 
 using namespace muonbed;
@@ -142,12 +145,19 @@ TEST_CASE("ring reduce-scatter and all-reduce match their closed forms", "[sim][
   CHECK(ar == Approx(2 * (n - 1) * (kAlpha + piece / kBw)).epsilon(0.01));
 }
 
-TEST_CASE("pairwise all-to-all matches (n-1)(alpha + b/B)", "[sim][collectives]") {
+TEST_CASE("pairwise all-to-all matches ceil((n-1)/W) alpha + (n-1) b/B", "[sim][collectives]") {
+  // W = kAllToAllPeersInFlight peers at once: their sends share the member's link and finish
+  // together, then the next W pay their latency.
   const ClusterSpec c = uniform_cluster();
-  for (int n : {4, 12}) {
+  for (int n : {4, 12, 20}) {
     const double per_peer = 2e6;
-    const double t = time_one(c, n, 1, spec_of(OpKind::all_to_all, n, per_peer), step_options());
-    CHECK(t == Approx((n - 1) * (kAlpha + per_peer / kBw)).epsilon(0.01));
+    const long windows = (n - 1 + kAllToAllPeersInFlight - 1) / kAllToAllPeersInFlight;
+    const double expected = windows * kAlpha + (n - 1) * per_peer / kBw;
+    for (const LoweringOptions& o : {step_options(), flow_options()}) {
+      const double t = time_one(c, n, 1, spec_of(OpKind::all_to_all, n, per_peer), o);
+      INFO("n = " << n << (o.step_fidelity ? " step" : " flow"));
+      CHECK(t == Approx(expected).epsilon(0.01));
+    }
   }
 }
 
@@ -266,4 +276,133 @@ TEST_CASE("step and flow fidelity agree within 3%", "[sim][collectives][fidelity
       }
     }
   }
+}
+
+// ---- The calibrated model (issue 12): each test below fails on the simulator before it.
+
+TEST_CASE("a multi-node all-to-all reaches one NIC's bandwidth, NVLink peers overlapped",
+          "[sim][collectives][all_to_all]") {
+  // 2 and 4 nodes of 8 GPUs, one 48 GB/s NIC per GPU: each GPU's NIC carries its peers on other
+  // nodes, NVLink the rest at the same time, so the exchange takes the NIC part's time and busbw
+  // = 48 x (n-1)/(n-8). Rounds in lockstep ran every round at NIC speed (busbw = one NIC).
+  const ClusterSpec c = dgx_cluster(TopologyKind::single_switch);
+  for (int n : {16, 32}) {
+    const double per_peer = 8e6, S = per_peer * n;
+    for (const LoweringOptions& o : {step_options(), flow_options()}) {
+      const double t = time_one(c, n, 8, spec_of(OpKind::all_to_all, n, per_peer), o);
+      const double nic_bound = (n - 8) * per_peer / 48e9;
+      const double busbw = S / t * (n - 1) / n;
+      INFO("n = " << n << (o.step_fidelity ? " step " : " flow ") << t << " s, NIC part "
+                  << nic_bound << " s, busbw " << busbw / 1e9 << " GB/s");
+      CHECK(t >= nic_bound);
+      CHECK(t < 1.03 * nic_bound + 10 * kAlpha);
+      CHECK(busbw == Approx(48e9 * (n - 1) / (n - 8)).epsilon(0.05));
+    }
+  }
+}
+
+TEST_CASE("transfers run at the link class's efficiency for the collective class",
+          "[sim][collectives][efficiency]") {
+  // Uniform network (every path one NIC): ring at 0.5, all-to-all at 0.25, p2p at 0.8.
+  ClusterSpec c = uniform_cluster();
+  c.efficiency.network = {0.5, 0.25, 0.8, 1.0};
+  const int n = 8;
+  const double piece = 8e6;
+  CHECK(time_one(c, n, 1, spec_of(OpKind::all_gather, n, piece), step_options()) ==
+        Approx((n - 1) * (kAlpha + piece / (0.5 * kBw))).epsilon(0.01));
+  CHECK(time_one(c, n, 1, spec_of(OpKind::all_to_all, n, piece), step_options()) ==
+        Approx(kAlpha + (n - 1) * piece / (0.25 * kBw)).epsilon(0.01));
+  CollectiveSpec g = spec_of(OpKind::gather, n, piece);
+  g.root = 2;
+  CHECK(time_one(c, n, 1, g, step_options()) ==
+        Approx(kAlpha + (n - 1) * piece / (0.8 * kBw)).epsilon(0.01));
+  // Inside a node the intra-node efficiencies apply.
+  ClusterSpec d = dgx_cluster(TopologyKind::single_switch);
+  d.efficiency.intra_node = {0.8, 1, 1, 1};
+  CHECK(time_one(d, 8, 8, spec_of(OpKind::reduce_scatter, 8, piece), step_options()) ==
+        Approx(7 * (2e-6 + piece / (0.8 * 450e9))).epsilon(0.01));
+}
+
+TEST_CASE("every collective starts with the per-call launch overhead",
+          "[sim][collectives][launch]") {
+  ClusterSpec c = uniform_cluster();
+  const CollectiveSpec ag = spec_of(OpKind::all_gather, 6, 1e6);
+  const double bare = time_one(c, 6, 1, ag, step_options());
+  c.launch_overhead.collective_us = 12;
+  for (const LoweringOptions& o : {step_options(), flow_options()})
+    CHECK(time_one(c, 6, 1, ag, o) == Approx(bare + 12e-6).epsilon(1e-6));
+}
+
+TEST_CASE("all-reduce runs NVLS where core's tuner picks it, timed as the analytic model",
+          "[sim][collectives][nvls]") {
+  ClusterSpec c = dgx_cluster(TopologyKind::single_switch);
+  c.intra.latency_us = 0.6;
+  c.intra.nvls = true;
+  c.intra.nvls_latency_us = 10;
+  c.nic.bandwidth_GBps = 50;
+  c.efficiency.intra_node = {0.81, 0.81, 0.81, 0.685};
+  c.efficiency.network = {0.9, 0.94, 0.94, 0.627};
+  c.launch_overhead.collective_us = 8;
+  const DeviceMesh mesh({{"dp", 32, DimRole::replicate}}, 8);
+  for (int n : {4, 8, 16}) {
+    for (double bytes : {1e6, 64e6, 1e9}) {
+      const CollectiveSpec s = spec_of(OpKind::all_reduce, n, bytes);
+      const LinkParams link = link_for_group(c, mesh, s.members, OpKind::all_reduce);
+      const double analytic = collective_time(OpKind::all_reduce, n, bytes, link);
+      for (const LoweringOptions& o : {step_options(), flow_options()}) {
+        const double t = time_one(c, n, 8, s, o);
+        INFO("n = " << n << ", " << bytes << " B, "
+                    << to_string(all_reduce_algorithm(n, bytes, link))
+                    << (o.step_fidelity ? " step " : " flow ") << t << " s, analytic " << analytic);
+        CHECK(t == Approx(analytic).epsilon(0.03));
+      }
+    }
+  }
+  // NVLS at 1 GB on 8 GPUs: busbw 2 (n-1)/n S / t near 480 GB/s (nccl-tests#212).
+  const double t8 = time_one(c, 8, 8, spec_of(OpKind::all_reduce, 8, 1e9), step_options());
+  CHECK(1e9 / t8 * 14 / 8 == Approx(479e9).epsilon(0.01));
+}
+
+TEST_CASE("simulator and analytic model agree on bare collectives on dgx-h100",
+          "[sim][collectives][analytic]") {
+  // The shipped profile, every collective kind, 1 MiB to 1 GiB, on one node, 2 and 4 nodes.
+  // On one node they agree exactly (broadcast and all) but for NVLink contention; at 1 GiB
+  // within 5% everywhere (broadcast's chains are the least exact). Below, across nodes, the
+  // analytic model adds every ring step's latency to the bandwidth term while the simulator's
+  // ring edges run ahead of each other (NCCL's steps pipeline too): the simulator is up to 35%
+  // faster (a 16 MiB ring over 4 nodes); broadcast chains contend for NVLink in ways the closed
+  // form approximates (-6% to +8%).
+  const ClusterSpec c =
+      load_cluster_file(std::string(MUONBED_SOURCE_DIR) + "/experiments/clusters/dgx-h100.yaml");
+  const DeviceMesh mesh({{"dp", 32, DimRole::replicate}}, 8);
+  double lowest = 1, highest = 1;
+  for (int n : {8, 16, 32}) {
+    for (double S : {1048576.0, 16777216.0, 1073741824.0}) {
+      std::vector<CollectiveSpec> specs;
+      for (OpKind kind : {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce,
+                          OpKind::all_to_all, OpKind::broadcast, OpKind::gather, OpKind::scatter}) {
+        const bool whole = kind == OpKind::all_reduce || kind == OpKind::broadcast;
+        CollectiveSpec s = spec_of(kind, n, whole ? S : S / n);
+        s.root = 1;
+        specs.push_back(s);
+      }
+      const HarnessResult sim = time_collectives(c, n, 8, specs, step_options());
+      for (std::size_t i = 0; i < specs.size(); ++i) {
+        const LinkParams link = link_for_group(c, mesh, specs[i].members, specs[i].kind);
+        const double analytic = collective_time(specs[i].kind, n, S, link);
+        const double ratio = sim.times[i] / analytic;
+        INFO(to_string(specs[i].kind) << " on " << n << " GPUs, " << S << " B: sim " << sim.times[i]
+                                      << " s, analytic " << analytic << " s");
+        if (S >= 1e9) {
+          CHECK(ratio == Approx(1).epsilon(0.05));
+        } else {
+          CHECK(ratio <= 1.10);
+          CHECK(ratio >= 0.65);
+          lowest = std::min(lowest, ratio);
+          highest = std::max(highest, ratio);
+        }
+      }
+    }
+  }
+  std::cout << "sim / analytic below 1 GiB on dgx-h100: " << lowest << " to " << highest << "\n";
 }

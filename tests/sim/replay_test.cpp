@@ -130,6 +130,7 @@ model: {params: [)" + params +
     Experiment e = point(base + "strategy: " + strategy + "\n");
     e.cluster.intra.bandwidth_GBps = 1e5;  // communication negligible next to NS
     e.cluster.intra.latency_us = 0.1;
+    e.cluster.launch_overhead = {};  // per-call overheads too (8 + 5 us a call on dgx-h100)
     times[i++] =
         simulate(plan_experiment(e), e.cluster, with_fidelity("step")).record.step.average_s;
   }

@@ -1,6 +1,7 @@
 // CPU handlers of rank-program ops (see backends/cpu/handlers.hpp).
 #include "backends/cpu/handlers.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -135,21 +136,25 @@ void run_keep(const RankOp& op, RankStore& store) {
 
 std::vector<std::byte> encode(const float* values, std::int64_t count, DType wire) {
   std::vector<std::byte> bytes(static_cast<std::size_t>(count * bytes_of(wire)));
-  if (count == 0) return bytes;  // (memcpy with the null pointers of empty buffers is undefined)
+  encode_into(values, count, wire, bytes.data());
+  return bytes;
+}
+
+void encode_into(const float* values, std::int64_t count, DType wire, std::byte* out) {
+  if (count == 0) return;  // (memcpy with the null pointers of empty buffers is undefined)
   if (wire == DType::fp32) {
-    std::memcpy(bytes.data(), values, bytes.size());
+    std::memcpy(out, values, static_cast<std::size_t>(count) * 4);
   } else if (wire == DType::bf16) {
     for (std::int64_t i = 0; i < count; ++i) {
       const std::uint16_t b = float_to_bf16_bits(values[i]);
-      std::memcpy(bytes.data() + 2 * i, &b, 2);
+      std::memcpy(out + 2 * i, &b, 2);
     }
   } else {
     throw ExecutionError("wire dtype " + std::string(to_string(wire)) + " is not emulated");
   }
-  return bytes;
 }
 
-void decode(const std::vector<std::byte>& bytes, DType wire, float* values, std::int64_t count) {
+void decode(std::span<const std::byte> bytes, DType wire, float* values, std::int64_t count) {
   if (static_cast<std::int64_t>(bytes.size()) != count * bytes_of(wire))
     throw ExecutionError("a message of " + std::to_string(bytes.size()) + " bytes where " +
                          std::to_string(count) + " " + std::string(to_string(wire)) +
@@ -166,6 +171,18 @@ void decode(const std::vector<std::byte>& bytes, DType wire, float* values, std:
   }
 }
 
+namespace {
+
+// The own part does not travel, but it is what a message would carry: in the wire dtype.
+std::vector<float> own_part(const RankStore& store, const ExchangePhase& phase, DType wire) {
+  std::vector<float> own = store.read(phase.self_source);
+  std::vector<std::byte> bytes = encode(own.data(), phase.self_source.count, wire);
+  decode(bytes, wire, own.data(), phase.self_source.count);
+  return own;
+}
+
+}  // namespace
+
 PhaseMessages begin_phase(const RankStore& store, const ExchangePhase& phase, DType wire) {
   PhaseMessages out;
   out.sends.reserve(phase.sends.size());
@@ -173,31 +190,58 @@ PhaseMessages begin_phase(const RankStore& store, const ExchangePhase& phase, DT
     const std::vector<float> values = store.read(t.data);
     out.sends.push_back(encode(values.data(), t.count, wire));
   }
-  // The own part does not travel, but it is what a message would carry: in the wire dtype.
-  out.own = store.read(phase.self_source);
-  std::vector<std::byte> own = encode(out.own.data(), phase.self_source.count, wire);
-  decode(own, wire, out.own.data(), phase.self_source.count);
+  out.own = own_part(store, phase, wire);
+  return out;
+}
+
+PackedPhase begin_phase_packed(const RankStore& store, const ExchangePhase& phase, DType wire,
+                               bool first_send_only) {
+  PackedPhase out;
+  const std::int64_t width = bytes_of(wire);
+  const std::size_t sends = first_send_only ? std::min<std::size_t>(1, phase.sends.size())
+                                            : phase.sends.size();
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < sends; ++i)
+    total = std::max(total, phase.sends[i].displacement + phase.sends[i].count);
+  out.sends.resize(static_cast<std::size_t>(total * width));
+  std::vector<float> values;
+  for (std::size_t i = 0; i < sends; ++i) {
+    const Transfer& t = phase.sends[i];
+    values.resize(static_cast<std::size_t>(t.count));
+    store.read(t.data, values.data());
+    encode_into(values.data(), t.count, wire, out.sends.data() + t.displacement * width);
+  }
+  out.own = own_part(store, phase, wire);
   return out;
 }
 
 void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire,
-                  const PhaseMessages& mine,
-                  const std::vector<const std::vector<std::byte>*>& received) {
+                  const std::vector<float>& own,
+                  const std::vector<std::span<const std::byte>>& received) {
   if (received.size() != phase.recvs.size())
     throw ExecutionError("rank " + std::to_string(store.rank()) + ": " +
                          std::to_string(received.size()) + " messages for " +
                          std::to_string(phase.recvs.size()) + " receives");
-  store.write(phase.self_target, mine.own.data());
+  store.write(phase.self_target, own.data());
   std::vector<float> values;
   for (std::size_t i = 0; i < phase.recvs.size(); ++i) {
     const Transfer& t = phase.recvs[i];
     values.resize(static_cast<std::size_t>(t.count));
-    decode(*received[i], wire, values.data(), t.count);
+    decode(received[i], wire, values.data(), t.count);
     if (phase.reduce)
       store.accumulate(t.data, values.data());
     else
       store.write(t.data, values.data());
   }
+}
+
+void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire,
+                  const PhaseMessages& mine,
+                  const std::vector<const std::vector<std::byte>*>& received) {
+  std::vector<std::span<const std::byte>> views;
+  views.reserve(received.size());
+  for (const std::vector<std::byte>* m : received) views.emplace_back(m->data(), m->size());
+  finish_phase(store, phase, wire, mine.own, views);
 }
 
 }  // namespace muonbed::cpu

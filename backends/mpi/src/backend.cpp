@@ -1,0 +1,546 @@
+// The `mpi` backend (see backends/mpi/mpi_backend.hpp): jobs, the run function that starts mpirun
+// or leads a user-started world, the hidden worker, and the follower loop of user-started worlds.
+#include "backends/mpi/mpi_backend.hpp"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <mpi.h>
+#include <sched.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/mpi/executor.hpp"
+#include "backends/mpi/measure.hpp"
+#include "core/errors.hpp"
+#include "core/experiment.hpp"
+#include "core/plan_json.hpp"
+#include "core/run_point.hpp"
+
+#ifndef MUONBED_MPIRUN_PATH
+#define MUONBED_MPIRUN_PATH ""
+#endif
+
+namespace muonbed {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// What every rank needs to execute one point.
+struct Job {
+  nlohmann::json plan;
+  int warmup_steps = 2;
+  int timed_steps = 10;
+  std::uint64_t seed = 1;
+  int trace_ranks = 64;
+  double timeout_s = 60;
+  std::string fault;
+  bool generic_exchange = false;
+  int blas_threads = 1;
+  std::string cluster_name;
+  double peak_tflops = 0;
+  std::string launcher;
+  std::string label;
+};
+
+nlohmann::json to_json(const Job& j) {
+  return {{"plan", j.plan},
+          {"warmup_steps", j.warmup_steps},
+          {"timed_steps", j.timed_steps},
+          {"seed", j.seed},
+          {"trace_ranks", j.trace_ranks},
+          {"timeout_s", j.timeout_s},
+          {"fault", j.fault},
+          {"generic_exchange", j.generic_exchange},
+          {"blas_threads", j.blas_threads},
+          {"cluster_name", j.cluster_name},
+          {"peak_tflops", j.peak_tflops},
+          {"launcher", j.launcher},
+          {"label", j.label}};
+}
+
+Job job_from_json(const nlohmann::json& v) {
+  Job j;
+  j.plan = v.at("plan");
+  j.warmup_steps = v.at("warmup_steps").get<int>();
+  j.timed_steps = v.at("timed_steps").get<int>();
+  j.seed = v.at("seed").get<std::uint64_t>();
+  j.trace_ranks = v.at("trace_ranks").get<int>();
+  j.timeout_s = v.at("timeout_s").get<double>();
+  j.fault = v.at("fault").get<std::string>();
+  j.generic_exchange = v.at("generic_exchange").get<bool>();
+  j.blas_threads = v.at("blas_threads").get<int>();
+  j.cluster_name = v.at("cluster_name").get<std::string>();
+  j.peak_tflops = v.at("peak_tflops").get<double>();
+  j.launcher = v.at("launcher").get<std::string>();
+  j.label = v.at("label").get<std::string>();
+  return j;
+}
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = env(name);
+  if (v == nullptr) return fallback;
+  try {
+    return std::stoi(v);
+  } catch (const std::exception&) {
+    return fallback;
+  }
+}
+
+Job make_job(const Experiment& experiment, const StepPlan& plan, const RunSettings& settings) {
+  Job job;
+  job.plan = plan_to_json(plan);
+  job.warmup_steps = experiment.steps;
+  job.timed_steps = experiment.repeats;
+  job.seed = experiment.seed;
+  job.trace_ranks = settings.trace_max_ranks;
+  job.cluster_name = experiment.cluster.name;
+  job.peak_tflops = experiment.cluster.gpu.peak_tflops;
+  job.label = experiment.point_label.empty() ? experiment.name : experiment.point_label;
+  if (const char* v = env("MUONBED_MPI_TIMEOUT")) {
+    char* end = nullptr;
+    job.timeout_s = std::strtod(v, &end);
+    if (end == v || *end != '\0' || !(job.timeout_s > 0))
+      throw Error(std::string("MUONBED_MPI_TIMEOUT='") + v +
+                  "' is not a positive number of seconds; fix: e.g. MUONBED_MPI_TIMEOUT=60");
+  }
+  if (const char* v = env("MUONBED_MPI_FAULT")) job.fault = mpi::to_string(mpi::parse_fault(v));
+  if (const char* v = env("MUONBED_MPI_EXCHANGE")) {
+    const std::string mode = v;
+    if (mode != "alltoallv" && mode != "natural")
+      throw Error("MUONBED_MPI_EXCHANGE='" + mode + "': use alltoallv or natural");
+    job.generic_exchange = mode == "alltoallv";
+  }
+  if (const char* v = env("MUONBED_BLAS_THREADS")) {
+    job.blas_threads = env_int("MUONBED_BLAS_THREADS", 0);
+    if (job.blas_threads < 1)
+      throw Error(std::string("MUONBED_BLAS_THREADS='") + v + "': use a thread count >= 1");
+  }
+  return job;
+}
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+// Every rank runs the job; rank 0 returns the point's run. A failure anywhere ends every rank
+// (MPI_Abort) with the message naming the rank, step and op. A world of the wrong size is an
+// error on rank 0 (thrown) and `wrong_world` elsewhere: every rank knows both sizes, so none hangs.
+std::optional<PointRun> execute_job(const Job& job, bool& wrong_world) {
+  const int rank = world_rank();
+  wrong_world = false;
+  std::optional<StepPlan> plan;
+  try {
+    plan = plan_from_json(job.plan);
+  } catch (const std::exception& e) {
+    if (world_size() == 1) throw;
+    mpi::abort_world("rank " + std::to_string(rank) + ": " + e.what());
+  }
+  if (plan->mesh().world_size() != world_size()) {
+    wrong_world = true;
+    if (rank == 0)
+      throw Error("point '" + job.label + "' needs " + std::to_string(plan->mesh().world_size()) +
+                  " ranks (mesh " + plan->mesh().describe() + ") but this MPI world has " +
+                  std::to_string(world_size()) + "; fix: mpirun -np " +
+                  std::to_string(plan->mesh().world_size()));
+    return std::nullopt;
+  }
+  try {
+    mpi::ExecutorOptions options;
+    options.seed = job.seed;
+    options.timeout_s = job.timeout_s;
+    options.fault = mpi::parse_fault(job.fault);
+    options.generic_exchange = job.generic_exchange;
+    mpi::MeasureSettings settings;
+    settings.warmup_steps = job.warmup_steps;
+    settings.timed_steps = job.timed_steps;
+    settings.trace_ranks = job.trace_ranks;
+    settings.cluster_name = job.cluster_name;
+    settings.peak_tflops = job.peak_tflops;
+    settings.launcher = job.launcher;
+    settings.blas_threads = job.blas_threads;
+    std::optional<mpi::Measured> m = mpi::measure(*plan, MPI_COMM_WORLD, options, settings);
+    if (!m) return std::nullopt;
+    PointRun run;
+    run.record = std::move(m->record);
+    run.trace = std::move(m->trace);
+    run.cost.what = "execution";
+    run.cost.wall_s = m->wall_s;
+    run.cost.peak_rss_bytes = m->peak_rss_bytes;
+    run.cost.messages = m->messages;
+    run.cost.messages_what = "MPI messages";
+    return run;
+  } catch (const std::exception& e) {
+    std::string message = e.what();
+    if (message.rfind("rank ", 0) != 0) message = "rank " + std::to_string(rank) + ": " + message;
+    if (world_size() == 1) throw Error(message);  // nobody else to end: an ordinary error
+    mpi::abort_world(message);
+  }
+}
+
+// Rank 0's job to every rank: a size (negative: no more jobs), then the text. The size travels by
+// MPI_Ibcast on both sides (followers poll it, sleeping, so they idle without a busy core).
+void send_job_header(long long size) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  MUONBED_MPI_CHECK(MPI_Ibcast(&size, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD, &request));
+  MUONBED_MPI_CHECK(MPI_Wait(&request, MPI_STATUS_IGNORE));
+}
+
+void broadcast_body(std::string& text) {
+  for (std::size_t at = 0; at < text.size(); at += INT_MAX / 2) {
+    const int n = static_cast<int>(std::min<std::size_t>(INT_MAX / 2, text.size() - at));
+    MUONBED_MPI_CHECK(MPI_Bcast(text.data() + at, n, MPI_CHAR, 0, MPI_COMM_WORLD));
+  }
+}
+
+void send_job(const Job& job) {
+  std::string text = to_json(job).dump();
+  send_job_header(static_cast<long long>(text.size()));
+  broadcast_body(text);
+}
+
+// A follower's wait for the next job; false when rank 0 is done.
+bool receive_job(Job& job) {
+  long long size = 0;
+  MPI_Request request = MPI_REQUEST_NULL;
+  MUONBED_MPI_CHECK(MPI_Ibcast(&size, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD, &request));
+  while (true) {
+    int done = 0;
+    MUONBED_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (size < 0) return false;
+  std::string text(static_cast<std::size_t>(size), '\0');
+  broadcast_body(text);
+  job = job_from_json(nlohmann::json::parse(text));
+  return true;
+}
+
+void init_mpi() {
+  // SimGrid's library exports SMPI's MPI_* too: a program that links it before libmpi would call
+  // the simulator's MPI (experiments/CMakeLists.txt links libmpi first).
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&MPI_Init_thread), &info) != 0 && info.dli_fname != nullptr &&
+      std::string(info.dli_fname).find("simgrid") != std::string::npos)
+    throw Error(std::string("MPI_Init_thread resolves to ") + info.dli_fname +
+                " (SimGrid's SMPI), not to the MPI library; fix: link libmpi before SimGrid");
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) return;
+  int provided = 0;
+  MUONBED_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+  if (provided < MPI_THREAD_FUNNELED)
+    throw Error(
+        "this MPI library does not provide MPI_THREAD_FUNNELED (compute threads beside "
+        "MPI on the main thread); fix: an MPI built with thread support");
+}
+
+bool g_leader = false;  // rank 0 of a world whose other ranks serve its jobs
+
+// ---- starting mpirun
+
+std::string find_mpirun() {
+  const auto executable = [](const std::string& p) {
+    return !p.empty() && access(p.c_str(), X_OK) == 0;
+  };
+  if (const char* v = env("MUONBED_MPIRUN")) {
+    if (!executable(v))
+      throw Error(std::string("MUONBED_MPIRUN='") + v +
+                  "' is not an executable; fix: the path of "
+                  "mpirun, or unset it");
+    return v;
+  }
+  if (executable(MUONBED_MPIRUN_PATH)) return MUONBED_MPIRUN_PATH;
+  if (const char* path = env("PATH")) {
+    std::stringstream dirs(path);
+    std::string dir;
+    while (std::getline(dirs, dir, ':'))
+      for (const char* name : {"mpirun", "mpiexec"})
+        if (executable(dir + "/" + name)) return dir + "/" + name;
+  }
+  throw Error(
+      "the mpi backend starts its ranks with mpirun, which is not installed; fix: sudo "
+      "apt-get install openmpi-bin (or set MUONBED_MPIRUN to an mpirun)");
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string shell_words(const std::vector<std::string>& argv) {
+  std::string out;
+  for (const std::string& a : argv) out += (out.empty() ? "" : " ") + a;
+  return out;
+}
+
+// The lines of a failed run worth showing: every rank's "muonbed: error:" line and the launcher's
+// own summary (the last lines), at most ~40.
+std::string failure_excerpt(const std::string& log) {
+  std::vector<std::string> lines;
+  std::stringstream in(log);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line.find_first_not_of("-= ") != std::string::npos) lines.push_back(line);
+  if (lines.size() <= 40) {
+    std::string out;
+    for (const auto& l : lines) out += "\n  " + l;
+    return out;
+  }
+  std::string out;
+  int errors = 0;
+  for (const auto& l : lines)
+    if (l.find("muonbed: error:") != std::string::npos && errors++ < 16) out += "\n  " + l;
+  out += "\n  ...";
+  for (std::size_t i = lines.size() - 20; i < lines.size(); ++i) out += "\n  " + lines[i];
+  return out;
+}
+
+// `log_copy`: where the launcher's output is kept when the run fails (beside the point's result
+// file); removed when it succeeds.
+PointRun launch(const Job& job, int ranks, const fs::path& log_copy) {
+  const std::string mpirun = find_mpirun();
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0)
+    throw Error("cannot find this program's path (/proc/self/exe) to start it under mpirun");
+  std::string pattern = (fs::temp_directory_path() / "muonbed-mpi-XXXXXX").string();
+  if (mkdtemp(pattern.data()) == nullptr)
+    throw Error("cannot create a temporary folder in " + fs::temp_directory_path().string() +
+                "; fix: set TMPDIR to a writable folder");
+  const fs::path dir(pattern);
+  const fs::path job_file = dir / "job.json", result_file = dir / "result.json",
+                 log_file = dir / "mpirun.log";
+  {
+    std::ofstream out(job_file, std::ios::binary);
+    out << to_json(job).dump();
+    if (!out) throw Error("cannot write " + job_file.string());
+  }
+  std::vector<std::string> argv = {mpirun, "-np", std::to_string(ranks)};
+  const int cores = available_cores();
+  if (ranks > cores) argv.push_back("--oversubscribe");
+  if (geteuid() == 0) argv.push_back("--allow-run-as-root");
+  // Each rank runs compute threads beside its MPI thread: no binding to one core.
+  argv.insert(argv.end(), {"--bind-to", "none", std::string(self, static_cast<std::size_t>(n)),
+                           "mpi-worker", job_file.string(), result_file.string()});
+
+  const auto start = Clock::now();
+  const pid_t pid = fork();
+  if (pid < 0) throw Error("cannot start mpirun (fork failed)");
+  if (pid == 0) {
+    const int log = open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int null = open("/dev/null", O_RDONLY);
+    if (log >= 0) {
+      dup2(log, STDOUT_FILENO);
+      dup2(log, STDERR_FILENO);
+    }
+    if (null >= 0) dup2(null, STDIN_FILENO);
+    setenv("OPENBLAS_NUM_THREADS", std::to_string(job.blas_threads).c_str(), 0);
+    std::vector<char*> args;
+    for (std::string& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::_Exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  std::error_code ec;
+  if (!ok || !fs::exists(result_file)) {
+    const std::string how = WIFEXITED(status)
+                                ? "exited with code " + std::to_string(WEXITSTATUS(status))
+                                : "was killed by signal " + std::to_string(WTERMSIG(status));
+    char took[32];
+    std::snprintf(took, sizeof took, "%.1f", seconds);
+    const std::string log = read_file(log_file);
+    std::string kept = log_file.string();
+    fs::create_directories(log_copy.parent_path(), ec);
+    if (!ec && fs::copy_file(log_file, log_copy, fs::copy_options::overwrite_existing, ec)) {
+      kept = log_copy.string();
+      fs::remove_all(dir, ec);
+    }
+    throw Error("mpirun " + how + " after " + took + " s (" + shell_words(argv) +
+                "); its output:" + failure_excerpt(log) + "\n  (full output: " + kept +
+                "; no result was written, so the next run reruns this point)");
+  }
+  const nlohmann::json result = nlohmann::json::parse(read_file(result_file));
+  PointRun run;
+  run.record = result_from_json(result.at("record").get<std::string>());
+  run.trace = result.at("trace");
+  const auto& cost = result.at("cost");
+  run.cost.what = "execution";
+  run.cost.wall_s = cost.at("wall_s").get<double>();
+  run.cost.peak_rss_bytes = cost.at("peak_rss_bytes").get<double>();
+  run.cost.messages = cost.at("messages").get<std::int64_t>();
+  run.cost.messages_what = "MPI messages";
+  fs::remove_all(dir, ec);
+  fs::remove(log_copy, ec);
+  return run;
+}
+
+PointRun run_mpi(const Experiment& experiment, const StepPlan& plan, const RunSettings& settings) {
+  Job job = make_job(experiment, plan, settings);
+  const int ranks = plan.mesh().world_size();
+  const MpiEnvironment environment = mpi_environment();
+  PointRun run;
+  if (environment.inside) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized || (!g_leader && world_size() > 1))
+      throw Error("this process runs under " + environment.launcher +
+                  ", where the mpi backend runs only from `muonbed run`; fix: run this command "
+                  "outside mpirun and it starts mpirun itself");
+    if (world_size() != ranks)
+      throw Error("point '" + job.label + "' needs " + std::to_string(ranks) + " ranks (mesh " +
+                  plan.mesh().describe() + ") but this MPI world has " +
+                  std::to_string(world_size()) + "; fix: start the job with " +
+                  std::to_string(ranks) + " ranks (mpirun -np " + std::to_string(ranks) +
+                  " / srun -n " + std::to_string(ranks) +
+                  "), or run muonbed outside mpirun and it starts mpirun -np " +
+                  std::to_string(ranks) + " for each point");
+    job.launcher = environment.launcher;
+    if (world_size() > 1) send_job(job);
+    bool wrong_world = false;
+    std::optional<PointRun> result = execute_job(job, wrong_world);
+    if (!result) throw Error("internal: rank 0 measured nothing");
+    run = std::move(*result);
+  } else {
+    job.launcher = "mpirun (started by muonbed)";
+    run = launch(job, ranks,
+                 fs::path(result_path(experiment, "mpi")).replace_filename("mpi.failed.log"));
+  }
+  run.record.provenance = make_provenance(&experiment, "");
+  return run;
+}
+
+}  // namespace
+
+MpiEnvironment mpi_environment() {
+  MpiEnvironment e;
+  const bool slurm = env("SLURM_JOB_ID") != nullptr;
+  if (env("OMPI_COMM_WORLD_SIZE")) {
+    e = {true, env_int("OMPI_COMM_WORLD_RANK", 0), env_int("OMPI_COMM_WORLD_SIZE", 0),
+         slurm && !env("OMPI_MCA_orte_launch") ? "Open MPI (mpirun or srun)" : "mpirun (Open MPI)"};
+  } else if (env("PMIX_RANK")) {
+    e = {true, env_int("PMIX_RANK", 0), env_int("SLURM_STEP_NUM_TASKS", 0),
+         slurm ? "srun (PMIx)" : "a PMIx launcher"};
+  } else if (env("PMI_RANK") && env("PMI_SIZE")) {
+    e = {true, env_int("PMI_RANK", 0), env_int("PMI_SIZE", 0),
+         slurm ? "srun (PMI-2)" : "mpiexec (PMI)"};
+  } else if (env("SLURM_STEP_NUM_TASKS") && env("SLURM_PROCID") && env("SLURM_STEP_ID")) {
+    e = {true, env_int("SLURM_PROCID", 0), env_int("SLURM_STEP_NUM_TASKS", 0), "srun"};
+  }
+  return e;
+}
+
+int mpi_command_begin() {
+  if (!mpi_environment().inside) return -1;
+  init_mpi();
+  if (world_rank() == 0) {
+    g_leader = true;
+    return -1;
+  }
+  Job job;
+  try {
+    bool wrong_world = false;
+    while (receive_job(job)) execute_job(job, wrong_world);
+  } catch (const std::exception& e) {
+    mpi::abort_world("rank " + std::to_string(world_rank()) + ": " + e.what());
+  }
+  MPI_Finalize();
+  return 0;
+}
+
+void mpi_command_end() {
+  if (!g_leader) return;
+  g_leader = false;
+  if (world_size() > 1) send_job_header(-1);
+  MPI_Finalize();
+}
+
+int run_mpi_worker(const std::string& job_file, const std::string& result_file) {
+  init_mpi();
+  Job job;
+  try {
+    if (world_rank() == 0) {
+      const std::string text = read_file(job_file);
+      if (text.empty()) throw Error("cannot read the job file " + job_file);
+      job = job_from_json(nlohmann::json::parse(text));
+      if (world_size() > 1) send_job(job);
+    } else if (!receive_job(job)) {
+      MPI_Finalize();
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    mpi::abort_world("rank " + std::to_string(world_rank()) + ": " + e.what());
+  }
+  std::optional<PointRun> run;
+  bool wrong_world = false;
+  try {
+    run = execute_job(job, wrong_world);
+  } catch (const std::exception& e) {  // the world size on rank 0, or any error of a lone rank
+    std::cerr << "muonbed: error: " << e.what() << std::endl;
+    MPI_Finalize();
+    return 1;
+  }
+  if (run) {
+    nlohmann::json out = {{"record", result_to_json(run->record)},
+                          {"trace", run->trace},
+                          {"cost",
+                           {{"wall_s", run->cost.wall_s},
+                            {"peak_rss_bytes", run->cost.peak_rss_bytes},
+                            {"messages", run->cost.messages}}}};
+    write_file_atomically(result_file, out.dump());
+  }
+  MPI_Finalize();
+  return wrong_world ? 1 : 0;
+}
+
+void register_mpi_backend() {
+  register_backend({"mpi",
+                    "measured on CPU ranks under Open MPI (one process per rank; mpirun started "
+                    "per point, or the world muonbed runs in)",
+                    &run_mpi});
+}
+
+}  // namespace muonbed

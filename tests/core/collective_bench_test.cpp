@@ -1,0 +1,171 @@
+// The collective benchmark harness (core/collective_bench.hpp) on the analytic backend: size
+// ranges, the synthetic plans' buffer sizes (nccl-tests' S) for every op, the row's bus factor
+// and count column, nccl-tests' line format, JSON rows, and the shipped profiles' published
+// figures (each profile's `measurements`) within 10%.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "core/collective_bench.hpp"
+#include "core/cost_model.hpp"
+#include "core/errors.hpp"
+#include "muonbed/config.hpp"
+
+using namespace muonbed;
+
+namespace {
+
+ClusterSpec profile(const std::string& name) {
+  return load_cluster_file(std::string(MUONBED_SOURCE_DIR) + "/experiments/clusters/" + name +
+                           ".yaml");
+}
+
+Experiment bench_experiment(const ClusterSpec& cluster, const DeviceMesh& mesh) {
+  Experiment e;
+  e.name = "bench_collective";
+  e.cluster = cluster;
+  e.mesh = mesh;
+  e.backends = {"analytic"};
+  return e;
+}
+
+CollectiveBenchSpec spec_of(const std::string& op, int gpus, int gpus_per_node = 8) {
+  CollectiveBenchSpec s;
+  s.op = op;
+  s.mesh = DeviceMesh({{"g", gpus, DimRole::replicate}}, gpus_per_node);
+  s.group = DimSet::of({0});
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("size ranges double like nccl-tests' -b -e -f", "[core][bench]") {
+  CHECK(parse_size_range("1K:8K") == std::vector<std::int64_t>{1024, 2048, 4096, 8192});
+  CHECK(parse_size_range("8:1K:4") == std::vector<std::int64_t>{8, 32, 128, 512});
+  CHECK(parse_size_range("64M") == std::vector<std::int64_t>{64LL << 20});
+  CHECK(parse_size_range("1G:1G") == std::vector<std::int64_t>{1LL << 30});
+  CHECK(parse_size_range("1K:1G").size() == 21);
+  CHECK_THROWS_AS(parse_size_range("1K:x"), ConfigError);
+  CHECK_THROWS_AS(parse_size_range("8K:1K"), ConfigError);
+  CHECK_THROWS_AS(parse_size_range("1K:8K:1"), ConfigError);
+  CHECK_THROWS_AS(parse_size_range(""), ConfigError);
+}
+
+TEST_CASE("every op's synthetic plan moves nccl-tests' buffer size", "[core][bench]") {
+  const ClusterSpec c = profile("dgx-h100");
+  const std::int64_t S = 64LL << 20;
+  for (const std::string& op : collective_bench_ops()) {
+    INFO(op);
+    const CollectiveBenchSpec spec = spec_of(op, 8);
+    const CollectiveBenchRow row =
+        run_collective_bench(spec, bench_experiment(c, spec.mesh), S, "analytic");
+    CHECK(row.size_bytes == S);
+    CHECK(row.type == "float");
+    CHECK(row.group_size == 8);
+    CHECK(row.gpus == 8);
+    CHECK(row.nodes == 1);
+    CHECK(row.instances == 1);
+    CHECK(row.wrong == -1);
+    CHECK(row.backend == "analytic");
+    const bool per_rank = op == "all_gather" || op == "reduce_scatter" || op == "gather" ||
+                          op == "scatter" || op == "all_to_all";
+    CHECK(row.count == (per_rank ? S / 4 / 8 : S / 4));
+    CHECK(row.redop == (op == "all_reduce" || op == "reduce_scatter" ? "sum" : "none"));
+    CHECK(row.algbw_GBps == Approx(S / (row.time_us * 1e-6) / 1e9));
+    const OpKind kind = op == "sendrecv" ? OpKind::send : op_kind_from_string(op);
+    CHECK(row.busbw_GBps == Approx(row.algbw_GBps * bus_factor(kind, 8)));
+    // The row's time is the analytic model's instance time for S.
+    if (op != "sendrecv") {
+      const LinkParams link = link_for_group(c, spec.mesh, {0, 1, 2, 3, 4, 5, 6, 7}, kind);
+      CHECK(row.time_us * 1e-6 == Approx(collective_time(kind, 8, static_cast<double>(S), link)));
+    }
+  }
+}
+
+TEST_CASE("bench plans: bfloat16, a mesh with several groups, roots, and bad input",
+          "[core][bench]") {
+  const ClusterSpec c = profile("dgx-h100");
+  CollectiveBenchSpec spec;
+  spec.op = "all_to_all";
+  spec.mesh = DeviceMesh({{"dp", 2, DimRole::replicate}, {"tp", 8, DimRole::replicate}}, 8);
+  spec.group = DimSet::of({1});
+  spec.dtype = DType::bf16;
+  const CollectiveBenchRow row =
+      run_collective_bench(spec, bench_experiment(c, spec.mesh), 1 << 20, "analytic");
+  CHECK(row.size_bytes == 1 << 20);
+  CHECK(row.type == "bfloat16");
+  CHECK(row.count == (1 << 20) / 2 / 8);
+  CHECK(row.instances == 2);
+  CHECK(row.gpus == 16);
+  CHECK(row.nodes == 2);
+  // Pieces round down to whole elements, as nccl-tests does.
+  const CollectiveBenchSpec ag = spec_of("all_gather", 3);
+  CHECK(run_collective_bench(ag, bench_experiment(c, ag.mesh), 1000, "analytic").size_bytes == 996);
+  CollectiveBenchSpec bcast = spec_of("broadcast", 4);
+  bcast.root = 3;
+  CHECK(run_collective_bench(bcast, bench_experiment(c, bcast.mesh), 4096, "analytic").root == 3);
+  bcast.root = 4;
+  CHECK_THROWS_AS(collective_bench_plan(bcast, 4096), ConfigError);
+  CHECK_THROWS_AS(collective_bench_plan(spec_of("all_gather", 1), 4096), ConfigError);
+  CHECK_THROWS_AS(collective_bench_plan(spec_of("reduce", 8), 4096), ConfigError);
+  CHECK_THROWS_WITH(run_collective_bench(ag, bench_experiment(c, ag.mesh), 1024, "nccl"),
+                    Catch::Contains("not built"));
+}
+
+TEST_CASE("bench rows print in nccl-tests' columns and as JSON", "[core][bench]") {
+  CollectiveBenchRow row;
+  row.op = "all_gather";
+  row.size_bytes = 1073741824;
+  row.count = 33554432;
+  row.type = "float";
+  row.redop = "none";
+  row.root = -1;
+  row.time_us = 2589.77;
+  row.algbw_GBps = 414.61;
+  row.busbw_GBps = 362.78;
+  row.backend = "sim";
+  CHECK(collective_bench_line(row) ==
+        "  1073741824      33554432     float    none      -1  2589.77  414.61  362.78    N/A");
+  row.wrong = 0;
+  row.time_us = 14.0;
+  CHECK(collective_bench_line(row) ==
+        "  1073741824      33554432     float    none      -1    14.00  414.61  362.78       0");
+  CHECK(collective_bench_header().find("#       size         count      type   redop    root     "
+                                       "time   algbw   busbw #wrong") != std::string::npos);
+  const auto j = collective_bench_json(row);
+  for (const char* key :
+       {"op", "size_bytes", "gpus", "time_us", "algbw_GBps", "busbw_GBps", "backend", "wrong"})
+    CHECK(j.contains(key));
+  CHECK(j["wrong"] == 0);
+}
+
+TEST_CASE("the analytic model meets the shipped profiles' published figures within 10%",
+          "[core][bench][calibration]") {
+  for (const char* name : {"dgx-h100", "dgx-h200"}) {
+    const ClusterSpec c = profile(name);
+    REQUIRE_FALSE(c.measurements.empty());
+    for (const MeasuredCollective& m : c.measurements) {
+      const CollectiveBenchSpec spec = spec_of(m.op, m.gpus, c.gpus_per_node);
+      double busbw = 0;
+      if (m.algorithm.empty()) {
+        busbw = run_collective_bench(spec, bench_experiment(c, spec.mesh), m.size_bytes, "analytic")
+                    .busbw_GBps;
+      } else {  // a forced all-reduce algorithm
+        REQUIRE(m.op == "all_reduce");
+        std::vector<int> members(m.gpus);
+        for (int i = 0; i < m.gpus; ++i) members[i] = i;
+        const LinkParams link = link_for_group(c, spec.mesh, members, OpKind::all_reduce);
+        const AllReduceAlgorithm a = m.algorithm == "ring"   ? AllReduceAlgorithm::ring
+                                     : m.algorithm == "nvls" ? AllReduceAlgorithm::nvls
+                                                             : AllReduceAlgorithm::nvls_tree;
+        const double S = static_cast<double>(m.size_bytes);
+        busbw =
+            S / all_reduce_time(a, m.gpus, S, link) / 1e9 * bus_factor(OpKind::all_reduce, m.gpus);
+      }
+      INFO(name << ": " << m.op << " on " << m.gpus << " GPUs, " << m.size_bytes << " B ("
+                << m.source << "): predicted " << busbw << " GB/s, published " << m.busbw_GBps);
+      CHECK(busbw == Approx(m.busbw_GBps).epsilon(0.10));
+    }
+  }
+}

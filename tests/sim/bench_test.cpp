@@ -1,0 +1,40 @@
+// `muonbed bench collective` on the simulator: the harness of core/collective_bench.hpp runs
+// the synthetic plans through the "sim" backend, and the shipped profiles meet their published
+// figures (each profile's `measurements` that use NCCL's default algorithm) within 10%.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "core/collective_bench.hpp"
+#include "core/cost_model.hpp"
+#include "muonbed/config.hpp"
+#include "sim/simulate.hpp"
+
+using namespace muonbed;
+
+TEST_CASE("the simulator meets the shipped profiles' published figures within 10%",
+          "[sim][bench][calibration]") {
+  register_sim_backend();
+  for (const char* name : {"dgx-h100", "dgx-h200"}) {
+    const ClusterSpec c = load_cluster_file(std::string(MUONBED_SOURCE_DIR) +
+                                            "/experiments/clusters/" + name + ".yaml");
+    for (const MeasuredCollective& m : c.measurements) {
+      if (!m.algorithm.empty()) continue;  // a forced algorithm: the analytic test checks it
+      CollectiveBenchSpec spec;
+      spec.op = m.op;
+      spec.mesh = DeviceMesh({{"g", m.gpus, DimRole::replicate}}, c.gpus_per_node);
+      spec.group = DimSet::of({0});
+      Experiment e;
+      e.name = "bench_collective";
+      e.cluster = c;
+      e.mesh = spec.mesh;
+      e.sim_fidelity = "step";
+      const CollectiveBenchRow row = run_collective_bench(spec, e, m.size_bytes, "sim");
+      INFO(name << ": " << m.op << " on " << m.gpus << " GPUs, " << m.size_bytes << " B ("
+                << m.source << "): simulated " << row.busbw_GBps << " GB/s, published "
+                << m.busbw_GBps);
+      CHECK(row.fidelity == "step");
+      CHECK(row.busbw_GBps == Approx(m.busbw_GBps).epsilon(0.10));
+    }
+  }
+}
