@@ -1,11 +1,14 @@
 #!/usr/bin/python3
 """Tests of analysis/plot.py on synthetic results folders laid out as `muonbed run` writes them
-(<output>/<point slug>/<backend>.json per core/results.hpp, schema 1, plus a trace JSON of one
-step): the expected plots are written, non-empty, deterministic, and the CLI's error paths exit
-as documented. Run: /usr/bin/python3 -m unittest analysis/test_plot.py (from the repo root), or
-/usr/bin/python3 analysis/test_plot.py. `--make DIR` writes the synthetic folders to DIR instead
-(for looking at the plots by hand)."""
+(<output>/<point slug>/<backend>.json per core/results.hpp, schema 2 with point identity and
+checksum, muonbed-run.json, plus a trace JSON of one step): what is drawn matches the records
+(bar lengths, point order, claim ratios), files are deterministic, results that do not belong to
+the run (edited, of another configuration, mistyped, NaN) are left out and said so, and the CLI's
+error paths exit as documented. Run: /usr/bin/python3 -m unittest analysis/test_plot.py (from the
+repo root), or /usr/bin/python3 analysis/test_plot.py. `--make DIR` writes the synthetic folders
+to DIR instead (for looking at the plots by hand)."""
 
+import hashlib
 import json
 import math
 import os
@@ -20,6 +23,8 @@ PLOT = os.path.join(HERE, "plot.py")
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import plot  # noqa: E402
+from muonbed_plots import claims as claims_mod  # noqa: E402
+from muonbed_plots import common, loader, sweep as sweep_mod  # noqa: E402
 
 try:
     import matplotlib  # noqa: F401
@@ -34,7 +39,7 @@ def slug(label):
 
 def record(experiment, label, backend, strategy, world, step_s, worst_s=None, gpn=8,
            compute_frac=0.6, exposed_frac=0.25, claims=None):
-    """A results record of schema 1 with plausible, self-consistent numbers."""
+    """A results record of schema 2 with plausible, self-consistent numbers."""
     worst_s = step_s if worst_s is None else worst_s
     params = 6.7e9
     ranks = []
@@ -59,7 +64,7 @@ def record(experiment, label, backend, strategy, world, step_s, worst_s=None, gp
     mean = lambda key, which="average": sum(x[which][key] for x in ranks) / world
     flops = 5 * 4 * params * 4096
     doc = {
-        "schema_version": 1, "backend": backend,
+        "schema_version": 2, "backend": backend,
         "fidelity": "step" if backend == "sim" else "closed_form",
         "timestamp": "2025-01-31T12:34:56Z",
         "provenance": {"muonbed_version": "0.1.0", "git_hash": "0123456789abcdef" * 2 + "01234567",
@@ -68,7 +73,8 @@ def record(experiment, label, backend, strategy, world, step_s, worst_s=None, gp
                        "experiment_file": "experiments/" + experiment + ".yaml",
                        "point": label,
                        "resolved_config": "name: %s\nstrategy: {name: %s}\n" % (experiment,
-                                                                                strategy)},
+                                                                                strategy),
+                       "point_id": point_id(experiment, label, backend)},
         "setup": {"strategy": strategy, "cluster": "dgx-h100", "model": "llama-7b",
                   "mesh": f"dp_shard={world} ({world} ranks, {gpn} per node)",
                   "world_size": world, "nodes": max(1, world // gpn), "gpus_per_node": gpn,
@@ -154,10 +160,59 @@ def legacy_trace(world, ops=6, step_us=1000.0):
     return events
 
 
+def point_id(experiment, label, backend, config=""):
+    """A stand-in for core/results.cpp's point_identity (plot.py only compares them)."""
+    text = f"{experiment}\n{label}\n{backend}\n{config}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def write(path, doc):
+    """A trace or any JSON, as is."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
+
+
+def result_bytes(doc):
+    """A result file as muonbed writes it: the checksum last, the SHA-256 of the text with it
+    empty."""
+    doc = {k: v for k, v in doc.items() if k != "checksum"}
+    doc["checksum"] = ""
+    raw = (json.dumps(doc, indent=1) + "\n").encode("utf-8")
+    at = raw.rindex(b'"checksum": ""') + len(b'"checksum": "')
+    return raw[:at] + hashlib.sha256(raw).hexdigest().encode() + raw[at:]
+
+
+def write_result(path, doc):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(result_bytes(doc))
+
+
+def write_manifest(root, order=None, seed_claims=None):
+    """muonbed-run.json as `muonbed run` writes it: every result under root (in `order` of point
+    labels when given) with its point identity, and the traces."""
+    results, traces = [], []
+    for dirpath, _, files in sorted(os.walk(root)):
+        for name in sorted(files):
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            if name == "muonbed-run.json" or not name.endswith(".json"):
+                continue
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+            if isinstance(doc, dict) and "step" in doc:
+                results.append({"path": rel, "backend": doc["backend"],
+                                "point": doc["provenance"]["point"],
+                                "point_id": doc["provenance"]["point_id"]})
+            else:
+                traces.append(rel)
+    if order:
+        results.sort(key=lambda e: order.index(e["point"]) if e["point"] in order else 99)
+    doc = {"experiment": "x", "schema_version": 2, "results": results, "traces": traces}
+    if seed_claims is not None:
+        doc["seed_claims"] = seed_claims
+    write(os.path.join(root, "muonbed-run.json"), doc)
 
 
 CLAIMS = [{"name": "parallel ~N x faster than sequential", "source": "seed 000",
@@ -168,9 +223,13 @@ CLAIMS = [{"name": "parallel ~N x faster than sequential", "source": "seed 000",
            "speedup": [16, 24]}]
 
 
-def make_strategies(root, claims=True, only=None):
+STRATEGY_ORDER = ["sequential", "replicated", "owner", "all_to_all", "owner_allgather"]
+
+
+def make_strategies(root, claims=True, only=None, manifest=True):
     """quickstart-like: five strategies x two backends on 8 GPUs, a trace per sim point; the
-    replicated point has a level-sync pattern so average and worst differ."""
+    replicated point has a level-sync pattern so average and worst differ. The manifest lists
+    the points in the experiment's order (not alphabetical)."""
     times = {"sequential": 0.080, "replicated": 0.030, "owner": 0.0105, "all_to_all": 0.0062,
              "owner_allgather": 0.0081}
     for strategy, t in times.items():
@@ -179,10 +238,12 @@ def make_strategies(root, claims=True, only=None):
         label = f"strategy.name={strategy}"
         for backend, f in (("analytic", 1.0), ("sim", 1.12)):
             worst = t * f * 1.9 if strategy == "replicated" else None
-            write(os.path.join(root, slug(label), backend + ".json"),
-                  record("quickstart", label, backend, strategy, 8, t * f, worst,
-                         claims=CLAIMS if claims else None))
+            write_result(os.path.join(root, slug(label), backend + ".json"),
+                         record("quickstart", label, backend, strategy, 8, t * f, worst,
+                                claims=CLAIMS if claims else None))
         write(os.path.join(root, slug(label), "sim.trace.json"), trace(8))
+    if manifest:
+        write_manifest(root, order=[f"strategy.name={x}" for x in STRATEGY_ORDER])
 
 
 def make_scaling(root):
@@ -191,24 +252,37 @@ def make_scaling(root):
         for world in (8, 16, 32, 64, 128):
             label = f"strategy.name={strategy},mesh.dims=[{{name: dp_shard, size: {world}}}]"
             t = 0.01 * (8 / world) ** 0.7 * (1.0 if strategy == "owner" else 0.7)
-            write(os.path.join(root, slug(label), "analytic.json"),
-                  record("scaling", label, "analytic", strategy, world, t, t * 1.3))
+            write_result(os.path.join(root, slug(label), "analytic.json"),
+                         record("scaling", label, "analytic", strategy, world, t, t * 1.3))
             if world == 128 and strategy == "owner":
                 write(os.path.join(root, slug(label), "analytic.trace.json"),
                       trace(world, ops=6))
             if world == 32 and strategy == "all_to_all":
                 write(os.path.join(root, slug(label), "trace.json"), legacy_trace(world))
+    write_manifest(root)
 
 
 def make_seed_claims(root):
-    """experiments/seed_claims.yaml's layout: the sweep key `strategy` takes maps, and the
-    variants are told apart by the resolved configuration (no claims stated in the files)."""
+    """experiments/seed_claims.yaml's layout: the sweep key `strategy` takes maps; `muonbed run`
+    classifies the variants (core/results.hpp seed_claims) and lists the rows in the manifest."""
+    ids = {}
     for name, prefetch, t in (("sequential", 0, 0.95), ("owner", 0, 0.136), ("owner", 2, 0.117)):
         label = f"strategy={{name: {name}, prefetch_count: {prefetch}}}"
         doc = record("seed_claims", label, "analytic", name, 8, t)
         doc["provenance"]["resolved_config"] = (
             f"name: seed_claims\nstrategy:\n  name: {name}\n  prefetch_count: {prefetch}\n")
-        write(os.path.join(root, slug(label), "analytic.json"), doc)
+        ids[(name, prefetch)] = doc["provenance"]["point_id"]
+        write_result(os.path.join(root, slug(label), "analytic.json"), doc)
+    seq, par, pre = ids[("sequential", 0)], ids[("owner", 0)], ids[("owner", 2)]
+    rows = [{"claim": "parallel owner vs sequential", "claimed": "~N x (N = 8)", "low": 8 / 1.2,
+             "high": 8 * 1.2, "backend": "analytic", "baseline_point_id": seq,
+             "target_point_id": par},
+            {"claim": "prefetch 2 vs parallel (on top)", "claimed": "2-3x", "low": 2, "high": 3,
+             "backend": "analytic", "baseline_point_id": par, "target_point_id": pre},
+            {"claim": "prefetch 2 vs sequential (total)", "claimed": "16-24x", "low": 16,
+             "high": 24, "backend": "analytic", "baseline_point_id": seq,
+             "target_point_id": pre}]
+    write_manifest(root, seed_claims=rows)
 
 
 class PlotTest(unittest.TestCase):
@@ -223,6 +297,19 @@ class PlotTest(unittest.TestCase):
                 self.assertTrue(os.path.isfile(path), f"missing {path}")
                 self.assertGreater(os.path.getsize(path), 1000, f"tiny {path}")
 
+    def drawn(self, root, claims_file=None):
+        """Runs the plots in this process and keeps the figures: what was drawn, not just that
+        files exist."""
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        loaded = loader.load_dir(root)
+        out = tempfile.mkdtemp(dir=root)
+        p = common_plotter(plt, out, len(loaded.excluded))
+        self.addCleanup(plt.close, "all")
+        plot.plot_experiment(p, loaded.records, root, claims_file, loaded.manifest)
+        return p, loaded
+
     @unittest.skipUnless(HAVE_MPL, "matplotlib is not importable by this interpreter")
     def test_strategy_sweep(self):
         with tempfile.TemporaryDirectory() as d:
@@ -235,33 +322,141 @@ class PlotTest(unittest.TestCase):
                                   "quickstart-timeline-sim-owner", "quickstart-claims"])
             self.assertFalse(os.path.exists(os.path.join(d, "quickstart-scaling.png")),
                              "no scaling plot when the world size does not vary")
-            self.assertIn("wrote", res.stdout)
             self.assertIn("quickstart-strategies.png", res.stdout)
-            # Every file it lists exists; the claims table is printed.
+            # Every file it lists exists; the claims table is printed; nothing was left out.
             listed = [l.strip() for l in res.stdout.splitlines() if l.startswith("  ")
                       and l.strip().endswith((".png", ".pdf"))]
             self.assertEqual(len(listed), len([f for f in os.listdir(d)
                                                if f.endswith((".png", ".pdf"))]))
-            self.assertIn("claimed", res.stdout)
             self.assertIn("holds", res.stdout)
+            self.assertNotIn("warning", res.stderr)
+
+    @unittest.skipUnless(HAVE_MPL, "matplotlib is not importable by this interpreter")
+    def test_bars_are_the_records_numbers_in_sweep_order(self):
+        with tempfile.TemporaryDirectory() as d:
+            make_strategies(d, claims=False)
+            p, loaded = self.drawn(d)
+            fig = p.figures["quickstart-strategies"]
+            analytic = fig.axes[0]
+            # Points in the experiment's order (the manifest's), not alphabetical.
+            labels = [t.get_text() for t in analytic.get_yticklabels()]
+            self.assertEqual(labels, STRATEGY_ORDER)
+            # The stacked parts of each average bar add up to the record's average step.
+            by_label = {r.label: r for r in loaded.records if r.backend == "analytic"}
+            scale, _ = common.time_unit(max(max(r.doc["step"]["average_s"],
+                                                r.doc["step"]["worst_s"])
+                                            for r in loaded.records))
+            for i, name in enumerate(STRATEGY_ORDER):
+                r = by_label[f"strategy.name={name}"]
+                worst_differs = r.doc["step"]["worst_s"] != r.doc["step"]["average_s"]
+                y = i - 0.2 if worst_differs else i
+                bars = [b for b in analytic.patches
+                        if abs(b.get_y() + b.get_height() / 2 - y) < 1e-9]
+                total = sum(b.get_width() for b in bars)
+                self.assertAlmostEqual(total, r.doc["step"]["average_s"] * scale, delta=1e-9,
+                                       msg=name)
 
     @unittest.skipUnless(HAVE_MPL, "matplotlib is not importable by this interpreter")
     def test_manifest_limits_plots_to_the_current_sweep(self):
         # An edited experiment no longer has the sequential point; its old files stay in the
         # folder, and muonbed run's manifest lists only the current points.
         with tempfile.TemporaryDirectory() as d:
-            make_strategies(d, claims=False, only={"sequential", "owner"})
-            owner = slug("strategy.name=owner")
-            write(os.path.join(d, "muonbed-run.json"),
-                  {"experiment": "quickstart",
-                   "results": [f"{owner}/analytic.json", f"{owner}/sim.json"],
-                   "traces": [f"{owner}/sim.trace.json"]})
+            make_strategies(d, claims=False, only={"sequential", "owner"}, manifest=False)
+            owner = os.path.join(d, slug("strategy.name=owner"))
+            os.rename(os.path.join(d, slug("strategy.name=sequential")), d + ".seq")
+            write_manifest(d)
+            os.rename(d + ".seq", os.path.join(d, slug("strategy.name=sequential")))
             res = self.run_cli(d, "--formats", "png")
             self.assertEqual(res.returncode, 0, res.stderr)
             self.assertIn("read 2 result file(s)", res.stdout)
             self.assertIn("3 JSON file(s)", res.stdout)  # sequential's two results and trace
             timelines = [f for f in os.listdir(d) if f.startswith("quickstart-timeline-")]
             self.assertEqual(timelines, ["quickstart-timeline-sim-owner.png"])
+            self.assertTrue(os.path.isdir(owner))
+
+    @unittest.skipUnless(HAVE_MPL, "matplotlib is not importable by this interpreter")
+    def test_a_killed_rerun_of_an_edited_experiment_is_not_mixed_in(self):
+        # The manifest names each point's identity; a result replaced afterwards by a run of
+        # another configuration (killed before it rewrote the manifest) is flagged, not plotted.
+        with tempfile.TemporaryDirectory() as d:
+            make_strategies(d, claims=False, only={"sequential", "owner"})
+            path = os.path.join(d, slug("strategy.name=owner"), "analytic.json")
+            doc = record("quickstart", "strategy.name=owner", "analytic", "owner", 8, 0.5)
+            doc["provenance"]["point_id"] = point_id("quickstart", "strategy.name=owner",
+                                                     "analytic", "ns_steps: 4")
+            write_result(path, doc)
+            res = self.run_cli(d, "--formats", "png")
+            self.assertEqual(res.returncode, 0, res.stderr)
+            self.assertIn("result of another configuration", res.stderr)
+            self.assertIn("read 3 result file(s)", res.stdout)
+            self.assertIn("1 result file(s) were NOT plotted", res.stdout)
+            p, loaded = self.drawn(d)
+            self.assertNotIn(path, [r.path for r in loaded.records])
+            footer = p.figures["quickstart-strategies"]._supxlabel.get_text()
+            self.assertIn("NOT SHOWN: 1 result file(s)", footer)
+
+    @unittest.skipUnless(HAVE_MPL, "matplotlib is not importable by this interpreter")
+    def test_edited_mistyped_and_nonfinite_results_are_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            make_strategies(d, claims=False, only={"sequential", "owner"})
+            folder = os.path.join(d, slug("strategy.name=owner"))
+            # A hand edit of one number (a 356,259,983x speedup): the checksum catches it.
+            path = os.path.join(folder, "analytic.json")
+            with open(path, "rb") as f:
+                raw = f.read()
+            edited = re.sub(rb'"average_s": [0-9.e-]+', b'"average_s": 2.24e-10', raw, count=1)
+            self.assertNotEqual(raw, edited)
+            with open(path, "wb") as f:
+                f.write(edited)
+            # Valid checksums over bad content (written by a broken tool): each field checked.
+            sim = os.path.join(folder, "sim.json")
+            for bad, why in ((lambda x: x["step"].update(average_s="fast"), "not a finite"),
+                             (lambda x: x["step"].update(average_s=float("nan")), "not a finite"),
+                             (lambda x: x.update(ranks=5), "ranks is not a list"),
+                             (lambda x: x["setup"].update(world_size="8"), "not a whole")):
+                doc = record("quickstart", "strategy.name=owner", "sim", "owner", 8, 0.01)
+                bad(doc)
+                write_result(sim, doc)
+                res = self.run_cli(d, "--formats", "png")
+                self.assertEqual(res.returncode, 0, res.stderr)
+                self.assertIn("checksum does not match", res.stderr)
+                self.assertIn(why, res.stderr)
+                self.assertNotIn("Traceback", res.stderr)
+                self.assertIn("read 2 result file(s)", res.stdout)  # sequential's only
+            # Nothing verified at all: an error, not an empty plot.
+            for name in os.listdir(d):
+                sub = os.path.join(d, name)
+                for f in (os.listdir(sub) if os.path.isdir(sub) else []):
+                    if f.endswith(".json") and "trace" not in f:
+                        with open(os.path.join(sub, f), "ab") as fh:
+                            fh.write(b" ")
+            res = self.run_cli(d, "--formats", "png")
+            self.assertEqual(res.returncode, 1)
+            self.assertIn("no verified results", res.stderr)
+
+    @unittest.skipUnless(HAVE_MPL, "matplotlib is not importable by this interpreter")
+    def test_untrusted_manifests_are_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            make_strategies(d, claims=False, only={"owner"})
+            manifest = os.path.join(d, "muonbed-run.json")
+            for content, words in (
+                    (b"{not json", "not valid JSON"),
+                    (b'{"results": ["strategy.name=owner/sim.json"]}', "older muonbed"),
+                    (b'{"schema_version": 2, "results": [{"path": "../../etc/passwd", '
+                     b'"point_id": "x"}]}', "inside the folder"),
+                    (b"\xff\xfe binary", "not UTF-8")):
+                with open(manifest, "wb") as f:
+                    f.write(content)
+                res = self.run_cli(d, "--formats", "png")
+                self.assertEqual(res.returncode, 1, res.stderr)
+                self.assertIn(words, res.stderr)
+                self.assertIn("rerun `muonbed run", res.stderr)
+                self.assertNotIn("Traceback", res.stderr)
+            # Without any manifest: every verified result, with a warning that they may mix.
+            os.remove(manifest)
+            res = self.run_cli(d, "--formats", "png")
+            self.assertEqual(res.returncode, 0, res.stderr)
+            self.assertIn("may be mixed", res.stderr)
 
     @unittest.skipUnless(HAVE_MPL, "matplotlib is not importable by this interpreter")
     def test_scaling_and_big_mesh(self):
@@ -278,6 +473,12 @@ class PlotTest(unittest.TestCase):
             self.assertFalse(any(f.endswith(".pdf") for f in os.listdir(out)))
             self.assertFalse(any(f.endswith(".png") for f in os.listdir(src)),
                              "--out keeps the results folder clean")
+            # One line per strategy, its x values the world sizes, in order.
+            p, _ = self.drawn(src)
+            lines = p.figures["scaling-scaling"].axes[0].get_lines()
+            self.assertEqual(len([l for l in lines if l.get_alpha() is None]), 2)
+            for line in lines:
+                self.assertEqual(list(line.get_xdata()), [8, 16, 32, 64, 128])
 
     @unittest.skipUnless(HAVE_MPL, "matplotlib is not importable by this interpreter")
     def test_deterministic(self):
@@ -298,7 +499,7 @@ class PlotTest(unittest.TestCase):
                 self.assertEqual(outs[0][f], outs[1][f], f"{f} differs between two runs")
 
     @unittest.skipUnless(HAVE_MPL, "matplotlib is not importable by this interpreter")
-    def test_seed000_claims_built_in(self):
+    def test_seed000_claims_from_the_manifest(self):
         with tempfile.TemporaryDirectory() as d:
             make_seed_claims(d)
             res = self.run_cli(d, "--formats", "png")
@@ -309,6 +510,25 @@ class PlotTest(unittest.TestCase):
             # 0.95 / 0.136 = 6.99 (within 8 x +-20 %), 0.136 / 0.117 = 1.16 (2-3 x claimed)
             self.assertRegex(res.stdout, r"6\.99×\s+holds")
             self.assertRegex(res.stdout, r"1\.16×\s+predicted below claim")
+            # The ratios come from the verified records: drop one, and its rows say so.
+            os.remove(os.path.join(d, slug("strategy={name: owner, prefetch_count: 2}"),
+                                   "analytic.json"))
+            res = self.run_cli(d, "--formats", "png")
+            self.assertEqual(res.returncode, 0, res.stderr)
+            self.assertEqual(res.stdout.count("point missing"), 2)
+            self.assertRegex(res.stdout, r"6\.99×\s+holds")
+
+    def test_claims_ranges(self):
+        self.assertEqual(claims_mod.claimed_range("16-24x", 0.2), (16.0, 24.0))
+        self.assertEqual(claims_mod.claimed_range([2, 3], 0.2), (2.0, 3.0))
+        lo, hi = claims_mod.claimed_range(8, 0.25)
+        self.assertAlmostEqual(lo, 6.4)
+        self.assertAlmostEqual(hi, 10.0)
+        for bad in ("nan", [3, 2], [0, 1], True, {"a": 1}, "inf", [1, float("inf")]):
+            with self.assertRaises((ValueError, TypeError), msg=repr(bad)):
+                claims_mod.claimed_range(bad, 0.2)
+        with self.assertRaises(ValueError):
+            claims_mod.claimed_range(8, -1)
 
     def test_errors(self):
         with tempfile.TemporaryDirectory() as d:
@@ -317,10 +537,30 @@ class PlotTest(unittest.TestCase):
             self.assertIn("not a folder", res.stderr)
             res = self.run_cli(d, "--formats", "gif")
             self.assertEqual(res.returncode, 2)
+            with open(os.path.join(d, "file"), "w") as f:
+                f.write("x")
+            res = self.run_cli(d, "--out", os.path.join(d, "file"))
+            self.assertEqual(res.returncode, 2)
+            self.assertIn("is a file, not a folder", res.stderr)
+            res = self.run_cli(d, "--out", os.path.join(d, "file", "sub"))
+            self.assertEqual(res.returncode, 2)
+            self.assertIn("cannot create the output folder", res.stderr)
             if HAVE_MPL:
                 res = self.run_cli(d)
                 self.assertEqual(res.returncode, 1)
-                self.assertIn("no results JSON", res.stderr)
+                self.assertIn("no verified results", res.stderr)
+                make_strategies(d, only={"owner"})
+                with open(os.path.join(d, "bin.claims"), "wb") as f:
+                    f.write(bytes(range(256)) * 4)
+                res = self.run_cli(d, "--claims", os.path.join(d, "bin.claims"))
+                self.assertEqual(res.returncode, 2)
+                self.assertIn("not UTF-8", res.stderr)
+                with open(os.path.join(d, "bad.yaml"), "w") as f:
+                    f.write("claims: [{name: x, speedup: [1, 2}\n")
+                res = self.run_cli(d, "--claims", os.path.join(d, "bad.yaml"))
+                self.assertEqual(res.returncode, 2)
+                self.assertIn("not valid YAML", res.stderr)
+                self.assertNotIn("Traceback", res.stderr)
 
     def test_without_matplotlib(self):
         # A Python that cannot import matplotlib: a clear message and exit 0.
@@ -337,23 +577,43 @@ class PlotTest(unittest.TestCase):
             self.assertIn("matplotlib is not available", res.stdout)
             self.assertFalse(any(f.endswith(".png") for f in os.listdir(d)))
 
+    def test_file_names_stay_in_the_output_folder(self):
+        # An experiment name with '/' or '..' must not write outside --out, and distinct names
+        # stay distinct (as core's point_slug).
+        for name in ("../../etc/x", "a/b", "..", "."):
+            part = common.file_part(name)
+            self.assertNotIn("/", part)
+            self.assertNotIn(part, ("..", "."))
+        self.assertNotEqual(common.file_part("a/b"), common.file_part("a_b"))
+        self.assertEqual(common.file_part("strategy.name=owner"), "strategy.name=owner")
+        self.assertLessEqual(len(common.file_part("x" * 5000)), 200)
+
+    def test_checksum_matches_core(self):
+        # The same rule as core/src/results.cpp verify_checksum: any byte changed breaks it.
+        raw = result_bytes({"a": 1, "b": [1.5, "x"]})
+        self.assertTrue(loader.verify_checksum(raw))
+        for i in range(0, len(raw) - 70):
+            changed = raw[:i] + bytes([raw[i] ^ 1]) + raw[i + 1:]
+            self.assertFalse(loader.verify_checksum(changed), i)
+        self.assertFalse(loader.verify_checksum(raw + b"{}"))
+
     def test_helpers(self):
-        self.assertEqual(plot.split_label(
+        self.assertEqual(common.split_label(
             "strategy.name=owner,mesh.dims=[{name: dp_shard, size: 4}, {name: tp, size: 8}]"),
             [("strategy.name", "owner"),
              ("mesh.dims", "[{name: dp_shard, size: 4}, {name: tp, size: 8}]")])
-        self.assertEqual(plot.short_value("[{name: dp_shard, size: 4}, {name: tp, size: 8}]"),
-                         "dp_shard4×tp8")
-        self.assertEqual(plot.short_value("{name: owner, prefetch_count: 2}"),
+        self.assertEqual(sweep_mod.short_value(
+            "[{name: dp_shard, size: 4}, {name: tp, size: 8}]"), "dp_shard4×tp8")
+        self.assertEqual(sweep_mod.short_value("{name: owner, prefetch_count: 2}"),
                          "owner, prefetch_count=2")
-        self.assertEqual(plot.claimed_range("16-24x", 0.2), (16.0, 24.0))
-        self.assertEqual(plot.claimed_range([2, 3], 0.2), (2.0, 3.0))
-        lo, hi = plot.claimed_range(8, 0.25)
-        self.assertAlmostEqual(lo, 6.4)
-        self.assertAlmostEqual(hi, 10.0)
-        self.assertEqual(plot.time_unit(0.002), (1e3, "ms"))
-        # A reader tolerant of missing fields: absent numbers read as 0.
-        self.assertEqual(plot.aw({}, "throughput.params_per_s_per_gpu"), (0.0, 0.0))
+        self.assertEqual(common.time_unit(0.002), (1e3, "ms"))
+
+
+def common_plotter(plt, out, excluded):
+    from muonbed_plots.style import Plotter, setup_style
+    import matplotlib
+    setup_style(matplotlib)
+    return Plotter(plt, out, ["png"], 16, excluded=excluded, keep_figures=True)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,11 @@ class PlanError : public Error {
   using Error::Error;
 };
 
+// The usual fix for a system error (an errno value) on a path, for messages that already give
+// the system's reason: "free disk space", "use shorter names", "choose a writable folder", ...
+// `writing`: the path was to be written (created, renamed), not read.
+std::string path_error_fix(int error_number, bool writing = false);
+
 // An executor could not run a plan's program (a read of a released buffer, a message of the wrong
 // size, an unsupported dtype): names the op, rank and tensor.
 class ExecutionError : public Error {

@@ -23,6 +23,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,11 @@ struct Experiment {
   std::uint64_t seed = 1;
   std::string output_dir;
   std::string resolved_yaml;  // the complete resolved configuration of this point, as YAML
+  // The sharded model, built once when the file is parsed and shared by the points of a sweep
+  // whose mesh, model and parallel rules agree; shard_model() returns it while the fingerprint
+  // of those inputs (sharded_key) still matches.
+  std::shared_ptr<const ShardedModel> sharded;
+  std::uint64_t sharded_key = 0;
 
   PlanSettings plan_settings() const;
 };
@@ -67,6 +73,8 @@ std::vector<Experiment> parse_experiment(const std::string& yaml_text, const std
 
 // Builds the sharded model and the plan of a point.
 ShardedModel shard_model(const Experiment& experiment);
+// The same without a copy: the sharding made at parse time while it still fits the point.
+std::shared_ptr<const ShardedModel> shared_shard_model(const Experiment& experiment);
 StepPlan plan_experiment(const Experiment& experiment);
 
 }  // namespace muonbed

@@ -2,10 +2,13 @@
 // experiment point and backend, so predicted and measured lines up field by field. This header is
 // backend-neutral (no SimGrid, CUDA or MPI); core/src/results.cpp reads and writes the JSON.
 //
-// Schema (version 1). Times in seconds, sizes in bytes, bandwidths in GB/s (1e9 B/s). Keys appear
-// in this order; the same input gives a byte-identical file except "timestamp".
+// Schema (version 2). Times in seconds, sizes in bytes, bandwidths in GB/s (1e9 B/s). Keys appear
+// in this order; the same input gives a byte-identical file except "timestamp" (and "checksum",
+// which covers it). Every number is finite: a backend result with NaN or infinity is refused
+// at write time, never stored as JSON null. Version 2 added provenance.point_id and checksum;
+// version 1 files are not read (rerun the experiment).
 //
-//   schema_version   1
+//   schema_version   2
 //   backend          "analytic" | "sim" (later "mpi" | "nccl")
 //   fidelity         sim: "step" | "flow"; analytic: "closed_form"
 //   timestamp        UTC ISO-8601 time the record was made: the one nondeterministic field
@@ -13,7 +16,10 @@
 //                    "-dirty-<12 hex of the diff's SHA-1>" when tracked files had uncommitted
 //                    changes; "unknown" without git), simgrid_version ("" when the backend does not
 //                    use SimGrid), host_name, experiment (name), experiment_file, point (the sweep
-//                    label), resolved_config (Experiment::resolved_yaml: the complete input)
+//                    label), resolved_config (Experiment::resolved_yaml: the complete input),
+//                    point_id (point_identity(): 16 hex digits naming the experiment, point,
+//                    backend and configuration; muonbed-run.json lists the ids of the current
+//                    sweep, so results of another configuration are never taken for its own)
 //   setup            strategy, cluster, model, mesh (DeviceMesh::describe), world_size, nodes,
 //                    gpus_per_node, params (elements of all parameters), muon_matrices,
 //                    hyper_period (steps after which the level-sync pattern repeats)
@@ -70,6 +76,9 @@
 //                    unpacking, alloc/release, keep copies), mpi_s (inside MPI calls), and
 //                    overhead_fraction = (engine_s + handlers_s) / step average_s
 //   notes            free-text remarks of the backend (approximations used, caps hit)
+//   checksum         SHA-256 (64 hex digits) of the file's text with this value empty
+//                    ("checksum": ""): an edited or damaged file fails verify_checksum (the
+//                    reader, resume and analysis/plot.py check it)
 #pragma once
 
 #include <cstdint>
@@ -83,7 +92,7 @@ namespace muonbed {
 
 struct Experiment;
 
-constexpr int kResultsSchemaVersion = 1;
+constexpr int kResultsSchemaVersion = 2;
 
 struct AverageWorst {
   double average = 0;
@@ -99,6 +108,7 @@ struct Provenance {
   std::string experiment_file;
   std::string point;
   std::string resolved_config;
+  std::string point_id;  // written by result_to_json (point_identity of the fields above)
 };
 
 struct SetupInfo {
@@ -240,6 +250,7 @@ struct ResultRecord {
   std::vector<RankResult> ranks;
   ExecutionInfo execution;
   std::vector<std::string> notes;
+  std::string checksum;  // as read from a file; result_to_json computes its own
 };
 
 // ---- Building records (shared by every backend) ------------------------------------------------
@@ -302,18 +313,52 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster);
 std::string summary_line(const ResultRecord& record);
 
 // Seed 000's claims (parallel vs sequential ~N x, prefetch 2-3 x on top, 16-24 x total on 8 GPUs)
-// beside the predictions of each backend found in `records` (points told apart by strategy name
-// and prefetch_count in their resolved configuration). Missing points show as "-"; "" when no
-// backend has two of the three configurations.
+// and the records that test them. This is the one classifier of the claims' configurations
+// (strategy name and prefetch_count from each record's resolved configuration: "sequential",
+// "parallel" = owner with prefetch 0, "prefetch" = owner with prefetch >= 2); the CLI prints
+// seed_claims_table() and muonbed-run.json carries the rows for analysis/plot.py. Rows only for
+// backends with at least two of the three configurations.
+struct SeedClaimRow {
+  std::string claim;         // "parallel owner vs sequential"
+  std::string claimed;       // "~N x" with N filled in, "2-3x", "16-24x"
+  double low = 0, high = 0;  // the claimed speedup range (a single N holds within +-20 %)
+  std::string backend;       // the records' backend ("sim", "analytic")
+  std::string fidelity;
+  std::string baseline, target;                   // configuration names
+  const ResultRecord* baseline_record = nullptr;  // null when the sweep lacks it
+  const ResultRecord* target_record = nullptr;
+  double predicted() const;  // baseline / target average step time; NaN when a record is missing
+};
+std::vector<SeedClaimRow> seed_claims(const std::vector<ResultRecord>& records);
+// The rows as a table beside each backend's step times; "" when there are none.
 std::string seed_claims_table(const std::vector<ResultRecord>& records);
 
 // ---- JSON ---------------------------------------------------------------------------------------
 
-std::string result_to_json(const ResultRecord& record);  // stable key order, 1-space indent
-ResultRecord result_from_json(const std::string& text);  // throws Error on malformed input
+// Stable key order, 1-space indent, point_id and checksum filled in. Throws Error naming the
+// field when a number is not finite (NaN or infinity: the backend went wrong).
+std::string result_to_json(const ResultRecord& record);
+// Throws Error on malformed input: not JSON, a missing or mistyped field, another schema
+// version, or a checksum that does not match the text (an edited or damaged file).
+ResultRecord result_from_json(const std::string& text);
+// True when `text` ends with a checksum field matching the rest of it.
+bool verify_checksum(const std::string& text);
+// The part of a resolved configuration that decides a backend's result: without the keys that
+// do not (which backends run, where files go, the simulator's settings for other backends), so
+// adding a backend or moving the output keeps finished points.
+std::string result_identity(const std::string& resolved_yaml, const std::string& backend);
+// 16 hex digits of SHA-256 over the experiment name, point label, backend and result_identity.
+std::string point_identity(const std::string& experiment, const std::string& point,
+                           const std::string& backend, const std::string& resolved_yaml);
 // Writes `text` to `path` atomically (a temporary file in the same folder, then rename), creating
-// the folder. Throws Error with the path and the system's reason on failure.
+// the folder. Throws Error with the path, the system's reason and the fix on failure.
 void write_file_atomically(const std::string& path, const std::string& text);
+// Creates `folder` (and its parents) unless it exists; throws Error with the system's reason and
+// the fix when it cannot, or when the path is not a folder (a file, a symbolic link loop).
+void prepare_folder(const std::string& folder);
+// prepare_folder, then proves the folder writable by creating and removing a file in it: a
+// command checks its output folders this way before any work.
+void check_writable_folder(const std::string& folder);
 ResultRecord read_result_file(const std::string& path);
 
 // Where a point's results go: <output_dir>/<point slug>/<backend>.json. The slug is the point

@@ -35,8 +35,18 @@ struct NsBenchOptions {
 };
 
 // Runs the benchmark and prints a table to `out`. Returns 0 on success, 1 if a validation
-// failed, 2 if the options are invalid or a GPU was demanded (device "gpu") but none is usable.
+// failed, 2 if a GPU was demanded (device "gpu") but none is usable. Options outside the limits
+// below throw ConfigError before anything is allocated or run.
 int run_ns_benchmark(const NsBenchOptions& options, std::ostream& out);
+
+// Limits of `bench ns`, checked up front (a bad shape or count must be refused, not tried):
+// steps 1..100, warmup -1 or 0..1000, repeats -1 or 1..10000, every shape dim 1..65536 and at
+// most 2^31 elements; on the CPU, the buffers must fit in the machine's available memory and
+// all runs together stay under kMaxCpuBenchFlops (~20 minutes of a CPU GEMM); on the GPU under
+// kMaxGpuBenchFlops. Throws ConfigError naming the limit and the fix.
+inline constexpr double kMaxCpuBenchFlops = 2e14;
+inline constexpr double kMaxGpuBenchFlops = 1e18;
+void check_ns_bench_options(const NsBenchOptions& options, bool on_gpu);
 
 // The default shape lists.
 std::vector<MatrixShape> default_gpu_bench_shapes();

@@ -70,6 +70,7 @@ inline bool same_json(const nlohmann::json& a, const nlohmann::json& b, double t
 inline nlohmann::json comparable_record(const std::string& text) {
   nlohmann::json j = nlohmann::json::parse(text);
   j.erase("timestamp");
+  j.erase("checksum");  // covers the timestamp
   for (const char* key : {"git_hash", "host_name", "muonbed_version", "experiment_file"})
     j["provenance"].erase(key);
   std::string config = j["provenance"]["resolved_config"].get<std::string>();
@@ -86,26 +87,44 @@ inline std::string read_text_file(const std::string& path) {
   return in.good() || in.eof() ? text.str() : std::string();
 }
 
-// Checks `record` against the golden file `path` (after rewriting it from `record` when
-// MUONBED_UPDATE_GOLDEN is set), numbers to a relative `tolerance`.
+// Checks `record` against the golden file `path`, numbers to a relative `tolerance`. With
+// MUONBED_UPDATE_GOLDEN set it rewrites the file from `record` and fails: a new golden is accepted
+// only by a later run that compares against it, after `git diff` was reviewed.
 inline void check_golden_record(const ResultRecord& record, const std::string& path,
                                 double tolerance) {
+  const std::string fresh = result_to_json(record);
+  const std::string text = read_text_file(path);
+  std::string why;
+  const bool equal = !text.empty() && same_json(comparable_record(text),
+                                                comparable_record(fresh), tolerance, "", why);
   if (std::getenv("MUONBED_UPDATE_GOLDEN") != nullptr) {
     ResultRecord pinned = record;
     pinned.timestamp = "";
     pinned.provenance.git_hash = "";
     pinned.provenance.host_name = "";
     pinned.provenance.experiment_file = "";
+    // The header line names the checkout's absolute path: keep the part below the checkout.
+    std::string& config = pinned.provenance.resolved_config;
+    const std::string source = std::string(MUONBED_SOURCE_DIR) + "/";
+    if (const std::size_t at = config.find(source);
+        at != std::string::npos && at < config.find('\n'))
+      config.erase(at, source.size());
     write_file_atomically(path, result_to_json(pinned));
-    WARN("rewrote " << path);
+    FAIL_CHECK("rewrote " << path << (equal ? " (no change)" : " (first change: " + why + ")")
+                          << "; review `git diff`, then run again without MUONBED_UPDATE_GOLDEN");
+    return;
   }
-  const std::string text = read_text_file(path);
   REQUIRE(!text.empty());
-  std::string why;
-  const bool equal = same_json(comparable_record(text), comparable_record(result_to_json(record)),
-                               tolerance, "", why);
+  // The golden is muonbed's own output, not an edited file.
+  CHECK(verify_checksum(text));
   INFO("first difference from " << path << ": " << why);
   CHECK(equal);
+  // The comparison sees the numbers: a changed step time must fail it.
+  nlohmann::json changed = nlohmann::json::parse(fresh);
+  changed["step"]["average_s"] = changed["step"]["average_s"].get<double>() * (1 + 10 * tolerance);
+  std::string ignored;
+  CHECK_FALSE(same_json(comparable_record(text), comparable_record(changed.dump()), tolerance, "",
+                        ignored));
 }
 
 }  // namespace muonbed::testing

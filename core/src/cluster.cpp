@@ -184,7 +184,20 @@ const std::vector<std::string> kNicKeys = {"count_per_node", "bandwidth_GBps", "
                                            "rail_optimized"};
 const std::vector<std::string> kNetworkKeys = {"topology", "levels", "nodes_per_leaf",
                                                "oversubscription", "switch_latency_us"};
-constexpr double kHuge = std::numeric_limits<double>::max();
+// Physical ranges of the cluster numbers (README "Limits"): wide enough for a laptop CPU rank
+// (experiments/clusters/local-cpu.yaml) and for hardware generations to come, narrow enough that
+// every simulated time stays a finite number SimGrid can schedule (bandwidths of 1e308 B/s or
+// rates near zero overflow or stall its solver).
+constexpr double kMinBandwidthGBps = 0.01, kMaxBandwidthGBps = 1e5;  // 10 MB/s .. 100 TB/s
+constexpr double kMaxLatencyUs = 1e5;                                // 0.1 s
+constexpr double kMinPeakTflops = 1e-3, kMaxPeakTflops = 1e5;        // 1 GFLOP/s .. 100 PFLOP/s
+constexpr double kMinHbmGBps = 0.1, kMaxHbmGBps = 1e6;
+constexpr double kMinMemoryGiB = 1e-3, kMaxMemoryGiB = 1e6;
+constexpr double kMinEfficiency = 1e-3;
+constexpr double kMaxEfficiencyDim = 16777216;  // the largest tensor dim (2^24)
+constexpr double kMaxOversubscription = 1000;
+constexpr double kMaxMeasuredMs = 1e7;       // a measured kernel or collective: under 3 hours
+constexpr double kMaxLaunchOverheadUs = 1e5;  // 0.1 s
 
 std::string sub(const std::string& path, const std::string& key) {
   return path.empty() ? key : path + "." + key;
@@ -202,8 +215,8 @@ void read_gemm_efficiency(const Context& ctx, const Field& field, GpuSpec& gpu) 
   for (const auto& entry : field.value) {
     const Field dim_field{entry.first, entry.first, field.path + " key"};
     const Field eff_field{entry.first, entry.second, field.path + "." + entry.first.Scalar()};
-    const double dim = to_double(ctx, dim_field, 0, kHuge, true);
-    const double efficiency = to_double(ctx, eff_field, 0, 1, true);
+    const double dim = to_double(ctx, dim_field, 1, kMaxEfficiencyDim);
+    const double efficiency = to_double(ctx, eff_field, kMinEfficiency, 1);
     if (!points.empty() && dim <= points.back().dim)
       fail(ctx, dim_field,
            "matrix dims in '" + field.path + "' must increase: " + format_number(dim) +
@@ -216,10 +229,10 @@ void read_gemm_efficiency(const Context& ctx, const Field& field, GpuSpec& gpu) 
 
 void read_link_efficiency(const Context& ctx, const Field& field, LinkEfficiency& out) {
   const MapReader m(ctx, field, kCollectiveClassKeys);
-  m.read("ring", out.ring, 0, 1, true);
-  m.read("all_to_all", out.all_to_all, 0, 1, true);
-  m.read("p2p", out.p2p, 0, 1, true);
-  m.read("nvls", out.nvls, 0, 1, true);
+  m.read("ring", out.ring, kMinEfficiency, 1);
+  m.read("all_to_all", out.all_to_all, kMinEfficiency, 1);
+  m.read("p2p", out.p2p, kMinEfficiency, 1);
+  m.read("nvls", out.nvls, kMinEfficiency, 1);
 }
 
 void read_ns_table(const Context& ctx, const Field& field, GpuSpec& gpu) {
@@ -248,7 +261,7 @@ void read_ns_table(const Context& ctx, const Field& field, GpuSpec& gpu) {
     t.rows = dims[dims.size() - 2];
     t.cols = dims.back();
     e.read("steps", t.steps, 1, 1000);
-    e.read("ms", t.ms, 0, kHuge, true);
+    e.read("ms", t.ms, 0, kMaxMeasuredMs, true);
     e.read("source", t.source);
     table.push_back(std::move(t));
   }
@@ -270,8 +283,8 @@ void read_measurements(const Context& ctx, const Field& field, ClusterSpec& spec
     e.read_choice("op", m.op, kMeasuredOps);
     e.read("gpus", m.gpus, 1, 1 << 24);
     e.read("size_bytes", m.size_bytes, 1);
-    e.read("busbw_GBps", m.busbw_GBps, 0, kHuge, true);
-    e.read("time_us", m.time_us, 0, kHuge, true);
+    e.read("busbw_GBps", m.busbw_GBps, 0, kMaxBandwidthGBps, true);
+    e.read("time_us", m.time_us, 0, 1e3 * kMaxMeasuredMs, true);
     e.read_choice("algorithm", m.algorithm, kAlgorithms);
     e.read("source", m.source);
     if (!(m.busbw_GBps > 0) && !(m.time_us > 0))
@@ -300,7 +313,7 @@ void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::str
   top.read("name", spec.name);
   top.read("source", spec.source);
   top.read("gpus_per_node", spec.gpus_per_node, 1, 1024);
-  top.read("nodes", spec.nodes, 0, 1 << 20);
+  top.read("nodes", spec.nodes, 0, 1 << 16);
 
   if (const Field* f = top.find("gpu")) {
     const MapReader gpu(ctx, *f, kGpuKeys);
@@ -311,9 +324,9 @@ void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::str
       gpu.require("memory_GiB", "memory_GiB: 80");
     }
     gpu.read("name", spec.gpu.name);
-    gpu.read("peak_tflops", spec.gpu.peak_tflops, 0, kHuge, true);
-    gpu.read("hbm_GBps", spec.gpu.hbm_GBps, 0, kHuge, true);
-    gpu.read("memory_GiB", spec.gpu.memory_GiB, 0, kHuge, true);
+    gpu.read("peak_tflops", spec.gpu.peak_tflops, kMinPeakTflops, kMaxPeakTflops);
+    gpu.read("hbm_GBps", spec.gpu.hbm_GBps, kMinHbmGBps, kMaxHbmGBps);
+    gpu.read("memory_GiB", spec.gpu.memory_GiB, kMinMemoryGiB, kMaxMemoryGiB);
     if (const Field* e = gpu.find("gemm_efficiency")) read_gemm_efficiency(ctx, *e, spec.gpu);
     if (const Field* t = gpu.find("ns_table")) read_ns_table(ctx, *t, spec.gpu);
     gpu.read("ns_kernel", spec.gpu.ns_kernel);
@@ -329,11 +342,18 @@ void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::str
     std::string kind;
     if (intra.read_choice("kind", kind, {"nvswitch", "pcie"}))
       spec.intra.kind = kind == "pcie" ? IntraNodeKind::pcie : IntraNodeKind::nvswitch;
-    intra.read("bandwidth_GBps", spec.intra.bandwidth_GBps, 0, kHuge, true);
-    intra.read("latency_us", spec.intra.latency_us, 0, kHuge);
-    intra.read("pcie_switch_GBps", spec.intra.pcie_switch_GBps, 0, kHuge);
+    intra.read("bandwidth_GBps", spec.intra.bandwidth_GBps, kMinBandwidthGBps, kMaxBandwidthGBps);
+    intra.read("latency_us", spec.intra.latency_us, 0, kMaxLatencyUs);
+    if (const Field* pcie = intra.find("pcie_switch_GBps")) {
+      // 0 means "not limiting"; anything else is a bandwidth in the usual range.
+      spec.intra.pcie_switch_GBps = to_double(ctx, *pcie, 0, kMaxBandwidthGBps);
+      if (spec.intra.pcie_switch_GBps > 0 && spec.intra.pcie_switch_GBps < kMinBandwidthGBps)
+        fail(ctx, *pcie, "'" + pcie->path + "' = " + pcie->value.Scalar() + " is out of range",
+             "use 0 (the host bridge does not limit) or a number >= " +
+                 format_number(kMinBandwidthGBps) + " and <= " + format_number(kMaxBandwidthGBps));
+    }
     intra.read("nvls", spec.intra.nvls);
-    intra.read("nvls_latency_us", spec.intra.nvls_latency_us, 0, kHuge);
+    intra.read("nvls_latency_us", spec.intra.nvls_latency_us, 0, kMaxLatencyUs);
   }
 
   if (const Field* f = top.find("nic")) {
@@ -344,8 +364,8 @@ void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::str
       nic.require("latency_us", "latency_us: 5");
     }
     nic.read("count_per_node", spec.nic.count_per_node, 0, 1024);
-    nic.read("bandwidth_GBps", spec.nic.bandwidth_GBps, 0, kHuge, true);
-    nic.read("latency_us", spec.nic.latency_us, 0, kHuge);
+    nic.read("bandwidth_GBps", spec.nic.bandwidth_GBps, kMinBandwidthGBps, kMaxBandwidthGBps);
+    nic.read("latency_us", spec.nic.latency_us, 0, kMaxLatencyUs);
     nic.read("rail_optimized", spec.nic.rail_optimized);
   }
 
@@ -359,9 +379,9 @@ void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::str
     if (const Field* levels = net.find("levels")) {
       spec.network.levels = static_cast<int>(to_int(ctx, *levels, 2, 3));
     }
-    net.read("nodes_per_leaf", spec.network.nodes_per_leaf, 1, 1 << 20);
-    net.read("oversubscription", spec.network.oversubscription, 1, kHuge);
-    net.read("switch_latency_us", spec.network.switch_latency_us, 0, kHuge);
+    net.read("nodes_per_leaf", spec.network.nodes_per_leaf, 1, 1 << 16);
+    net.read("oversubscription", spec.network.oversubscription, 1, kMaxOversubscription);
+    net.read("switch_latency_us", spec.network.switch_latency_us, 0, kMaxLatencyUs);
   }
 
   if (const Field* f = top.find("efficiency")) {
@@ -373,8 +393,8 @@ void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::str
   }
   if (const Field* f = top.find("launch_overhead_us")) {
     const MapReader launch(ctx, *f, kLaunchKeys);
-    launch.read("collective", spec.launch_overhead.collective_us, 0, kHuge);
-    launch.read("kernel", spec.launch_overhead.kernel_us, 0, kHuge);
+    launch.read("collective", spec.launch_overhead.collective_us, 0, kMaxLaunchOverheadUs);
+    launch.read("kernel", spec.launch_overhead.kernel_us, 0, kMaxLaunchOverheadUs);
   }
   if (const Field* f = top.find("measurements")) read_measurements(ctx, *f, spec);
   if (const Field* f = top.find("calibration")) {

@@ -3,6 +3,7 @@
 // the offending YAML line.
 #include "core/errors.hpp"
 
+#include <cerrno>
 #include <utility>
 
 namespace muonbed {
@@ -35,5 +36,34 @@ ConfigError::ConfigError(SourceLocation where, std::string what, std::string fix
     : Error(format_config_error(where, what, fix)),
       where_(std::move(where)),
       fix_(std::move(fix)) {}
+
+std::string path_error_fix(int error_number, bool writing) {
+  switch (error_number) {
+    case ENOENT:
+      return "check the path (relative paths start at the current directory)";
+    case EACCES:
+    case EPERM:
+      return writing ? "check the permissions, or choose a folder you can write (e.g. --output DIR)"
+                     : "make the file readable (chmod u+r FILE) or copy it somewhere readable";
+    case EROFS:
+      return "the file system is read-only: choose another folder (e.g. --output DIR)";
+    case ENOSPC:
+    case EDQUOT:
+      return "free disk space (or raise the quota), then run again: finished results are kept";
+    case ENAMETOOLONG:
+      return "use shorter file and folder names";
+    case ELOOP:
+      return "fix the symbolic link loop in the path, or choose another folder";
+    case ENOTDIR:
+    case EEXIST:
+      return "a part of the path is a file, not a folder: remove or rename it, or choose another "
+             "folder";
+    case EISDIR:
+      return "a folder stands where the file should go: remove or rename it, or choose another "
+             "folder";
+    default:
+      return "check the path, its permissions and the free disk space";
+  }
+}
 
 }  // namespace muonbed

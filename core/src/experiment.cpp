@@ -15,6 +15,8 @@
 #include <numeric>
 #include <optional>
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 
 #include <yaml-cpp/yaml.h>
 
@@ -29,9 +31,40 @@ namespace fs = std::filesystem;
 
 // The cluster an experiment without a `cluster:` key runs on.
 constexpr const char* kDefaultCluster = "dgx-h100";
+
+// Physical ranges of every size an experiment may give (README "Limits"). They keep all size
+// arithmetic far inside 64 bits (elements x bytes x ranks), and every documented limit reachable
+// in reasonable time: `muonbed plan` of a 16,384-rank llama-70B point takes ~15 s here, and its
+// per-rank tables grow with ranks x ops.
+#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+constexpr std::int64_t kMaxWorld = std::int64_t{1} << 14;  // 16,384 ranks
 // Sweeps larger than this are almost certainly a mistake (and slow to validate).
 constexpr std::size_t kMaxSweepPoints = 10000;
-constexpr std::int64_t kMaxWorld = 1 << 24;
+// Work bound of a sweep's validation: points x tensors of the model. Each point holds its own
+// model: ~1.4 us and ~130 bytes per tensor and point here, so the bound is ~14 s and ~1.4 GB
+// (10,000 points of deepseek-v3 validate in ~20 s).
+constexpr std::int64_t kMaxSweepTensorPoints = 10'000'000;
+#else
+// The fuzzer (tests/fuzz/) exercises the same checks at sizes that keep an input to
+// milliseconds; the limits themselves are tested at their real values.
+constexpr std::int64_t kMaxWorld = 256;
+constexpr std::size_t kMaxSweepPoints = 16;
+constexpr std::int64_t kMaxSweepTensorPoints = 20'000;
+#endif
+constexpr std::int64_t kMaxExtent = std::int64_t{1} << 24;          // any tensor dim: 16,777,216
+constexpr std::int64_t kMaxTensorElements = std::int64_t{1} << 40;  // 1.1 T elements, 2.2 TB bf16
+constexpr std::int64_t kMaxModelElements = std::int64_t{1} << 44;   // 17.6 T parameters
+constexpr std::int64_t kMaxTensors = 65536;                         // tensors in one model
+constexpr int kMaxLayers = 1000;
+constexpr std::int64_t kMaxHeads = 65536;
+constexpr std::int64_t kMaxExperts = 65536;
+// Level-scheduled gradient sync repeats after lcm(level periods) steps; analytic and simulated
+// step times average over that hyper-period exactly, so it must stay countable.
+constexpr std::int64_t kMaxHyperPeriod = std::int64_t{1} << 20;
+// Text fields that become parts of file names (name) or paths (output).
+constexpr std::size_t kMaxNameBytes = 200;
+constexpr std::size_t kMaxPathBytes = 4000;
+constexpr std::size_t kMaxPathComponentBytes = 255;
 
 const std::vector<std::string> kTopKeys = {"name",      "cluster",  "mesh",    "model", "parallel",
                                            "optimizer", "strategy", "backend", "sim",   "steps",
@@ -195,20 +228,28 @@ struct ModelSection {
 // ---------------------------------------------------------------------------------------------
 // Cluster
 
-ClusterSpec load_named_cluster(const Context& ctx, const Field& at, const std::string& name) {
+// Cluster files read while parsing one experiment file (a sweep reads each once), by path.
+using ClusterCache = std::map<std::string, ClusterSpec>;
+
+ClusterSpec load_named_cluster(const Context& ctx, const Field& at, const std::string& name,
+                               ClusterCache& clusters) {
   const std::string path = resolve_cluster_file(name, ctx.file);
   if (path.empty()) {
     const std::vector<std::string> names = cluster_names(ctx.file);
     fail(ctx, at, "cluster '" + name + "' not found" + did_you_mean(name, names),
          "use one of: " + join(names) + ", or a path to a cluster YAML file");
   }
-  return load_cluster_file(path);
+  const auto found = clusters.find(path);
+  if (found != clusters.end()) return found->second;
+  return clusters.emplace(path, load_cluster_file(path)).first->second;
 }
 
-ClusterSpec read_cluster(const Context& ctx, const MapReader& top) {
+ClusterSpec read_cluster(const Context& ctx, const MapReader& top, ClusterCache& clusters) {
   const Field* field = top.find("cluster");
-  if (!field) return load_named_cluster(ctx, missing_field(top.node(), "cluster"), kDefaultCluster);
-  if (field->value.IsScalar()) return load_named_cluster(ctx, *field, field->value.Scalar());
+  if (!field)
+    return load_named_cluster(ctx, missing_field(top.node(), "cluster"), kDefaultCluster, clusters);
+  if (field->value.IsScalar())
+    return load_named_cluster(ctx, *field, field->value.Scalar(), clusters);
   if (!field->value.IsMap())
     fail(ctx, *field,
          "'cluster' must be a cluster name, a path or a map, got " + kind_of(field->value),
@@ -218,7 +259,7 @@ ClusterSpec read_cluster(const Context& ctx, const MapReader& top) {
   const YAML::Node preset = node["preset"];
   if (preset.IsDefined()) {
     const Field preset_field{YAML::Node(YAML::NodeType::Undefined), preset, "cluster.preset"};
-    spec = load_named_cluster(ctx, preset_field, to_string_value(ctx, preset_field));
+    spec = load_named_cluster(ctx, preset_field, to_string_value(ctx, preset_field), clusters);
     read_cluster_map(ctx, node, "cluster", false, spec);
   } else {
     read_cluster_map(ctx, node, "cluster", true, spec);
@@ -423,19 +464,19 @@ std::vector<Placement> read_placements(const Context& ctx, const Field& field,
 
 void read_dense_fields(const Context& ctx, const MapReader& m, DenseSpec& s) {
   m.read("name", s.name);
-  m.read("hidden", s.hidden, 1);
-  m.read("layers", s.layers, 1, 100000);
-  m.read("heads", s.heads, 1);
-  m.read("kv_heads", s.kv_heads, 1);
-  m.read("ffn", s.ffn, 1);
-  m.read("vocab", s.vocab, 1);
-  m.read("head_dim", s.head_dim, 1);
+  m.read("hidden", s.hidden, 1, kMaxExtent);
+  m.read("layers", s.layers, 1, kMaxLayers);
+  m.read("heads", s.heads, 1, kMaxHeads);
+  m.read("kv_heads", s.kv_heads, 1, kMaxHeads);
+  m.read("ffn", s.ffn, 1, kMaxExtent);
+  m.read("vocab", s.vocab, 1, kMaxExtent);
+  m.read("head_dim", s.head_dim, 1, kMaxHeads);
   m.read("gated_mlp", s.gated_mlp);
   m.read("qkv_bias", s.qkv_bias);
   m.read("tied_embeddings", s.tied_embeddings);
   m.read("layernorm_bias", s.layernorm_bias);
   m.read("linear_bias", s.linear_bias);
-  m.read("max_positions", s.max_positions, 0);
+  m.read("max_positions", s.max_positions, 0, kMaxExtent);
   if (const Field* f = m.find("dtype")) s.dtype = read_dtype(ctx, *f);
   const std::int64_t kv = s.kv_heads > 0 ? s.kv_heads : s.heads;
   if (s.heads % kv != 0)
@@ -450,9 +491,52 @@ void read_dense_fields(const Context& ctx, const MapReader& m, DenseSpec& s) {
          "use heads dividing hidden, or give head_dim explicitly");
 }
 
+// Every tensor of a model within the physical ranges (each dim <= kMaxExtent, each tensor <=
+// kMaxTensorElements elements, the model <= kMaxModelElements and kMaxTensors tensors), with
+// overflow-checked products: a derived shape (heads x head_dim, experts x ffn) can exceed what
+// each input allows. Errors point at the tensor's shape (model.params) or at the model section.
+void check_model_size(const Context& ctx, const Field& model_field,
+                      const std::vector<Field>& shape_fields, const Model& model) {
+  if (static_cast<std::int64_t>(model.params.size()) > kMaxTensors)
+    fail(ctx, model_field,
+         "model '" + model.name + "' has " + std::to_string(model.params.size()) +
+             " tensors, more than " + std::to_string(kMaxTensors),
+         "use fewer layers (at most " + std::to_string(kMaxLayers) + ") or fewer parameters");
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < model.params.size(); ++i) {
+    const Parameter& p = model.params[i];
+    const Field& at = i < shape_fields.size() ? shape_fields[i] : model_field;
+    std::int64_t numel = 1;
+    bool overflow = false;
+    for (std::int64_t extent : p.shape) {
+      if (extent < 1 || extent > kMaxExtent)
+        fail(ctx, at,
+             "tensor '" + p.name + "' of model '" + model.name + "' has shape " +
+                 shape_text(p.shape) + ": a dim of " + std::to_string(extent) + " is outside 1.." +
+                 std::to_string(kMaxExtent),
+             "use dims in 1.." + std::to_string(kMaxExtent) +
+                 " (the model's widths, heads x head_dim and experts x expert_ffn all count)");
+      overflow = overflow || __builtin_mul_overflow(numel, extent, &numel);
+    }
+    if (overflow || numel > kMaxTensorElements)
+      fail(ctx, at,
+           "tensor '" + p.name + "' of model '" + model.name + "' has shape " +
+               shape_text(p.shape) + ", more than " + std::to_string(kMaxTensorElements) +
+               " (2^40) elements",
+           "use smaller dims: no GPU holds a tensor of 2^40 elements (2.2 TB in bf16)");
+    total += numel;  // at most kMaxTensors x 2^40 = 2^56: no overflow
+    if (total > kMaxModelElements)
+      fail(ctx, at,
+           "model '" + model.name + "' has more than " + std::to_string(kMaxModelElements) +
+               " (2^44, 17.6 trillion) parameters (reached at tensor '" + p.name + "')",
+           "use a smaller model: fewer layers, experts or narrower dims");
+  }
+}
+
 ModelSection read_model(const Context& ctx, const Field& field, const DeviceMesh& mesh) {
   ModelSection out;
   out.field = field;
+  std::vector<Field> shape_fields;  // model.params: each tensor's shape, for size errors
   const MapReader m(ctx, field, kModelKeys);
   const Field* kinds[] = {m.find("preset"), m.find("dense"), m.find("moe"), m.find("params")};
   const Field* chosen = nullptr;
@@ -515,9 +599,9 @@ ModelSection read_model(const Context& ctx, const Field& field, const DeviceMesh
     s.name = moe ? "custom-moe" : "custom-dense";
     read_dense_fields(ctx, d, s);
     if (moe) {
-      d.read("experts", out.moe.experts, 1);
-      d.read("expert_ffn", out.moe.expert_ffn, 1);
-      d.read("shared_experts", out.moe.shared_experts, 0);
+      d.read("experts", out.moe.experts, 1, kMaxExperts);
+      d.read("expert_ffn", out.moe.expert_ffn, 1, kMaxExtent);
+      d.read("shared_experts", out.moe.shared_experts, 0, 1024);
       d.read("dense_layers", out.moe.dense_layers, 0, s.layers);
       if (out.moe.dense_layers > 0 && s.ffn <= 0)
         fail(ctx, *d.find("dense_layers"), "dense_layers > 0 needs the dense MLP width 'ffn'",
@@ -535,9 +619,16 @@ ModelSection read_model(const Context& ctx, const Field& field, const DeviceMesh
     if (items.empty())
       fail(ctx, *chosen, "'model.params' is an empty list",
            "list parameters, e.g. - {name: w, shape: [1024, 1024]}");
+    if (static_cast<std::int64_t>(items.size()) > kMaxTensors)
+      fail(ctx, *chosen,
+           "'model.params' lists " + std::to_string(items.size()) + " tensors, more than " +
+               std::to_string(kMaxTensors),
+           "list at most " + std::to_string(kMaxTensors) +
+               " tensors, or describe the model with model.dense or model.moe");
     const std::vector<std::string> roles = role_names();
     std::vector<Field> placement_fields;
     std::vector<Field> name_fields;
+    std::unordered_map<std::string, std::size_t> name_index;
     int max_layer = -1;
     for (const Field& item : items) {
       const MapReader p(ctx, item, kParamKeys);
@@ -545,25 +636,26 @@ ModelSection read_model(const Context& ctx, const Field& field, const DeviceMesh
       const Field& name = p.require("name", "name: layers.0.attn.q");
       param.name = to_string_value(ctx, name);
       if (param.name.empty()) fail(ctx, name, "a parameter has an empty name", "name it");
-      for (std::size_t i = 0; i < name_fields.size(); ++i)
-        if (name_fields[i].value.Scalar() == param.name)
-          fail(ctx, name,
-               "parameter name '" + param.name + "' appears twice (first at line " +
-                   std::to_string(location_of(name_fields[i], ctx.file).line) + ")",
-               "give every parameter a distinct name");
+      if (const auto it = name_index.find(param.name); it != name_index.end())
+        fail(ctx, name,
+             "parameter name " + quote(param.name) + " appears twice (first at line " +
+                 std::to_string(location_of(name_fields[it->second], ctx.file).line) + ")",
+             "give every parameter a distinct name");
+      name_index.emplace(param.name, name_fields.size());
       name_fields.push_back(name);
       const Field& shape = p.require("shape", "shape: [4096, 4096]");
+      shape_fields.push_back(shape);
       const std::vector<Field> extents = list_items(ctx, shape);
       if (extents.empty() || extents.size() > 3)
         fail(ctx, shape,
              "shape of '" + param.name + "' has " + std::to_string(extents.size()) + " dims",
              "use 1 to 3 dims: [n] (vector), [rows, cols] (matrix), [batch, rows, cols] (stack)");
-      for (const Field& e : extents) param.shape.push_back(to_int(ctx, e, 1));
+      for (const Field& e : extents) param.shape.push_back(to_int(ctx, e, 1, kMaxExtent));
       param.role = param.shape.size() == 1 ? ParamRole::norm : ParamRole::other_matrix;
       if (const Field* r = p.find("role"))
         param.role = param_role_from_string(to_choice(ctx, *r, roles));
       if (const Field* dt = p.find("dtype")) param.dtype = read_dtype(ctx, *dt);
-      p.read("layer", param.layer, -1, 100000);
+      p.read("layer", param.layer, -1, kMaxLayers - 1);
       max_layer = std::max(max_layer, param.layer);
       const Field* pl = p.find("placements");
       placement_fields.push_back(pl ? *pl : missing_field(item.value, item.path + ".placements"));
@@ -593,6 +685,7 @@ ModelSection read_model(const Context& ctx, const Field& field, const DeviceMesh
     }
   }
   if (!out.name_override.empty()) out.model.name = out.name_override;
+  check_model_size(ctx, *chosen, shape_fields, out.model);
   return out;
 }
 
@@ -611,15 +704,19 @@ std::vector<std::string> param_names(const Model& model) {
   return names;
 }
 
-void require_param(const Context& ctx, const Field& at, const Model& model, const std::string& name,
-                   const std::string& what) {
-  if (find_param(model, name)) return;
+[[noreturn]] void unknown_param(const Context& ctx, const Field& at, const Model& model,
+                                const std::string& name, const std::string& what) {
   const std::vector<std::string> names = param_names(model);
   fail(ctx, at,
-       what + " names '" + name + "', which is not a parameter of model '" + model.name + "'" +
+       what + " names " + quote(name) + ", which is not a parameter of model '" + model.name + "'" +
            did_you_mean(name, names),
        "use a parameter name such as '" + (names.size() > 1 ? names[1] : names.front()) +
            "' (run 'muonbed validate --params FILE' to list them)");
+}
+
+void require_param(const Context& ctx, const Field& at, const Model& model, const std::string& name,
+                   const std::string& what) {
+  if (!find_param(model, name)) unknown_param(ctx, at, model, name, what);
 }
 
 void read_parallel(const Context& ctx, const MapReader& top, const Model& model,
@@ -630,14 +727,14 @@ void read_parallel(const Context& ctx, const MapReader& top, const Model& model,
   p.read("fsdp_tensor_dim", rules.fsdp_tensor_dim, 0, 1);
   p.read("tp_shard_embeddings", rules.tp_shard_embeddings);
   if (const Field* t = p.find("tp_dim_per_param")) {
-    if (!t->value.IsMap() || t->value.size() == 0)
-      fail(ctx, *t, "'parallel.tp_dim_per_param' must be a non-empty map, got " + kind_of(t->value),
-           "write tp_dim_per_param: {layers.0.attn.o: 1}");
-    for (const auto& entry : t->value) {
-      const std::string name = entry.first.Scalar();
-      const Field f{entry.first, entry.second, t->path + "." + name};
-      require_param(ctx, Field{entry.first, entry.first, f.path}, model, name, "tp_dim_per_param");
-      const Parameter* param = find_param(model, name);
+    std::unordered_map<std::string_view, const Parameter*> by_name;
+    for (const Parameter& param : model.params) by_name.emplace(param.name, &param);
+    for (const Field& f : map_entries(ctx, *t, "tp_dim_per_param: {layers.0.attn.o: 1}")) {
+      const std::string name = f.key.Scalar();
+      const auto found = by_name.find(name);
+      if (found == by_name.end())
+        unknown_param(ctx, Field{f.key, f.key, f.path}, model, name, "tp_dim_per_param");
+      const Parameter* param = found->second;
       const int ndim = static_cast<int>(param->shape.size());
       const std::int64_t dim = to_int(ctx, f, 0);
       if (dim >= ndim)
@@ -814,14 +911,10 @@ void read_strategy(const Context& ctx, const MapReader& top, const MeshSection& 
       fail(ctx, f->key,
            "'strategy.explicit_owners' is given but strategy.assign is '" + s.assign + "'",
            "set assign: explicit, or remove explicit_owners");
-    if (!f->value.IsMap() || f->value.size() == 0)
-      fail(ctx, *f, "'strategy.explicit_owners' must be a non-empty map, got " + kind_of(f->value),
-           "write explicit_owners: {layers.0.attn.q: 0, layers.0.attn.k: 1}");
-    for (const auto& entry : f->value) {
-      const Field owner{entry.first, entry.second, f->path + "." + entry.first.Scalar()};
-      s.explicit_owners[entry.first.Scalar()] =
+    for (const Field& owner :
+         map_entries(ctx, *f, "explicit_owners: {layers.0.attn.q: 0, layers.0.attn.k: 1}"))
+      s.explicit_owners[owner.key.Scalar()] =
           static_cast<int>(to_int(ctx, owner, 0, mesh.mesh.world_size() - 1));
-    }
   } else if (s.assign == "explicit") {
     fail(ctx, *st.find("assign"), "strategy.assign: explicit needs 'explicit_owners'",
          "add explicit_owners: {PARAM_NAME: RANK, ...} under strategy, one entry per Muon matrix");
@@ -841,8 +934,21 @@ void read_strategy(const Context& ctx, const MapReader& top, const MeshSection& 
                  "' has only " + std::to_string(model.num_layers) + " layers to split into levels",
              "use at most " + std::to_string(max_levels) + " level periods");
       s.grad_sync.level_periods.clear();
-      for (const Field& item : items)
-        s.grad_sync.level_periods.push_back(static_cast<int>(to_int(ctx, item, 1, 1 << 20)));
+      std::int64_t hyper_period = 1;
+      for (const Field& item : items) {
+        const std::int64_t period = to_int(ctx, item, 1, kMaxHyperPeriod);
+        s.grad_sync.level_periods.push_back(static_cast<int>(period));
+        // Both factors are at most 2^20, so the product cannot overflow.
+        hyper_period = hyper_period / std::gcd(hyper_period, period) * period;
+        if (hyper_period > kMaxHyperPeriod)
+          fail(ctx, item,
+               "the level periods up to here repeat only every " + std::to_string(hyper_period) +
+                   " steps (their least common multiple), more than " +
+                   std::to_string(kMaxHyperPeriod) + " (2^20)",
+               "use periods whose least common multiple is at most " +
+                   std::to_string(kMaxHyperPeriod) +
+                   ", e.g. powers of two such as [1, 2, 4, 8] (coprime periods multiply)");
+      }
     }
   }
 }
@@ -1119,7 +1225,149 @@ ShardedModel shard(const Experiment& e, const std::vector<std::vector<Placement>
   return shard_explicitly(e.mesh, e.model.name, std::move(params));
 }
 
-Experiment parse_point(const Context& ctx, const YAML::Node& root) {
+// strategy.explicit_owners against the sharded model, so `validate` finds what the plan would
+// refuse: every name a Muon matrix, every Muon matrix named once, every owner holding a piece.
+void check_explicit_owners(const Context& ctx, const MapReader& top, const ShardedModel& sharded) {
+  const Field& strategy = *top.find("strategy");
+  const MapReader st(ctx, strategy, kStrategyKeys);
+  const Field& owners_field = *st.find("explicit_owners");
+  const std::vector<Field> owners = map_entries(ctx, owners_field, "explicit_owners: {NAME: RANK}");
+  std::unordered_map<std::string_view, const DistributedParam*> muon;
+  std::vector<std::string> muon_names;
+  for (const DistributedParam& p : sharded.params)
+    if (p.optimizer == OptimizerKind::muon) {
+      muon.emplace(p.name, &p);
+      muon_names.push_back(p.name);
+    }
+  std::unordered_set<std::string_view> named;
+  for (const Field& owner : owners) {
+    const std::string& name = owner.key.Scalar();
+    const auto it = muon.find(name);
+    if (it == muon.end())
+      fail(ctx, owner.key,
+           "explicit_owners names " + quote(name) +
+               ", which is not a Muon matrix of the sharded model" + did_you_mean(name, muon_names),
+           muon_names.empty() ? "the model has no Muon matrices"
+                              : "use Muon matrix names such as '" + muon_names.front() +
+                                    "' (EP slices are named NAME[ep=i]; 'muonbed validate "
+                                    "--params FILE' lists them)");
+    named.insert(it->first);
+    const DistributedParam& p = *it->second;
+    const int rank = static_cast<int>(to_int(ctx, owner, 0, sharded.mesh.world_size() - 1));
+    if (!p.layout.holds(sharded.mesh, rank) || p.layout.shard_numel(sharded.mesh, rank) == 0)
+      fail(ctx, owner,
+           "explicit owner " + std::to_string(rank) + " of '" + name +
+               "' holds no piece of it (placements " + p.layout.describe(sharded.mesh) + ")",
+           "choose a rank that holds a shard of it ('muonbed validate --params FILE' shows the "
+           "layouts)");
+  }
+  std::vector<std::string> missing;
+  for (const std::string& name : muon_names)
+    if (!named.count(name)) missing.push_back(name);
+  if (!missing.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < missing.size() && i < 5; ++i)
+      list += (i ? ", " : "") + quote(missing[i]);
+    if (missing.size() > 5) list += ", ... (" + std::to_string(missing.size()) + " in all)";
+    fail(ctx, owners_field,
+         "strategy.explicit_owners gives no owner to " + std::to_string(missing.size()) + " of " +
+             std::to_string(muon_names.size()) + " Muon matrices: " + list,
+         "add 'NAME: RANK' for every Muon matrix ('muonbed validate --params FILE' lists them), "
+         "or use another assign policy such as flop_balanced");
+  }
+}
+
+// A name or path from the file that ends up in file names, paths and one-line messages: at most
+// `max_bytes`, and no control characters (a newline or NUL in a path is never intended).
+void check_text(const Context& ctx, const Field& at, const std::string& text, std::size_t max_bytes,
+                const std::string& key, const std::string& example) {
+  if (text.size() > max_bytes)
+    fail(ctx, at,
+         "'" + key + "' is " + std::to_string(text.size()) + " bytes long, more than " +
+             std::to_string(max_bytes),
+         "use a shorter value, e.g. " + example);
+  for (const char c : text)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      fail(ctx, at,
+           "'" + key + "' contains a control character (byte " +
+               std::to_string(static_cast<unsigned char>(c)) + ")",
+           "use printable characters only, e.g. " + example);
+}
+
+// A 64-bit fingerprint (FNV-1a over length-prefixed fields, then a final mix).
+class Fingerprint {
+ public:
+  void add(std::string_view text) {
+    add(static_cast<std::int64_t>(text.size()));
+    for (const char c : text) byte(static_cast<unsigned char>(c));
+  }
+  void add(std::int64_t value) {
+    for (int i = 0; i < 8; ++i) byte(static_cast<unsigned char>(value >> (8 * i)));
+  }
+  std::uint64_t value() const {
+    std::uint64_t h = hash_;  // splitmix64's finalizer spreads the last bytes' changes
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    return h ^ (h >> 31);
+  }
+
+ private:
+  void byte(unsigned char b) {
+    hash_ ^= b;
+    hash_ *= 1099511628211ull;
+  }
+  std::uint64_t hash_ = 1469598103934665603ull;
+};
+
+// Everything the sharding of a point depends on besides explicit placements: mesh, parallel and
+// routing rules, the model's tensors.
+std::uint64_t layout_key(const Experiment& e) {
+  Fingerprint f;
+  for (const MeshDim& d : e.mesh.dims()) {
+    f.add(d.name);
+    f.add(d.size);
+    f.add(static_cast<std::int64_t>(d.role));
+  }
+  f.add(e.mesh.gpus_per_node());
+  f.add(e.parallel.fsdp_tensor_dim);
+  f.add(e.parallel.tp_shard_embeddings ? 1 : 0);
+  for (const auto& [name, dim] : e.parallel.tp_dim_per_param) {
+    f.add(name);
+    f.add(dim);
+  }
+  const RoutingRules& r = e.parallel.routing;
+  f.add((r.embeddings_to_adamw ? 1 : 0) + (r.lm_head_to_adamw ? 2 : 0) +
+        (r.router_to_adamw ? 4 : 0));
+  for (const std::string& name : r.force_adamw) f.add(name);
+  f.add(e.model.name);
+  f.add(e.model.num_layers);
+  for (const Parameter& p : e.model.params) {
+    f.add(p.name);
+    f.add(static_cast<std::int64_t>(p.shape.size()));
+    for (std::int64_t extent : p.shape) f.add(extent);
+    f.add(static_cast<std::int64_t>(p.dtype));
+    f.add(static_cast<std::int64_t>(p.role));
+    f.add(p.layer);
+  }
+  return f.value();
+}
+
+// What the points of one file share: sharded models by their layout inputs (layout_key, explicit
+// placements) and cluster files.
+using LayoutKey = std::pair<std::uint64_t, std::uint64_t>;
+struct ParseCache {
+  std::map<LayoutKey, std::shared_ptr<const ShardedModel>> shards;
+  ClusterCache clusters;
+};
+
+std::uint64_t placements_key(const ModelSection& model) {
+  Fingerprint f;
+  for (const auto& row : model.placements)
+    for (const Placement& p : row) f.add(p.to_string());
+  return f.value();
+}
+
+Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* cache) {
   Experiment e;
   e.file = ctx.file;
   e.point_label = ctx.point;
@@ -1129,8 +1377,9 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root) {
     e.name = to_string_value(ctx, *f);
     if (e.name.empty())
       fail(ctx, *f, "'name' is empty", "name the experiment, e.g. name: quickstart");
+    check_text(ctx, *f, e.name, kMaxNameBytes, "name", "name: quickstart");
   }
-  e.cluster = read_cluster(ctx, top);
+  e.cluster = read_cluster(ctx, top, cache->clusters);
   const MeshSection ms =
       read_mesh(ctx, top.require("mesh", "mesh: {dims: {dp_shard: 8}}"), e.cluster);
   e.mesh = ms.mesh;
@@ -1171,33 +1420,27 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root) {
     e.output_dir = to_string_value(ctx, *f);
     if (e.output_dir.empty())
       fail(ctx, *f, "'output' is empty", "give a directory, e.g. output: results/" + e.name);
+    check_text(ctx, *f, e.output_dir, kMaxPathBytes, "output", "output: results/my_study");
+    for (const auto& part : fs::path(e.output_dir))
+      if (part.native().size() > kMaxPathComponentBytes)
+        fail(ctx, *f,
+             "'output' has a folder name of " + std::to_string(part.native().size()) +
+                 " bytes; file systems allow at most " + std::to_string(kMaxPathComponentBytes),
+             "use shorter folder names");
   }
 
   check_model_on_mesh(ctx, ms, model);
-  // The layout rules have the last word: a model that does not lay out is a config error.
+  // The layout rules have the last word: a model that does not lay out is a config error. Points
+  // of a sweep whose mesh, model and parallel rules agree share one sharded model.
   try {
-    const ShardedModel sharded = shard(e, model.explicit_layouts ? &model.placements : nullptr);
-    if (!e.strategy.explicit_owners.empty()) {
-      const Field* st = top.find("strategy");
-      const YAML::Node owners = st->value["explicit_owners"];
-      std::vector<std::string> names;
-      for (const DistributedParam& p : sharded.params)
-        if (p.optimizer == OptimizerKind::muon) names.push_back(p.name);
-      for (const auto& entry : owners) {
-        const std::string name = entry.first.Scalar();
-        const auto it = std::find_if(sharded.params.begin(), sharded.params.end(),
-                                     [&](const DistributedParam& p) { return p.name == name; });
-        if (it == sharded.params.end() || it->optimizer != OptimizerKind::muon)
-          fail(ctx, entry.first,
-               "explicit_owners names '" + name +
-                   "', which is not a Muon matrix of the sharded "
-                   "model" +
-                   did_you_mean(name, names),
-               names.empty() ? "the model has no Muon matrices"
-                             : "use Muon matrix names such as '" + names.front() +
-                                   "' (EP slices are named NAME[ep=i])");
-      }
-    }
+    e.sharded_key = layout_key(e);
+    const LayoutKey key{e.sharded_key, model.explicit_layouts ? placements_key(model) : 0};
+    std::shared_ptr<const ShardedModel>& cached = cache->shards[key];
+    if (!cached)
+      cached = std::make_shared<const ShardedModel>(
+          shard(e, model.explicit_layouts ? &model.placements : nullptr));
+    e.sharded = cached;
+    if (!e.strategy.explicit_owners.empty()) check_explicit_owners(ctx, top, *e.sharded);
   } catch (const LayoutError& err) {
     fail(ctx, model.field,
          "model '" + e.model.name + "' does not lay out on mesh " + e.mesh.describe() + ": " +
@@ -1262,7 +1505,7 @@ std::vector<SweepAxis> read_sweep(const Context& ctx, const Field& sweep, const 
     const Field field{entry.first, entry.second, "sweep." + key};
     const bool known = std::find(schema.begin(), schema.end(), key) != schema.end();
     if (!known && !is_mesh_dim_key(key, dims))
-      fail(ctx, entry.first, "unknown sweep key '" + key + "'" + did_you_mean(key, candidates),
+      fail(ctx, entry.first, "unknown sweep key " + quote(key) + did_you_mean(key, candidates),
            "a sweep key is a dotted key of the experiment schema, e.g. strategy.name, "
            "model.preset, cluster.nodes, or mesh.<dim name> for a mesh dim's size (dims here: " +
                join(dims) + ")");
@@ -1278,68 +1521,121 @@ std::vector<SweepAxis> read_sweep(const Context& ctx, const Field& sweep, const 
            "sweep '" + key + "' must be a list of values, got " + kind_of(entry.second) + " " +
                show(entry.second),
            "write " + key + ": [value1, value2]");
-    if (entry.second.size() == 0)
+    const std::size_t values = entry.second.size();
+    if (values == 0)
       fail(ctx, field, "sweep '" + key + "' has an empty list", "give at least one value");
-    SweepAxis axis{key, {}};
-    for (const Field& item : list_items(ctx, field)) {
-      const std::string text = value_text(item.value);
-      if (std::find(axis.labels.begin(), axis.labels.end(), text) != axis.labels.end())
-        fail(ctx, item, "sweep '" + key + "' lists the value '" + text + "' twice",
-             "list each value once");
-      axis.labels.push_back(text);
-    }
-    points *= axis.labels.size();
-    if (points > kMaxSweepPoints)
-      fail(ctx, sweep, "the sweep has more than " + std::to_string(kMaxSweepPoints) + " points",
+    // The limit first, before any work per value (a huge list is refused in O(1)).
+    if (values > kMaxSweepPoints / points)
+      fail(ctx, field,
+           "the sweep has more than " + std::to_string(kMaxSweepPoints) + " points (" +
+               std::to_string(points) + " x " + std::to_string(values) + " values of '" + key +
+               "')",
            "sweep fewer values, or split the study into several files");
+    points *= values;
+    SweepAxis axis{key, {}};
+    std::unordered_set<std::string> seen;
+    for (const Field& item : list_items(ctx, field)) {
+      std::string text = value_text(item.value);
+      if (!seen.insert(text).second)
+        fail(ctx, item, "sweep '" + key + "' lists the value " + quote(text) + " twice",
+             "list each value once");
+      axis.labels.push_back(std::move(text));
+    }
     axes.push_back(std::move(axis));
   }
   return axes;
 }
 
-// Writes `value` over the key `path` of `root` (creating maps on the way). Nodes keep their
-// marks, so later errors about the value point at the sweep list.
-void apply_override(YAML::Node root, const std::string& path, const YAML::Node& value) {
+// Edits of the file's tree for one sweep point, undone before the next: the file is parsed once,
+// not once per point (a 10,000-point sweep would parse a 10,000-value list 10,000 times). yaml-cpp
+// assignment rebinds the map entry to the assigned node, so the original value is kept alive by a
+// holder map and bound back on undo; keys keep their order and every node its mark, so errors
+// about a swept value point at the value's line in `sweep:`.
+class TreeEdits {
+ public:
+  TreeEdits() = default;
+  TreeEdits(const TreeEdits&) = delete;
+  TreeEdits& operator=(const TreeEdits&) = delete;
+  ~TreeEdits() {
+    try {
+      undo();
+    } catch (...) {
+      // Unwinding from a point's error: the tree is not used again.
+    }
+  }
+
+  // parent[key] = value (parent is a map).
+  void set(YAML::Node parent, const std::string& key, const YAML::Node& value) {
+    Edit edit{parent, key, YAML::Node(YAML::NodeType::Undefined)};
+    if (child(parent, key.c_str()).IsDefined()) {
+      edit.saved = YAML::Node(YAML::NodeType::Map);
+      edit.saved["value"] = parent[key];
+    }
+    parent[key] = value;
+    edits_.push_back(std::move(edit));
+  }
+
+  void undo() {
+    for (auto it = edits_.rbegin(); it != edits_.rend(); ++it) {
+      if (it->saved.IsDefined())
+        it->parent[it->key] = it->saved["value"];
+      else
+        it->parent.remove(it->key);
+    }
+    edits_.clear();
+  }
+
+ private:
+  struct Edit {
+    YAML::Node parent;
+    std::string key;
+    YAML::Node saved;  // {value: original} when the key existed
+  };
+  std::vector<Edit> edits_;
+};
+
+// Writes `value` over the key `path` of `root` (creating maps on the way), recording in `edits`.
+void apply_override(TreeEdits& edits, YAML::Node root, const std::string& path,
+                    const YAML::Node& value) {
   const std::vector<std::string> parts = split(path, '.');
   if (parts.size() == 2 && parts[0] == "mesh" &&
       std::find(kMeshKeys.begin(), kMeshKeys.end(), parts[1]) == kMeshKeys.end()) {
-    YAML::Node dims = root["mesh"]["dims"];
+    YAML::Node dims = child(child(root, "mesh"), "dims");
     if (dims.IsSequence()) {
       for (YAML::Node d : dims) {
         const YAML::Node name = child(d, "name");
-        if (name.IsDefined() && name.IsScalar() && name.Scalar() == parts[1]) d["size"] = value;
+        if (name.IsDefined() && name.IsScalar() && name.Scalar() == parts[1])
+          edits.set(d, "size", value);
       }
     } else if (dims.IsMap()) {
-      YAML::Node d = dims[parts[1]];
+      YAML::Node d = child(dims, parts[1].c_str());
       if (d.IsMap())
-        d["size"] = value;
+        edits.set(d, "size", value);
       else
-        dims[parts[1]] = value;
+        edits.set(dims, parts[1], value);
     }
     return;
   }
   if (parts[0] == "cluster" && parts.size() > 1) {
     // `cluster: NAME` (or no cluster) becomes {preset: NAME} so its fields can be overridden.
-    YAML::Node cluster = root["cluster"];
+    const YAML::Node cluster = child(root, "cluster");
     if (!cluster.IsMap()) {
       YAML::Node map(YAML::NodeType::Map);
-      if (cluster.IsScalar())
+      if (cluster.IsDefined() && cluster.IsScalar())
         map["preset"] = cluster;
       else
         map["preset"] = kDefaultCluster;
-      root["cluster"] = map;
+      edits.set(root, "cluster", map);
     }
   }
   YAML::Node current = root;
   for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
-    YAML::Node next = current[parts[i]];
-    if (!next.IsMap()) {
-      current[parts[i]] = YAML::Node(YAML::NodeType::Map);
-      next.reset(current[parts[i]]);
-    }
+    if (!child(current, parts[i].c_str()).IsMap())
+      edits.set(current, parts[i], YAML::Node(YAML::NodeType::Map));
+    YAML::Node next = child(current, parts[i].c_str());
     current.reset(next);
   }
-  current[parts.back()] = value;
+  edits.set(current, parts.back(), value);
 }
 
 }  // namespace
@@ -1351,22 +1647,28 @@ PlanSettings Experiment::plan_settings() const {
   return settings;
 }
 
-std::vector<Experiment> parse_experiment(const std::string& yaml_text, const std::string& file) {
+namespace {
+
+std::vector<Experiment> parse_file(const std::string& yaml_text, const std::string& file) {
   const Context ctx{file, ""};
   const YAML::Node root = load_yaml(yaml_text, file);
   const MapReader top(ctx, root, "", kTopKeys);
   const Field* sweep = top.find("sweep");
-  if (!sweep) return {parse_point(ctx, root)};
+  ParseCache cache;
+  if (!sweep) return {parse_point(ctx, root, &cache)};
 
   const std::vector<SweepAxis> axes = read_sweep(ctx, *sweep, root);
   std::size_t count = 1;
   for (const SweepAxis& a : axes) count *= a.labels.size();
+  std::vector<YAML::Node> values;  // per axis, the list of values (nodes keep their marks)
+  for (const auto& entry : sweep->value) values.push_back(entry.second);
+  YAML::Node tree = root;  // edited in place per point, then restored
+  tree.remove("sweep");
   std::vector<Experiment> points;
   points.reserve(count);
+  std::int64_t work = 0;
   for (std::size_t index = 0; index < count; ++index) {
-    // A fresh tree per point (YAML::Clone drops marks); the last key varies fastest.
-    YAML::Node tree = YAML::Load(yaml_text);
-    const YAML::Node sweep_node = static_cast<const YAML::Node&>(tree)["sweep"];
+    // The last key varies fastest.
     std::vector<std::size_t> choice(axes.size());
     std::size_t rest = index;
     for (std::size_t a = axes.size(); a-- > 0;) {
@@ -1375,18 +1677,35 @@ std::vector<Experiment> parse_experiment(const std::string& yaml_text, const std
     }
     std::string label;
     std::map<std::string, std::string> overrides;
-    std::vector<YAML::Node> values;
-    for (const auto& entry : sweep_node) values.push_back(entry.second);
+    TreeEdits edits;
     for (std::size_t a = 0; a < axes.size(); ++a) {
       const std::string& text = axes[a].labels[choice[a]];
       label += (label.empty() ? "" : ",") + axes[a].key + "=" + text;
       overrides[axes[a].key] = text;
-      apply_override(tree, axes[a].key, values[a][choice[a]]);
+      apply_override(edits, tree, axes[a].key, values[a][choice[a]]);
     }
-    tree.remove("sweep");
-    Experiment e = parse_point(Context{file, label}, tree);
+    Experiment e = parse_point(Context{file, label}, tree, &cache);
     e.overrides = std::move(overrides);
+    const std::int64_t tensors = static_cast<std::int64_t>(e.model.params.size());
     points.push_back(std::move(e));
+    // Every point builds and checks its model: bound the sweep's work (estimated from its first
+    // point before going on, then counted, as swept models may grow).
+    work += tensors;
+    if (work > kMaxSweepTensorPoints)
+      fail(ctx, *sweep,
+           "the sweep's points hold more than " + std::to_string(kMaxSweepTensorPoints) +
+               " tensors in all (reached at point " + std::to_string(index + 1) + " of " +
+               std::to_string(count) + ")",
+           "sweep fewer values or smaller models, or split the study into several files");
+    if (index == 0) {
+      if (tensors * static_cast<std::int64_t>(count) > kMaxSweepTensorPoints)
+        fail(ctx, *sweep,
+             "the sweep has " + std::to_string(count) + " points of a model with " +
+                 std::to_string(tensors) + " tensors: checking them all (" +
+                 std::to_string(tensors * static_cast<std::int64_t>(count)) +
+                 " tensor layouts) exceeds the limit of " + std::to_string(kMaxSweepTensorPoints),
+             "sweep fewer values, or split the study into several files");
+    }
   }
   // Each point's results live in a folder named after its label: two points in one folder would
   // overwrite each other's results and rerun forever. point_slug is injective, so this can only
@@ -1406,11 +1725,29 @@ std::vector<Experiment> parse_experiment(const std::string& yaml_text, const std
   return points;
 }
 
+}  // namespace
+
+std::vector<Experiment> parse_experiment(const std::string& yaml_text, const std::string& file) {
+  try {
+    return parse_file(yaml_text, file);
+  } catch (const YAML::Exception& e) {
+    // The accessors check types before converting; this is the safety net for any yaml-cpp
+    // refusal they do not foresee, reported where yaml-cpp saw it.
+    SourceLocation where{file, e.mark.line + 1, e.mark.column + 1};
+    if (e.mark.is_null()) where = SourceLocation{file, 0, 0};
+    throw ConfigError(where, "cannot read this YAML value: " + e.msg,
+                      "check the value's type against the experiment schema (README, 'Writing "
+                      "an experiment')");
+  }
+}
+
 std::vector<Experiment> load_experiment(const std::string& path) {
   return parse_experiment(read_text_file(path, "experiment file"), path);
 }
 
-ShardedModel shard_model(const Experiment& experiment) {
+namespace {
+
+ShardedModel shard_anew(const Experiment& experiment) {
   // Explicit placements live in the resolved configuration (model.params[i].placements).
   if (!experiment.resolved_yaml.empty()) {
     const YAML::Node root = YAML::Load(experiment.resolved_yaml);
@@ -1436,6 +1773,19 @@ ShardedModel shard_model(const Experiment& experiment) {
     }
   }
   return shard(experiment, nullptr);
+}
+
+}  // namespace
+
+ShardedModel shard_model(const Experiment& experiment) {
+  return *shared_shard_model(experiment);
+}
+
+std::shared_ptr<const ShardedModel> shared_shard_model(const Experiment& experiment) {
+  // The sharding made at parse time, while the point's layout inputs are unchanged.
+  if (experiment.sharded && experiment.sharded_key == layout_key(experiment))
+    return experiment.sharded;
+  return std::make_shared<const ShardedModel>(shard_anew(experiment));
 }
 
 }  // namespace muonbed

@@ -5,7 +5,8 @@
 namespace muonbed {
 
 StepPlan plan_experiment(const Experiment& experiment) {
-  return build_plan(shard_model(experiment), experiment.strategy, experiment.plan_settings());
+  return build_plan(*shared_shard_model(experiment), experiment.strategy,
+                    experiment.plan_settings());
 }
 
 }  // namespace muonbed

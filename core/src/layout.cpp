@@ -290,16 +290,19 @@ TensorLayout::TensorLayout(const DeviceMesh& mesh, std::vector<std::int64_t> sha
   for (int i = 0; i < mesh.ndims(); ++i) {
     mesh_sizes_[i] = mesh.size(i);
     const Placement& p = placements_[i];
-    const std::string where = "tensor layout " + shape_string(shape_) + ", mesh dim '" +
-                              mesh.dim(i).name + "' (" + p.to_string() + "): ";
+    // Built only for a message: this constructor runs for every tensor of every sweep point.
+    const auto where = [&] {
+      return "tensor layout " + shape_string(shape_) + ", mesh dim '" + mesh.dim(i).name + "' (" +
+             p.to_string() + "): ";
+    };
     if (p.is_shard() && (p.tensor_dim < 0 || p.tensor_dim >= nd))
-      throw LayoutError(where + "tensor dim " + std::to_string(p.tensor_dim) +
+      throw LayoutError(where() + "tensor dim " + std::to_string(p.tensor_dim) +
                         " is out of range; fix: shard a dim in 0.." + std::to_string(nd - 1));
     if (p.kind == PlacementKind::strided_shard && p.split_factor < 1)
-      throw LayoutError(where + "split factor " + std::to_string(p.split_factor) +
+      throw LayoutError(where() + "split factor " + std::to_string(p.split_factor) +
                         " < 1; fix: use a split factor >= 1");
     if (p.kind == PlacementKind::independent && (p.coord < 0 || p.coord >= mesh.size(i)))
-      throw LayoutError(where + "independent coordinate " + std::to_string(p.coord) +
+      throw LayoutError(where() + "independent coordinate " + std::to_string(p.coord) +
                         " is outside 0.." + std::to_string(mesh.size(i) - 1) +
                         "; fix: pick a coordinate of that mesh dimension");
   }

@@ -251,14 +251,20 @@ ParamRole param_role_from_string(std::string_view text) {
 }
 
 std::int64_t Parameter::numel() const {
+  // Overflow-checked: experiments bound shapes (each tensor <= 2^40 elements), but a model built
+  // in code is not parsed, and a wrapped product would be a negative parameter count.
   std::int64_t n = 1;
-  for (std::int64_t s : shape) n *= s;
+  for (std::int64_t s : shape)
+    if (__builtin_mul_overflow(n, s, &n))
+      throw Error("parameter '" + name + "': its element count overflows 64 bits");
   return n;
 }
 
 std::int64_t Model::numel() const {
   std::int64_t n = 0;
-  for (const Parameter& p : params) n += p.numel();
+  for (const Parameter& p : params)
+    if (__builtin_add_overflow(n, p.numel(), &n))
+      throw Error("model '" + name + "': its parameter count overflows 64 bits");
   return n;
 }
 

@@ -3,6 +3,7 @@
 #include "core/plan.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
@@ -216,9 +217,20 @@ DimSet RankBox::free_dims() const {
 }
 
 int StepPlan::hyper_period() const {
-  int period = 1;
-  for (const auto& op : ops) period = std::lcm(period, op.period);
-  return period;
+  // lcm in 64 bits, refused once it leaves int: coprime periods multiply (and std::lcm on int
+  // overflows silently). Experiments keep it at most 2^20 (strategy.grad_sync.level_periods).
+  std::int64_t period = 1;
+  for (const auto& op : ops) {
+    if (op.period < 1)
+      throw PlanError("op " + std::to_string(op.id) + " has period " + std::to_string(op.period) +
+                      "; periods must be >= 1");
+    period = period / std::gcd(period, std::int64_t{op.period}) * op.period;
+    if (period > std::numeric_limits<int>::max())
+      throw PlanError(
+          "the plan's hyper-period (the least common multiple of its op periods) "
+          "exceeds 2^31 steps; fix: use level periods with a small common multiple");
+  }
+  return static_cast<int>(period);
 }
 
 std::vector<int> StepPlan::ops_of_rank(int rank) const {

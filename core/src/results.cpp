@@ -4,6 +4,8 @@
 // and the JSON reader/writer with atomic file writes. See core/results.hpp for the schema.
 #include "core/results.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include <numeric>
 #include <sstream>
 
+#include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
 #include "core/bound.hpp"
@@ -26,6 +29,7 @@
 #include "core/engine.hpp"
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
+#include "core/sha256.hpp"
 #include "core/split_ns.hpp"
 #include "muonbed/config.hpp"
 
@@ -148,12 +152,20 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
   step.worst_step = steps[worst].step;
   const StepMeasurement& w = steps[worst];
 
-  const StepBound sb = step_bound(plan, cluster);
-  record.bound = {sb.bound_s,       safe_div(step.average_s, sb.bound_s),
-                  sb.binding,       sb.ns_total_s,
-                  sb.ns_balanced_s, sb.ns_longest_s,
-                  sb.gather_s,      sb.scatter_s,
-                  sb.owner_ranks,   sb.longest};
+  // A measured run's cluster may have no link figures (the MPI executor on one host): then there
+  // is no bound to report, and the record says why instead of failing the run.
+  try {
+    const StepBound sb = step_bound(plan, cluster);
+    record.bound = {sb.bound_s,       safe_div(step.average_s, sb.bound_s),
+                    sb.binding,       sb.ns_total_s,
+                    sb.ns_balanced_s, sb.ns_longest_s,
+                    sb.gather_s,      sb.scatter_s,
+                    sb.owner_ranks,   sb.longest};
+  } catch (const PlanError& e) {
+    record.bound = BoundResult{};
+    record.bound.binding = "none";
+    record.notes.push_back(std::string("no T_bound: ") + e.what());
+  }
 
   // Per rank: averages over patterns weighted by their step counts, and the worst step's values.
   record.ranks.assign(world, RankResult{});
@@ -251,11 +263,12 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
     c.label = op.label;
     c.kind = std::string(to_string(op.kind));
     c.group_size = m.group_size;
+    const int id = op_id;  // clang < 16 cannot capture a structured binding
     const int patterns_seen = [&] {
       int n = 0;
       for (std::size_t i = 0; i < collectives.size() && i < steps.size(); ++i)
         for (const auto& x : collectives[i])
-          if (x.op == op_id && x.instances > 0) ++n;
+          if (x.op == id && x.instances > 0) ++n;
       return n;
     }();
     c.instances = m.instances / std::max(1, patterns_seen);
@@ -524,6 +537,59 @@ TimeBreakdown read_breakdown(const nlohmann::json& j) {
 
 }  // namespace
 
+namespace {
+
+// A JSON path to every non-finite number, for the error message (nlohmann writes NaN as null,
+// which no reader takes for a number).
+void find_non_finite(const ojson& j, const std::string& path, std::vector<std::string>& out) {
+  if (j.is_number_float() && !std::isfinite(j.get<double>())) out.push_back(path);
+  if (j.is_object())
+    for (auto it = j.begin(); it != j.end(); ++it)
+      find_non_finite(it.value(), path.empty() ? it.key() : path + "." + it.key(), out);
+  if (j.is_array())
+    for (std::size_t i = 0; i < j.size(); ++i)
+      find_non_finite(j[i], path + "[" + std::to_string(i) + "]", out);
+}
+
+constexpr std::string_view kChecksumField = "\"checksum\": \"";
+
+}  // namespace
+
+bool verify_checksum(const std::string& text) {
+  // The field is the last one: `"checksum": "<64 hex>"` then only the closing brace and spaces.
+  const std::size_t at = text.rfind(kChecksumField);
+  if (at == std::string::npos) return false;
+  const std::size_t begin = at + kChecksumField.size();
+  if (text.size() < begin + 65 || text[begin + 64] != '"') return false;
+  const std::string digest = text.substr(begin, 64);
+  if (digest.find_first_not_of("0123456789abcdef") != std::string::npos) return false;
+  if (text.find_first_not_of("} \n\r\t", begin + 65) != std::string::npos) return false;
+  return sha256_hex(text.substr(0, begin) + text.substr(begin + 64)) == digest;
+}
+
+std::string result_identity(const std::string& resolved_yaml, const std::string& backend) {
+  YAML::Node root = YAML::Load(resolved_yaml);
+  if (root.IsMap()) {
+    root.remove("backend");
+    root.remove("output");
+    if (backend != "sim") root.remove("sim");
+    // The measured backends' warm-up and timed steps and data seed do not change a
+    // deterministic model's result.
+    if (backend == "analytic" || backend == "sim")
+      for (const char* key : {"steps", "repeats", "seed"}) root.remove(key);
+  }
+  YAML::Emitter out;
+  out << root;
+  return out.c_str();
+}
+
+std::string point_identity(const std::string& experiment, const std::string& point,
+                           const std::string& backend, const std::string& resolved_yaml) {
+  const std::string text = "muonbed point\n" + experiment + "\n" + point + "\n" + backend + "\n" +
+                           result_identity(resolved_yaml, backend);
+  return sha256_hex(text).substr(0, 16);
+}
+
 std::string result_to_json(const ResultRecord& r) {
   ojson j;
   j["schema_version"] = r.schema_version;
@@ -531,14 +597,16 @@ std::string result_to_json(const ResultRecord& r) {
   j["fidelity"] = r.fidelity;
   j["timestamp"] = r.timestamp;
   const Provenance& p = r.provenance;
-  j["provenance"] = ojson{{"muonbed_version", p.muonbed_version},
-                          {"git_hash", p.git_hash},
-                          {"simgrid_version", p.simgrid_version},
-                          {"host_name", p.host_name},
-                          {"experiment", p.experiment},
-                          {"experiment_file", p.experiment_file},
-                          {"point", p.point},
-                          {"resolved_config", p.resolved_config}};
+  j["provenance"] =
+      ojson{{"muonbed_version", p.muonbed_version},
+            {"git_hash", p.git_hash},
+            {"simgrid_version", p.simgrid_version},
+            {"host_name", p.host_name},
+            {"experiment", p.experiment},
+            {"experiment_file", p.experiment_file},
+            {"point", p.point},
+            {"resolved_config", p.resolved_config},
+            {"point_id", point_identity(p.experiment, p.point, r.backend, p.resolved_config)}};
   const SetupInfo& s = r.setup;
   j["setup"] = ojson{{"strategy", s.strategy},
                      {"cluster", s.cluster},
@@ -629,7 +697,21 @@ std::string result_to_json(const ResultRecord& r) {
                            {"mpi_s", e.mpi_s},
                            {"overhead_fraction", e.overhead_fraction}};
   j["notes"] = r.notes;
-  return j.dump(1) + "\n";
+  std::vector<std::string> bad;
+  find_non_finite(j, "", bad);
+  if (!bad.empty())
+    throw Error(
+        "results: the " + r.backend + " backend produced a non-finite number (NaN or " +
+        "infinity) for " + bad.front() +
+        (bad.size() > 1 ? " and " + std::to_string(bad.size() - 1) + " more field(s)" : "") +
+        "; nothing was written. fix: check the cluster's numbers (README, 'Limits'); if "
+        "they are in range, this is a muonbed bug: please report it with the experiment");
+  // The checksum covers the whole text with its own value empty; it is the last key.
+  j["checksum"] = "";
+  std::string text = j.dump(1) + "\n";
+  const std::size_t at = text.rfind(kChecksumField);
+  text.insert(at + kChecksumField.size(), sha256_hex(text));
+  return text;
 }
 
 ResultRecord result_from_json(const std::string& text) {
@@ -641,6 +723,12 @@ ResultRecord result_from_json(const std::string& text) {
       throw Error("results: schema_version " + std::to_string(r.schema_version) +
                   " is not the supported " + std::to_string(kResultsSchemaVersion) +
                   "; fix: rerun the experiment with this build");
+    if (!verify_checksum(text))
+      throw Error(
+          "results: the checksum does not match the file's content (the file was edited or "
+          "damaged after muonbed wrote it); fix: rerun the point (muonbed run EXP --point LABEL "
+          "--force), never edit result files by hand");
+    r.checksum = j.at("checksum").get<std::string>();
     r.backend = j.at("backend").get<std::string>();
     r.fidelity = j.at("fidelity").get<std::string>();
     r.timestamp = j.at("timestamp").get<std::string>();
@@ -649,7 +737,8 @@ ResultRecord result_from_json(const std::string& text) {
         p.at("muonbed_version").get<std::string>(), p.at("git_hash").get<std::string>(),
         p.at("simgrid_version").get<std::string>(), p.at("host_name").get<std::string>(),
         p.at("experiment").get<std::string>(),      p.at("experiment_file").get<std::string>(),
-        p.at("point").get<std::string>(),           p.at("resolved_config").get<std::string>()};
+        p.at("point").get<std::string>(),           p.at("resolved_config").get<std::string>(),
+        p.at("point_id").get<std::string>()};
     const auto& s = j.at("setup");
     r.setup.strategy = s.at("strategy").get<std::string>();
     r.setup.cluster = s.at("cluster").get<std::string>();
@@ -757,41 +846,87 @@ ResultRecord result_from_json(const std::string& text) {
   }
 }
 
+namespace {
+
+[[noreturn]] void path_failure(const std::string& what, const std::string& path, int error) {
+  throw Error(what + " '" + path + "': " + std::strerror(error) +
+              "; fix: " + path_error_fix(error, true));
+}
+
+}  // namespace
+
+void prepare_folder(const std::string& folder) {
+  namespace fs = std::filesystem;
+  const fs::path dir = folder.empty() ? fs::path(".") : fs::path(folder);
+  struct stat existing {};
+  if (::stat(dir.c_str(), &existing) == 0 && !S_ISDIR(existing.st_mode))
+    throw Error("'" + dir.string() +
+                "' is a file, not a folder; fix: choose another folder (e.g. --output DIR), or "
+                "move that file away");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) path_failure("cannot create the folder", dir.string(), ec.value());
+  struct stat info {};
+  if (::stat(dir.c_str(), &info) != 0) path_failure("cannot use the folder", dir.string(), errno);
+  if (!S_ISDIR(info.st_mode)) path_failure("cannot use the folder", dir.string(), ENOTDIR);
+}
+
+void check_writable_folder(const std::string& folder) {
+  namespace fs = std::filesystem;
+  prepare_folder(folder);
+  // Writing is the only sure test (permissions, read-only mounts, ACLs, a full disk's quota).
+  const fs::path probe =
+      (folder.empty() ? fs::path(".") : fs::path(folder)) / temp_file_name(".probe", getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) path_failure("cannot write into the folder", folder, errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 void write_file_atomically(const std::string& path, const std::string& text) {
   namespace fs = std::filesystem;
   const fs::path target(path);
-  std::error_code ec;
-  if (target.has_parent_path()) {
-    fs::create_directories(target.parent_path(), ec);
-    if (ec)
-      throw Error("cannot create folder '" + target.parent_path().string() + "': " + ec.message() +
-                  "; fix: choose a writable output directory");
-  }
+  if (target.has_parent_path()) prepare_folder(target.parent_path().string());
+  struct stat info {};
+  if (::stat(target.c_str(), &info) == 0 && S_ISDIR(info.st_mode))
+    path_failure("cannot write", path, EISDIR);
   // Same folder as the target, so rename() is atomic; pid keeps concurrent writers apart. The
   // name is muonbed's own (temp_file_name), so cleanup never mistakes a user's file for it.
+  // POSIX calls, so each failure reports its own errno (a stream's errno may be stale).
   const fs::path temp = target.parent_path() / temp_file_name(target.filename().string(), getpid());
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    if (!out)
-      throw Error("cannot write '" + temp.string() + "': " + std::strerror(errno) +
-                  "; fix: choose a writable output directory");
-    out << text;
-    out.flush();
-    if (!out) {
-      fs::remove(temp, ec);
-      throw Error("writing '" + temp.string() + "' failed (disk full?)");
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) path_failure("cannot write", path, errno);
+  std::size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = n < 0 ? errno : ENOSPC;
+      ::close(fd);
+      ::unlink(temp.c_str());
+      path_failure("writing failed for", path, error);
     }
+    written += static_cast<std::size_t>(n);
   }
-  fs::rename(temp, target, ec);
-  if (ec) {
-    fs::remove(temp, ec);
-    throw Error("cannot move '" + temp.string() + "' to '" + path + "': " + ec.message());
+  if (::close(fd) != 0) {
+    const int error = errno;
+    ::unlink(temp.c_str());
+    path_failure("writing failed for", path, error);
+  }
+  if (::rename(temp.c_str(), target.c_str()) != 0) {
+    const int error = errno;  // before unlink() may change it
+    ::unlink(temp.c_str());
+    path_failure("cannot move the finished file to", path, error);
   }
 }
 
 ResultRecord read_result_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read result file '" + path + "': " + std::strerror(errno));
+  if (!in) {
+    const int error = errno;
+    throw Error("cannot read result file '" + path + "': " + std::strerror(error) +
+                "; fix: " + path_error_fix(error));
+  }
   std::stringstream buffer;
   buffer << in.rdbuf();
   return result_from_json(buffer.str());

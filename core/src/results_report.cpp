@@ -3,7 +3,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -40,49 +42,99 @@ std::string summary_line(const ResultRecord& r) {
   return out.str();
 }
 
-std::string seed_claims_table(const std::vector<ResultRecord>& records) {
-  // Which configuration each record is: strategy name and prefetch count from its resolved
-  // configuration (the point label's spelling is up to the experiment file).
-  std::map<std::string, std::map<std::string, double>> time;  // backend -> variant -> avg step
-  std::map<std::string, int> gpus;
-  std::vector<std::string> backends;
-  for (const ResultRecord& r : records) {
-    std::string name = r.setup.strategy;
-    int prefetch = -1;
-    if (!r.provenance.resolved_config.empty()) {
-      try {
-        const YAML::Node root = YAML::Load(r.provenance.resolved_config);
-        if (root["strategy"] && root["strategy"]["prefetch_count"])
+double SeedClaimRow::predicted() const {
+  if (!baseline_record || !target_record || !(target_record->step.average_s > 0))
+    return std::numeric_limits<double>::quiet_NaN();
+  return baseline_record->step.average_s / target_record->step.average_s;
+}
+
+namespace {
+
+// "sequential", "parallel", "prefetch" or "" for a record, from its resolved configuration (the
+// point label's spelling is up to the experiment file).
+std::string seed_variant(const ResultRecord& r) {
+  std::string name = r.setup.strategy;
+  int prefetch = -1;
+  if (!r.provenance.resolved_config.empty()) {
+    try {
+      const YAML::Node root = YAML::Load(r.provenance.resolved_config);
+      if (root.IsMap() && root["strategy"] && root["strategy"].IsMap()) {
+        if (root["strategy"]["prefetch_count"])
           prefetch = root["strategy"]["prefetch_count"].as<int>();
-        if (root["strategy"] && root["strategy"]["name"])
-          name = root["strategy"]["name"].as<std::string>();
-      } catch (const YAML::Exception&) {
-        // an unreadable configuration leaves the record unclassified
+        if (root["strategy"]["name"]) name = root["strategy"]["name"].as<std::string>();
       }
+    } catch (const YAML::Exception&) {
+      // an unreadable configuration leaves the record unclassified
     }
-    std::string variant;
-    if (name == "sequential")
-      variant = "sequential";
-    else if (name == "owner" && prefetch == 0)
-      variant = "parallel";
-    else if (name == "owner" && prefetch >= 2)
-      variant = "prefetch";
-    if (variant.empty()) continue;
-    const std::string backend = r.backend == "sim" ? "sim/" + r.fidelity : r.backend;
-    if (!time.count(backend)) backends.push_back(backend);
-    time[backend][variant] = r.step.average_s;
-    gpus[backend] = r.setup.world_size;
   }
-  // Only a sweep holding at least two of the claims' configurations on one backend says anything.
-  const bool comparable = std::any_of(time.begin(), time.end(),
-                                      [](const auto& entry) { return entry.second.size() >= 2; });
-  if (!comparable) return "";
-  const auto ratio = [&](const std::string& b, const char* num, const char* den) -> std::string {
-    const auto& t = time[b];
-    const auto a = t.find(num), d = t.find(den);
-    if (a == t.end() || d == t.end() || !(d->second > 0)) return "-";
-    return format("%.2fx", a->second / d->second);
-  };
+  if (name == "sequential") return "sequential";
+  if (name == "owner" && prefetch == 0) return "parallel";
+  if (name == "owner" && prefetch >= 2) return "prefetch";
+  return "";
+}
+
+std::string backend_name(const ResultRecord& r) {
+  return r.backend == "sim" ? "sim/" + r.fidelity : r.backend;
+}
+
+}  // namespace
+
+std::vector<SeedClaimRow> seed_claims(const std::vector<ResultRecord>& records) {
+  // Per backend (and fidelity), the first record of each configuration.
+  std::vector<std::string> backends;
+  std::map<std::string, std::map<std::string, const ResultRecord*>> found;
+  for (const ResultRecord& r : records) {
+    const std::string variant = seed_variant(r);
+    if (variant.empty()) continue;
+    const std::string b = backend_name(r);
+    if (!found.count(b)) backends.push_back(b);
+    found[b].try_emplace(variant, &r);
+  }
+  std::vector<SeedClaimRow> rows;
+  for (const std::string& b : backends) {
+    const auto& configs = found[b];
+    if (configs.size() < 2) continue;  // one configuration says nothing
+    const ResultRecord& any = *configs.begin()->second;
+    const double n = any.setup.world_size;
+    const struct {
+      std::string what, claimed;
+      double low, high;
+      const char* baseline;
+      const char* target;
+    } claims[] = {
+        {"parallel owner vs sequential", "~N x (N = " + std::to_string(any.setup.world_size) + ")",
+         n / 1.2, n * 1.2, "sequential", "parallel"},
+        {"prefetch 2 vs parallel (on top)", "2-3x", 2, 3, "parallel", "prefetch"},
+        {"prefetch 2 vs sequential (total)", "16-24x", 16, 24, "sequential", "prefetch"},
+    };
+    for (const auto& c : claims) {
+      SeedClaimRow row;
+      row.claim = c.what;
+      row.claimed = c.claimed;
+      row.low = c.low;
+      row.high = c.high;
+      row.backend = any.backend;
+      row.fidelity = any.fidelity;
+      row.baseline = c.baseline;
+      row.target = c.target;
+      if (const auto it = configs.find(c.baseline); it != configs.end())
+        row.baseline_record = it->second;
+      if (const auto it = configs.find(c.target); it != configs.end())
+        row.target_record = it->second;
+      rows.push_back(std::move(row));
+    }
+  }
+  return rows;
+}
+
+std::string seed_claims_table(const std::vector<ResultRecord>& records) {
+  const std::vector<SeedClaimRow> rows = seed_claims(records);
+  if (rows.empty()) return "";
+  std::vector<std::string> backends;
+  for (const SeedClaimRow& row : rows) {
+    const std::string b = row.backend == "sim" ? "sim/" + row.fidelity : row.backend;
+    if (std::find(backends.begin(), backends.end(), b) == backends.end()) backends.push_back(b);
+  }
   std::ostringstream out;
   out << "Seed 000's claims vs predictions (speedup = step time ratio, average step)\n";
   char line[256];
@@ -93,30 +145,36 @@ std::string seed_claims_table(const std::vector<ResultRecord>& records) {
     out << line;
   }
   out << "\n";
-  const struct {
-    const char* what;
-    const char* claimed;
-    const char* faster;
-    const char* slower;
-  } rows[] = {
-      {"parallel owner vs sequential", "~N x", "sequential", "parallel"},
-      {"prefetch 2 vs parallel (on top)", "2-3x", "parallel", "prefetch"},
-      {"prefetch 2 vs sequential (total)", "16-24x", "sequential", "prefetch"},
-  };
-  for (const auto& row : rows) {
-    std::snprintf(line, sizeof line, "%-44s %-10s", row.what, row.claimed);
+  for (std::size_t c = 0; c < rows.size() / backends.size(); ++c) {
+    const SeedClaimRow& first = rows[c];
+    const std::string claimed = c == 0 ? "~N x" : first.claimed;
+    std::snprintf(line, sizeof line, "%-44s %-10s", first.claim.c_str(), claimed.c_str());
     out << line;
-    for (const auto& b : backends) {
-      std::snprintf(line, sizeof line, " %-14s", ratio(b, row.faster, row.slower).c_str());
+    for (std::size_t b = 0; b < backends.size(); ++b) {
+      const double ratio = rows[b * 3 + c].predicted();
+      const std::string text = std::isfinite(ratio) ? format("%.2fx", ratio) : "-";
+      std::snprintf(line, sizeof line, " %-14s", text.c_str());
       out << line;
     }
     out << "\n";
   }
-  for (const auto& b : backends)
-    out << "  " << b << ": " << gpus[b] << " GPUs (N), step times: sequential "
-        << (time[b].count("sequential") ? duration(time[b]["sequential"]) : "-") << ", parallel "
-        << (time[b].count("parallel") ? duration(time[b]["parallel"]) : "-") << ", prefetch "
-        << (time[b].count("prefetch") ? duration(time[b]["prefetch"]) : "-") << "\n";
+  for (std::size_t b = 0; b < backends.size(); ++b) {
+    const SeedClaimRow& row = rows[b * 3];
+    const ResultRecord* any = row.baseline_record ? row.baseline_record : row.target_record;
+    const auto time_of = [&](const std::string& variant) -> std::string {
+      for (std::size_t c = 0; c < 3; ++c) {
+        const SeedClaimRow& r = rows[b * 3 + c];
+        if (r.baseline == variant && r.baseline_record)
+          return duration(r.baseline_record->step.average_s);
+        if (r.target == variant && r.target_record)
+          return duration(r.target_record->step.average_s);
+      }
+      return "-";
+    };
+    out << "  " << backends[b] << ": " << (any ? any->setup.world_size : 0)
+        << " GPUs (N), step times: sequential " << time_of("sequential") << ", parallel "
+        << time_of("parallel") << ", prefetch " << time_of("prefetch") << "\n";
+  }
   return out.str();
 }
 

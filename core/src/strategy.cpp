@@ -1243,12 +1243,13 @@ StrategyOptions strategy_preset(const std::string& name, int world_size) {
     o.prefetch_count = 1;
   } else if (name == "muonbed") {
     // muonbed's best (issue 13, experiments/scale_strategies.yaml): owners spread over nodes and
-    // rails, cross-node stage on every rail at once, 32 communication lanes, largest NS first.
+    // rails, cross-node stage on every rail at once, 128 communication lanes (at 1,024 GPUs and
+    // up the 240 largest gathers then queue at most 2 deep), largest NS first.
     o.name = "owner";
     o.assign = "topology";
     o.gather = "rails";
     o.prefetch_count = 1;
-    o.comm_lanes = 32;
+    o.comm_lanes = 128;
     o.order = "lpt";
   } else {
     std::string known;

@@ -3,14 +3,26 @@
 // value and the fix. See yaml_util.hpp.
 #include "core/src/yaml_util.hpp"
 
+#include <yaml-cpp/eventhandler.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <fstream>
 #include <sstream>
 #include <system_error>
+#include <unordered_map>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 
 namespace muonbed::yaml_util {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -116,44 +128,6 @@ std::string join(const std::vector<std::string>& items, const std::string& separ
   return out;
 }
 
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  // Levenshtein distance, two rows.
-  std::vector<std::size_t> previous(b.size() + 1), current(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) previous[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    current[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t substitute = previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
-      current[j] = std::min({previous[j] + 1, current[j - 1] + 1, substitute});
-    }
-    std::swap(previous, current);
-  }
-  return previous[b.size()];
-}
-
-std::string closest_match(std::string_view word, const std::vector<std::string>& candidates) {
-  std::string best;
-  std::size_t best_distance = std::numeric_limits<std::size_t>::max();
-  for (const std::string& candidate : candidates) {
-    std::size_t distance = edit_distance(word, candidate);
-    // A shortened key ("prefetch" for "prefetch_count") is a likely intent even when far in
-    // edits; the reverse ("strategy" for "strategy.nme") is not.
-    const bool prefix = word.size() >= 3 && candidate.starts_with(word);
-    if (prefix) distance = std::min<std::size_t>(distance, 1);
-    if (distance < best_distance) {
-      best_distance = distance;
-      best = candidate;
-    }
-  }
-  const std::size_t limit = std::max<std::size_t>(2, word.size() / 3);
-  return best_distance <= limit ? best : std::string();
-}
-
-std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates) {
-  const std::string match = closest_match(word, candidates);
-  return match.empty() ? std::string() : "; did you mean '" + match + "'?";
-}
-
 std::string format_number(double value) {
   if (value == std::floor(value) && std::fabs(value) < 1e15) {
     return std::to_string(static_cast<long long>(value));
@@ -163,41 +137,193 @@ std::string format_number(double value) {
   return std::string(buffer, result.ptr);
 }
 
+namespace {
+
+// The 1-based line and column of byte `offset` of `text`.
+SourceLocation location_in_text(const std::string& text, std::size_t offset,
+                                const std::string& file) {
+  SourceLocation where{file, 1, 1};
+  for (std::size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++where.line;
+      where.column = 1;
+    } else {
+      ++where.column;
+    }
+  }
+  return where;
+}
+
+[[noreturn]] void syntax_error(const std::string& text, const std::string& file,
+                               const YAML::Mark& mark, const std::string& message) {
+  SourceLocation where{file, mark.line + 1, mark.column + 1};
+  if (mark.is_null()) where = SourceLocation{file, 0, 0};
+  // YAML forbids tabs in indentation, and yaml-cpp's message does not say so.
+  std::string hint;
+  int line = 1;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      continue;
+    }
+    const bool line_start = i == 0 || text[i - 1] == '\n';
+    if (!line_start) continue;
+    std::size_t j = i;
+    while (j < text.size() && (text[j] == ' ' || text[j] == '\t')) ++j;
+    if (std::find(text.begin() + static_cast<std::ptrdiff_t>(i),
+                  text.begin() + static_cast<std::ptrdiff_t>(j),
+                  '\t') != text.begin() + static_cast<std::ptrdiff_t>(j)) {
+      hint = " (line " + std::to_string(line) + " is indented with a tab; use spaces)";
+      break;
+    }
+  }
+  throw ConfigError(where, "YAML syntax error: " + message + hint,
+                    "fix the YAML at this line: check indentation (spaces, not tabs), "
+                    "matching brackets and quotes, and a ': ' after each key");
+}
+
+}  // namespace
+
+namespace {
+
+// The documents of a YAML text as the parser's events show them: where each starts and whether it
+// holds anything but an empty (null) node. yaml-cpp's LoadAll loops forever on text it cannot
+// start a document with (", b"): the parser then reports empty documents at the same mark
+// without consuming anything, which the caller detects here.
+class DocumentScan : public YAML::EventHandler {
+ public:
+  struct Document {
+    YAML::Mark start;
+    bool empty = true;  // only a null node
+    bool started = false;
+  };
+  std::vector<Document> documents;
+
+  void OnDocumentStart(const YAML::Mark& mark) override { documents.push_back({mark}); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override { content(true); }
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override { content(false); }
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    content(false);
+  }
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    content(false);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    content(false);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void content(bool null) {
+    if (documents.empty()) return;
+    Document& d = documents.back();
+    if (!d.started || !null) d.empty = d.empty && null;
+    d.started = true;
+  }
+};
+
+bool same_place(const YAML::Mark& a, const YAML::Mark& b) {
+  return a.pos == b.pos && a.line == b.line && a.column == b.column;
+}
+
+}  // namespace
+
 YAML::Node load_yaml(const std::string& text, const std::string& file) {
+  if (const std::size_t nul = text.find('\0'); nul != std::string::npos)
+    throw ConfigError(location_in_text(text, nul, file),
+                      "the file contains a NUL byte: it is binary data, not YAML text",
+                      "pass a YAML text file (experiments/*.yaml shows the format)");
+  // First the document structure: nothing after the first document may be ignored.
   try {
-    return YAML::Load(text);
-  } catch (const YAML::ParserException& e) {
-    SourceLocation where{file, e.mark.line + 1, e.mark.column + 1};
-    if (e.mark.is_null()) where = SourceLocation{file, 0, 0};
-    // YAML forbids tabs in indentation, and yaml-cpp's message does not say so.
-    std::string hint;
-    int line = 1;
-    for (std::size_t i = 0; i < text.size(); ++i) {
-      if (text[i] == '\n') ++line;
-      const bool line_start = i == 0 || text[i - 1] == '\n';
-      if (line_start) {
-        std::size_t j = i;
-        while (j < text.size() && (text[j] == ' ' || text[j] == '\t')) ++j;
-        if (text.find('\t', i) < j) {
-          hint = " (line " + std::to_string(line) + " is indented with a tab; use spaces)";
-          break;
-        }
+    std::istringstream stream(text);
+    YAML::Parser parser(stream);
+    DocumentScan scan;
+    while (parser.HandleNextDocument(scan)) {
+      const auto& docs = scan.documents;
+      const std::size_t n = docs.size();
+      if (n >= 2 && same_place(docs[n - 1].start, docs[n - 2].start)) {
+        // The parser stopped consuming text: it cannot start a document with what is there.
+        const YAML::Mark& at = docs[n - 1].start;
+        const std::size_t pos = static_cast<std::size_t>(std::max(at.pos, 0));
+        std::string shown = text.substr(std::min(pos, text.size()), 20);
+        if (const std::size_t cut = shown.find('\n'); cut != std::string::npos) shown.resize(cut);
+        syntax_error(
+            text, file, at,
+            "unexpected " + quote(shown) +
+                (n > 2 ? " after the end of the document" : " at the start of a document"));
+      }
+      if (n >= 2 && !docs.back().empty) {
+        SourceLocation where{file, docs.back().start.line + 1, docs.back().start.column + 1};
+        throw ConfigError(where,
+                          "a second YAML document starts here; muonbed reads one document per "
+                          "file and would ignore it",
+                          "remove the '---' line and merge the keys into one document, or put "
+                          "the second experiment into a file of its own");
       }
     }
-    throw ConfigError(where, "YAML syntax error: " + e.msg + hint,
-                      "fix the YAML at this line: check indentation (spaces, not tabs), "
-                      "matching brackets and quotes, and a ': ' after each key");
+  } catch (const YAML::ParserException& e) {
+    syntax_error(text, file, e.mark, e.msg);
+  } catch (const YAML::Exception& e) {
+    // Anything else yaml-cpp refuses (e.g. nesting too deep) is a syntax problem of the file.
+    syntax_error(text, file, e.mark, e.msg);
+  }
+  try {
+    return YAML::Load(text);  // the first (and only non-empty) document
+  } catch (const YAML::Exception& e) {
+    syntax_error(text, file, e.mark, e.msg);
   }
 }
 
 std::string read_text_file(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw ConfigError(SourceLocation{path, 0, 0}, "cannot open " + what + " '" + path + "'",
-                      "check the path (relative paths start at the current directory)");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  const SourceLocation at{path, 0, 0};
+  if (path.empty())
+    throw ConfigError(at, "the " + what + " path is empty", "give the path of a YAML file");
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) {
+    const int error = errno;
+    throw ConfigError(at, "cannot open " + what + " '" + path + "': " + std::strerror(error),
+                      path_error_fix(error));
+  }
+  if (S_ISDIR(info.st_mode))
+    throw ConfigError(at, "'" + path + "' is a folder, not an " + what,
+                      "pass a YAML file, e.g. " + (fs::path(path) / "NAME.yaml").string());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;
+    throw ConfigError(at, "cannot open " + what + " '" + path + "': " + std::strerror(error),
+                      path_error_fix(error));
+  }
+  // Read at most kMaxInputBytes + 1 bytes: a device or pipe that never ends (/dev/zero) or a huge
+  // file is refused without reading it whole.
+  std::string text;
+  char buffer[1 << 16];
+  while (text.size() <= kMaxInputBytes) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      ::close(fd);
+      throw ConfigError(at, "cannot read " + what + " '" + path + "': " + std::strerror(error),
+                        "check the file (a folder, a device or an unreadable file cannot be read)");
+    }
+    if (n == 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  if (text.size() > kMaxInputBytes)
+    throw ConfigError(at,
+                      "the " + what + " '" + path + "' is larger than " +
+                          std::to_string(kMaxInputBytes / (1024 * 1024)) +
+                          " MiB; muonbed's YAML files are small (a sweep of 10,000 values fits "
+                          "in 100 KiB)",
+                      "pass the experiment's YAML file; describe big models with model.dense or "
+                      "model.moe instead of listing every parameter");
+  return text;
 }
 
 // --- MapReader --------------------------------------------------------------------------------
@@ -220,7 +346,7 @@ MapReader::MapReader(const Context& ctx, const YAML::Node& node, std::string pat
     const std::string sub = path_.empty() ? text : path_ + "." + text;
     if (std::find(allowed.begin(), allowed.end(), text) == allowed.end()) {
       const std::string where = path_.empty() ? "at the top level" : "in " + path_;
-      fail(ctx_, key, "unknown key '" + text + "' " + where + did_you_mean(text, allowed),
+      fail(ctx_, key, "unknown key " + quote(text) + " " + where + did_you_mean(text, allowed),
            "valid keys " + where + ": " + join(allowed));
     }
     for (const Field& seen : fields_)
@@ -372,7 +498,7 @@ double to_double(const Context& ctx, const Field& field, double min, double max,
     std::string range = (min_exclusive ? "> " : ">= ") + format_number(min);
     if (max < std::numeric_limits<double>::max()) range += " and <= " + format_number(max);
     std::string what = "'" + field.path + "' = " + text + " is out of range";
-    if (min == 0 && min_exclusive && value <= 0)
+    if ((min == 0 && min_exclusive && value <= 0) || (min > 0 && value <= 0))
       what = "'" + field.path + "' = " + text + " must be positive";
     else if (min == 0 && value < 0)
       what = "'" + field.path + "' = " + text + " must not be negative";
@@ -410,6 +536,37 @@ std::vector<Field> list_items(const Context& ctx, const Field& field) {
     ++i;
   }
   return items;
+}
+
+std::vector<Field> map_entries(const Context& ctx, const Field& field, const std::string& example) {
+  if (is_null(field.value) || !field.value.IsMap() || field.value.size() == 0)
+    fail(ctx, field,
+         "'" + field.path + "' must be a non-empty map, got " + kind_of(field.value) + " " +
+             show(field.value),
+         "write " + example);
+  std::vector<Field> entries;
+  std::unordered_map<std::string, std::size_t> seen;
+  for (const auto& entry : field.value) {
+    const YAML::Node& key = entry.first;
+    if (!key.IsScalar())
+      fail(ctx, key, "a key in '" + field.path + "' is " + kind_of(key) + " " + show(key),
+           "keys must be plain names: write " + example);
+    const auto [it, added] = seen.emplace(key.Scalar(), entries.size());
+    if (!added)
+      fail(ctx, key,
+           "key " + quote(key.Scalar()) + " appears twice in '" + field.path + "' (first at line " +
+               std::to_string(location_of(entries[it->second].key, ctx.file).line) +
+               "); YAML would silently keep only the last value",
+           "keep one entry per key");
+    entries.push_back(Field{key, entry.second, field.path + "." + key.Scalar()});
+  }
+  return entries;
+}
+
+std::string quote(std::string_view text) {
+  constexpr std::size_t kMax = 80;
+  if (text.size() <= kMax) return "'" + std::string(text) + "'";
+  return "'" + std::string(text.substr(0, kMax - 3)) + "...'";
 }
 
 }  // namespace muonbed::yaml_util

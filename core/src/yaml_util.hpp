@@ -1,8 +1,8 @@
 // Private helpers for strict YAML reading (experiment and cluster files). Every accessor checks
 // the node's type and range and throws ConfigError at the node's file:line:column with the value
 // and the fix, so the parsers in experiment.cpp and cluster.cpp stay a flat list of fields.
-// Also: "did you mean" suggestions by edit distance, shortest round-trip number formatting for
-// resolved YAML, and the cluster-file search the experiment parser shares with cluster.cpp.
+// Also: shortest round-trip number formatting for resolved YAML, and the cluster-file search the
+// experiment parser shares with cluster.cpp. "Did you mean" comes from core/suggest.hpp.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,7 @@
 
 #include "core/cluster.hpp"
 #include "core/errors.hpp"
+#include "core/suggest.hpp"
 
 namespace muonbed::yaml_util {
 
@@ -50,19 +51,18 @@ std::string show(const YAML::Node& node);
 std::string kind_of(const YAML::Node& node);
 
 std::string join(const std::vector<std::string>& items, const std::string& separator = ", ");
-std::size_t edit_distance(std::string_view a, std::string_view b);
-// The closest candidate if it is plausibly a typo of `word` (small edit distance, or one is a
-// prefix of the other), else "".
-std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
-// "; did you mean 'x'?" or "".
-std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates);
-
 // Shortest text that reads back to the same double ("0.95", "1e-08", "989").
 std::string format_number(double value);
 
-// Parses YAML text; a syntax error becomes ConfigError at its line and column.
+// The largest experiment or cluster file read (yaml-cpp needs ~1 KB of memory and a few
+// microseconds per value, so this bounds a load to well under a second and a few hundred MB).
+inline constexpr std::size_t kMaxInputBytes = std::size_t{1} << 20;
+
+// Parses YAML text; a syntax error becomes ConfigError at its line and column. Binary data (a NUL
+// byte) and a second non-empty document ('---') are errors too: nothing in the text is ignored.
 YAML::Node load_yaml(const std::string& text, const std::string& file);
-// Reads a whole file; a missing or unreadable file is a ConfigError naming `what` it should be.
+// Reads a whole file of at most kMaxInputBytes; a missing or unreadable path, a folder or a
+// bigger file is a ConfigError naming `what` it should be, the system's reason and the fix.
 std::string read_text_file(const std::string& path, const std::string& what);
 
 // A map checked strictly on construction: it is a map, its keys are scalars, no key repeats and
@@ -115,6 +115,12 @@ std::string to_choice(const Context& ctx, const Field& field,
                       const std::vector<std::string>& choices);
 // The elements of a list field (a ConfigError if it is not a list); paths are "path[i]".
 std::vector<Field> list_items(const Context& ctx, const Field& field);
+// The entries of a map from names to values (tp_dim_per_param, explicit_owners): a ConfigError if
+// the field is not a non-empty map, a key is not a plain scalar, or a key repeats (YAML would
+// otherwise let the last one win silently). Paths are "path.key"; `example` shows the form.
+std::vector<Field> map_entries(const Context& ctx, const Field& field, const std::string& example);
+// `text` for a message: quoted, and cut to 80 bytes with "..." when longer.
+std::string quote(std::string_view text);
 
 // --- cluster internals shared with experiment.cpp (implemented in cluster.cpp) ---------------
 

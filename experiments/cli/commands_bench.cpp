@@ -4,6 +4,7 @@
 // `muonbed bench collective`: nccl-tests' table for one collective on any registered backend
 // (core/collective_bench.hpp): predicted by the analytic model or the simulator on a cluster
 // profile, measured by the real executors when they register.
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -248,6 +249,14 @@ int run_bench_ns(BenchNsOptions& o) {
     return 0;
   }
   for (const std::string& s : o.shapes) o.bench.shapes.push_back(parse_shape(s));
+  // The JSON file is written after the runs: its folder must be usable before them.
+  if (!o.bench.json_path.empty()) {
+    const std::filesystem::path json(o.bench.json_path);
+    check_writable_folder(json.has_parent_path() ? json.parent_path().string() : ".");
+    if (std::filesystem::is_directory(json))
+      throw ConfigError(SourceLocation{}, "--json '" + o.bench.json_path + "' is a folder",
+                        "give a file name, e.g. --json ns.json");
+  }
   return run_ns_benchmark(o.bench, std::cout);
 }
 
@@ -275,15 +284,15 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   ns->add_option("--coefficients", b.coefficients, "keller (keller_jordan) or polar_express")
       ->check(CLI::IsMember({"keller", "keller_jordan", "polar_express"}))
       ->capture_default_str();
-  ns->add_option("--steps", b.steps, "Newton-Schulz iterations")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  ns->add_option("--steps", b.steps, "Newton-Schulz iterations (1..100)")->capture_default_str();
   ns->add_option("--kernel-version", b.version, "GPU NS kernel version (see --list-versions)")
       ->capture_default_str();
   ns->add_flag("--list-versions", options->list_versions,
                "print the GPU kernel versions this build has, then exit");
-  ns->add_option("--warmup", b.warmup, "untimed runs before timing (-1: 5 on GPU, 1 on CPU)");
-  ns->add_option("--repeats", b.repeats, "timed runs, median reported (-1: 30 on GPU, 5 on CPU)");
+  ns->add_option("--warmup", b.warmup,
+                 "untimed runs before timing, 0..1000 (-1: 5 on GPU, 1 on CPU)");
+  ns->add_option("--repeats", b.repeats,
+                 "timed runs, median reported, 1..10000 (-1: 30 on GPU, 5 on CPU)");
   ns->add_option("--seed", b.seed, "random data seed")->capture_default_str();
   ns->add_flag("!--no-validate", b.validate, "skip the check against the CPU reference");
   ns->add_option("--json", b.json_path, "also write the results as JSON to this file");

@@ -162,9 +162,9 @@ void print_point(const Experiment& e, std::size_t index, std::size_t count, int 
         human_seconds(worst->idle_s), human_seconds(worst->finish_s));
   }
   if (!json_dir.empty()) {
-    fs::create_directories(json_dir);
+    // point_slug keeps the name one safe path component (no '/', at most 200 bytes).
     const std::string name =
-        e.name + (e.point_label.empty() ? "" : "-" + point_slug(e.point_label)) + ".plan.json";
+        point_slug(e.name + (e.point_label.empty() ? "" : "-" + e.point_label)) + ".plan.json";
     const fs::path path = fs::path(json_dir) / name;
     write_file_atomically(path.string(), plan_to_json(plan).dump() + "\n");
     std::cout << "json      " << path.string() << "\n";
@@ -187,6 +187,8 @@ int run_plan(const PlanOptions& o) {
   }
   const std::vector<Experiment> points = load_experiment(o.file);
   const std::vector<std::size_t> selected = select_points(points, o.points, o.file);
+  // An unusable --json folder is found before any point is planned.
+  if (!o.json_dir.empty()) check_writable_folder(o.json_dir);
   int failures = 0;
   for (std::size_t i : selected) {
     try {

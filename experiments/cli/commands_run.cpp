@@ -59,22 +59,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// The resolved configuration without the keys that do not change this backend's result (which
-// backends run, where files go, the simulator's settings for other backends, the measured
-// backends' warm-up and timed steps and data seed for the deterministic ones), so adding a
-// backend or moving the output keeps finished points.
-std::string result_identity(const std::string& resolved_yaml, const std::string& backend) {
-  YAML::Node root = YAML::Load(resolved_yaml);
-  root.remove("backend");
-  root.remove("output");
-  if (backend != "sim") root.remove("sim");
-  if (backend == "analytic" || backend == "sim")
-    for (const char* key : {"steps", "repeats", "seed"}) root.remove(key);
-  YAML::Emitter out;
-  out << root;
-  return out.c_str();
-}
-
 // Applies --output and --fidelity to a point and to its resolved configuration (which the result
 // file records as provenance and resume compares).
 void apply_overrides(Experiment& point, const RunOptions& o) {
@@ -100,13 +84,14 @@ std::optional<ResultRecord> completed_result(const Experiment& point, const std:
                                              const Provenance& build, bool& other_build) {
   other_build = false;
   const std::string path = result_path(point, backend);
-  if (!fs::exists(path)) return std::nullopt;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::nullopt;
   try {
     ResultRecord record = read_result_file(path);
     if (record.schema_version != kResultsSchemaVersion || record.backend != backend)
       return std::nullopt;
-    if (result_identity(record.provenance.resolved_config, backend) !=
-        result_identity(point.resolved_yaml, backend))
+    if (record.provenance.point_id !=
+        point_identity(point.name, point.point_label, backend, point.resolved_yaml))
       return std::nullopt;
     if (record.provenance.muonbed_version != build.muonbed_version ||
         record.provenance.git_hash != build.git_hash) {
@@ -146,6 +131,33 @@ PointOutcome run_one(const Experiment& point, const StepPlan& plan, const std::s
 void check_backends(const std::vector<Experiment>& points, const RunOptions& o) {
   for (const Experiment& point : points)
     for (const std::string& backend : point.backends) require_backend(backend, o.file);
+}
+
+// Every folder the run writes must be usable before any work starts: each output folder (the
+// manifest goes there for every point of the file) writable, and no point's results folder a
+// file. Otherwise a sweep would fail point after point, or end without a manifest.
+void check_output_folders(const std::vector<Experiment>& all,
+                          const std::vector<Experiment>& selected) {
+  std::vector<std::string> checked;
+  for (const Experiment& point : all)
+    if (std::find(checked.begin(), checked.end(), point.output_dir) == checked.end()) {
+      check_writable_folder(point.output_dir);
+      checked.push_back(point.output_dir);
+    }
+  for (const Experiment& point : selected) {
+    const fs::path folder = fs::path(result_path(point, "x")).parent_path();
+    std::error_code ec;
+    const fs::file_status status = fs::status(folder, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory)
+      throw Error("cannot use the results folder '" + folder.string() + "' of point " +
+                  (point.point_label.empty() ? point.name : point.point_label) + ": " +
+                  ec.message() + "; fix: " + path_error_fix(ec.value(), true));
+    if (fs::exists(status) && !fs::is_directory(status))
+      throw Error("the results folder '" + folder.string() + "' of point " +
+                  (point.point_label.empty() ? point.name : point.point_label) +
+                  " is a file; fix: move that file away, or choose another output folder "
+                  "(--output DIR)");
+  }
 }
 
 // Progress on stderr: a bar redrawn in place on a terminal, nothing otherwise (the summary lines
@@ -251,39 +263,60 @@ int remove_stale_temp_files(const std::vector<Experiment>& points) {
 }
 
 // <output>/muonbed-run.json: the result files (and traces) of the experiment's current sweep,
-// every point of the file, whichever run made them, as long as they match the point's
-// configuration. analysis/plot.py plots only these, so files of points an edited experiment no
-// longer has (left in the folder) never end up in a plot.
-void write_manifests(const std::vector<Experiment>& points) {
+// every point of the file, whichever run made them, as long as each is a result of this build
+// for the point's current configuration (completed_result). Each entry names the point's
+// identity (point_id), which analysis/plot.py matches against the file: a file replaced later
+// by another configuration's result is flagged, never plotted as this sweep's. Written before a
+// run starts (so a killed rerun of an edited experiment never leaves the old list behind) and
+// after it ends.
+void write_manifests(const std::vector<Experiment>& points, const Provenance& build) {
   std::map<std::string, nlohmann::json> manifests;
+  std::map<std::string, std::vector<ResultRecord>> listed;  // output folder -> its records
   for (const Experiment& point : points) {
     nlohmann::json& m = manifests[point.output_dir];
     if (m.is_null())
       m = {{"experiment", point.name},
            {"experiment_file", point.file},
+           {"schema_version", kResultsSchemaVersion},
            {"results", nlohmann::json::array()},
            {"traces", nlohmann::json::array()}};
     for (const char* backend : {"analytic", "sim", "mpi", "nccl"}) {
+      bool other_build = false;
+      const std::optional<ResultRecord> record =
+          completed_result(point, backend, build, other_build);
+      if (!record) continue;
       const fs::path path = result_path(point, backend);
-      std::error_code ec;
-      if (!fs::exists(path, ec)) continue;
-      try {
-        const ResultRecord record = read_result_file(path.string());
-        if (result_identity(record.provenance.resolved_config, backend) !=
-            result_identity(point.resolved_yaml, backend))
-          continue;
-      } catch (const std::exception&) {
-        continue;
-      }
       const fs::path dir(point.output_dir);
-      m["results"].push_back(path.lexically_relative(dir).generic_string());
+      m["results"].push_back({{"path", path.lexically_relative(dir).generic_string()},
+                              {"backend", backend},
+                              {"point", point.point_label},
+                              {"point_id", record->provenance.point_id}});
+      listed[point.output_dir].push_back(*record);
       const fs::path trace = fs::path(path).replace_filename(std::string(backend) + ".trace.json");
+      std::error_code ec;
       if (fs::exists(trace, ec))
         m["traces"].push_back(trace.lexically_relative(dir).generic_string());
     }
   }
-  for (const auto& [dir, manifest] : manifests)
+  // Seed 000's claims, classified here once (core/results.hpp seed_claims): plot.py draws these
+  // rows with the ratios of the records it verified.
+  for (auto& [dir, manifest] : manifests) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const SeedClaimRow& row : seed_claims(listed[dir]))
+      rows.push_back(
+          {{"claim", row.claim},
+           {"claimed", row.claimed},
+           {"low", row.low},
+           {"high", row.high},
+           {"backend", row.backend},
+           {"baseline", row.baseline},
+           {"target", row.target},
+           {"baseline_point_id",
+            row.baseline_record ? row.baseline_record->provenance.point_id : ""},
+           {"target_point_id", row.target_record ? row.target_record->provenance.point_id : ""}});
+    manifest["seed_claims"] = std::move(rows);
     write_file_atomically((fs::path(dir) / "muonbed-run.json").string(), manifest.dump(1) + "\n");
+  }
 }
 
 bool matplotlib_available() {
@@ -334,6 +367,7 @@ int run_command(RunOptions& o) {
     if (!o.backends.empty()) points.back().backends = o.backends;
   }
   check_backends(points, o);
+  check_output_folders(all, points);
 
   std::size_t total = 0;
   for (const Experiment& point : points) total += point.backends.size();
@@ -349,10 +383,11 @@ int run_command(RunOptions& o) {
   if (const int removed = remove_stale_temp_files(all); removed > 0)
     std::cout << fmt::format("removed {} unfinished temporary file{} of an interrupted run\n",
                              removed, removed == 1 ? "" : "s");
+  const Provenance build = make_provenance(nullptr, "");
+  write_manifests(all, build);
   Progress progress(total, isatty(STDERR_FILENO) != 0);
   std::vector<ResultRecord> records;
   std::size_t done = 0, resumed = 0, stale = 0, failures = 0;
-  const Provenance build = make_provenance(nullptr, "");
   const auto start = Clock::now();
   for (std::size_t i = 0; i < points.size(); ++i) {
     const Experiment& point = points[i];
@@ -419,7 +454,7 @@ int run_command(RunOptions& o) {
   const std::string claims = seed_claims_table(records);
   if (!claims.empty()) std::cout << "\n" << claims;
 
-  write_manifests(all);
+  write_manifests(all, build);
   if (failures > 0) {
     std::cerr << fmt::format("muonbed: error: {} of {} runs failed (messages above)\n", failures,
                              total);

@@ -43,7 +43,8 @@ int run_validate(const ValidateOptions& o) {
                            points.size() == 1 ? "" : "s");
   for (std::size_t i = 0; i < points.size(); ++i) {
     const Experiment& e = points[i];
-    const ShardedModel sharded = shard_model(e);
+    const std::shared_ptr<const ShardedModel> shared = shared_shard_model(e);
+    const ShardedModel& sharded = *shared;
     const std::vector<int> muon = sharded.muon_params();
     std::int64_t matrices = 0;
     for (int p : muon) matrices += sharded.params[p].batch();

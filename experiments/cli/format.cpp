@@ -13,6 +13,8 @@ namespace muonbed::cli {
 
 std::string human_count(double n) {
   const double a = std::fabs(n);
+  if (!std::isfinite(n)) return fmt::format("{}", n);
+  if (a >= 1e15) return fmt::format("{:.3g}", n);
   if (a >= 1e12) return fmt::format("{:.2f} T", n / 1e12);
   if (a >= 1e9) return fmt::format("{:.2f} B", n / 1e9);
   if (a >= 1e6) return fmt::format("{:.1f} M", n / 1e6);
@@ -21,10 +23,15 @@ std::string human_count(double n) {
 }
 
 std::string human_seconds(double s) {
+  // Any double gives a short text: extreme (but valid) clusters make steps of 1e-12 to 1e12 s.
   const double a = std::fabs(s);
+  if (!std::isfinite(s)) return fmt::format("{} s", s);
+  if (a >= 1e6) return fmt::format("{:.3e} s", s);
   if (a >= 1) return fmt::format("{:.3f} s", s);
   if (a >= 1e-3) return fmt::format("{:.3f} ms", s * 1e3);
-  return fmt::format("{:.1f} us", s * 1e6);
+  if (a >= 1e-6 || a == 0) return fmt::format("{:.1f} us", s * 1e6);
+  if (a >= 1e-9) return fmt::format("{:.1f} ns", s * 1e9);
+  return fmt::format("{:.3e} s", s);
 }
 
 std::string mib(double bytes) {
@@ -135,7 +142,12 @@ std::vector<std::size_t> select_points(const std::vector<Experiment>& points,
   }
   if (selected.empty()) {
     std::string labels;
-    for (const Experiment& e : points) labels += "\n    " + e.point_label;
+    constexpr std::size_t kShown = 20;  // a 10,000-point sweep must not print 10,000 lines
+    for (std::size_t i = 0; i < points.size() && i < kShown; ++i)
+      labels += "\n    " + points[i].point_label;
+    if (points.size() > kShown)
+      labels += "\n    ... and " + std::to_string(points.size() - kShown) +
+                " more ('muonbed validate " + file + "' lists them all)";
     throw ConfigError(SourceLocation{file, 0, 0}, "no sweep point matches --point",
                       "use a full label or key=value pairs; the points are:" + labels);
   }

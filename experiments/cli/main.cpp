@@ -4,13 +4,16 @@
 // 2 for bad input (config files, command line) and 1 for anything else; no exception escapes.
 #include <algorithm>
 #include <exception>
+#include <filesystem>
 #include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "core/errors.hpp"
+#include "core/suggest.hpp"
 #include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"
 #include "muonbed/config.hpp"
@@ -37,20 +40,6 @@ std::string strip_error_prefix(const std::string& message) {
   return message.substr(0, at) + message.substr(at + marker.size());
 }
 
-// Levenshtein distance, for "did you mean" on a mistyped command.
-std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> previous(b.size() + 1), current(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) previous[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    current[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j)
-      current[j] = std::min(
-          {previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(previous, current);
-  }
-  return previous[b.size()];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -75,19 +64,15 @@ int main(int argc, char** argv) {
         argc > 1 && std::any_of(commands.begin(), commands.end(),
                                 [&](const CLI::App* c) { return c->get_name() == argv[1]; });
     if (argc > 1 && argv[1][0] != '-' && !known_command) {
-      std::string known, suggestion;
-      std::size_t best = 3;
+      std::vector<std::string> names;
+      std::string known;
       for (const CLI::App* sub : commands) {
+        names.push_back(sub->get_name());
         known += (known.empty() ? "" : ", ") + sub->get_name();
-        const std::size_t d = edit_distance(argv[1], sub->get_name());
-        if (d < best) {
-          best = d;
-          suggestion = sub->get_name();
-        }
       }
       std::cerr << "muonbed: error: unknown command '" << argv[1] << "'"
-                << (suggestion.empty() ? "" : "; did you mean '" + suggestion + "'?")
-                << "\n  fix: use one of: " << known << " (muonbed --help shows examples)\n";
+                << muonbed::did_you_mean(argv[1], names) << "\n  fix: use one of: " << known
+                << " (muonbed --help shows examples)\n";
       return 2;
     }
     app.parse(argc, argv);
@@ -106,6 +91,15 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const muonbed::Error& e) {
     std::cerr << "muonbed: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // Every path muonbed uses is checked first; this is the net for one that fails later.
+    std::cerr << "muonbed: error: " << e.code().message() << ": '" << e.path1().string() << "'"
+              << "\n  fix: " << muonbed::path_error_fix(e.code().value(), true) << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "muonbed: error: out of memory\n  fix: use a smaller mesh, model or sweep "
+                 "(README, 'Limits')\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "muonbed: error: internal error: " << e.what() << "\n";

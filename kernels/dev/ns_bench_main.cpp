@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/errors.hpp"
 #include "kernels/bench.hpp"
 
 namespace {
@@ -53,5 +54,10 @@ int main(int argc, char** argv) {
     std::cerr << "error: bad --shape: " << e.what() << "\n";
     return 2;
   }
-  return muonbed::run_ns_benchmark(options, std::cout);
+  try {
+    return muonbed::run_ns_benchmark(options, std::cout);
+  } catch (const muonbed::Error& e) {  // options outside the limits, a file that cannot be written
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  }
 }

@@ -15,18 +15,16 @@
 #include <vector>
 
 #include "core/errors.hpp"
+#include "core/results.hpp"
 #include "kernels/gpu.hpp"
 #include "kernels/random.hpp"
 #include "kernels/reference_optimizer.hpp"
+#include "kernels/src/bench_detail.hpp"
 #include "kernels/src/cpu_gemm.hpp"
 #include "muonbed/config.hpp"
 
 namespace muonbed {
-namespace {
-
-struct Timing {
-  double median_ms = 0, p95_ms = 0, max_ms = 0;
-};
+namespace bench_detail {
 
 Timing summarize(std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());
@@ -51,21 +49,6 @@ double relative_error(const std::vector<float>& got, const std::vector<double>& 
 double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
   return relative_error(got, std::vector<double>(want.begin(), want.end()));
 }
-
-struct Row {
-  MatrixShape shape;
-  std::string group;  // "" or the model preset
-  Timing timing;
-  double flops = 0;
-  std::string note;  // why a row was skipped
-};
-
-struct Validation {
-  std::string what;
-  double max_error = 0;
-  double limit = 0;
-  bool ok() const { return max_error <= limit; }
-};
 
 // Small shapes that exercise the wide, tall and batched paths.
 std::vector<MatrixShape> validation_shapes() {
@@ -139,9 +122,7 @@ void write_json(const std::string& path, nlohmann::json header, const std::vecto
   header["validation"] = validation;
   header["results"] = records;
   header["muonbed_version"] = MUONBED_VERSION;
-  std::ofstream file(path);
-  if (!file) throw Error("bench ns: cannot write '" + path + "'");
-  file << header.dump(2) << "\n";
+  write_file_atomically(path, header.dump(2) + "\n");  // Error with the OS reason and the fix
 }
 
 void print_validation(std::ostream& out, const std::vector<Validation>& checks) {
@@ -150,6 +131,12 @@ void print_validation(std::ostream& out, const std::vector<Validation>& checks) 
         << sci(v.limit) << ") " << (v.ok() ? "OK" : "FAILED") << "\n";
   }
 }
+
+}  // namespace bench_detail
+
+namespace {
+
+using namespace bench_detail;
 
 // --- CPU -------------------------------------------------------------------------------------
 
@@ -234,121 +221,6 @@ int run_cpu(const NsBenchOptions& o, const NsConfig& config, const std::string& 
   return 0;
 }
 
-// --- GPU -------------------------------------------------------------------------------------
-
-int run_gpu(const NsBenchOptions& o, const NsConfig& config, std::ostream& out) {
-  const int warmup = o.warmup >= 0 ? o.warmup : 5;
-  const int repeats = o.repeats > 0 ? o.repeats : 30;
-  CudaContext ctx;
-  std::unique_ptr<NsKernel> kernel = make_ns_kernel(o.version);
-  out << "muonbed bench ns: GPU " << ctx.device_name() << ", kernel v" << kernel->version() << " ("
-      << kernel->name() << "); coefficients " << config.name << " x" << config.num_steps()
-      << "; median of " << repeats << " runs after " << warmup
-      << " warm-ups, L2 flushed before each run, inputs rotated\n";
-
-  std::vector<Validation> checks;
-  if (o.validate) {
-    Validation like{"GPU v" + std::to_string(kernel->version()) +
-                        " vs CPU bf16 emulation on 96x160, 160x96, 3x64x80",
-                    0, 2e-2};
-    Validation ref{"GPU v" + std::to_string(kernel->version()) + " vs CPU fp64 reference", 0, 5e-2};
-    for (const MatrixShape& s : validation_shapes()) {
-      std::vector<float> in(s.numel()), emulated(s.numel());
-      fill_uniform(in.data(), s.numel(), o.seed, 100, 1.0);
-      newton_schulz(in.data(), emulated.data(), s, config, NsPrecision::bf16);
-      std::vector<double> in64(in.begin(), in.end()), want(s.numel());
-      newton_schulz(in64.data(), want.data(), s, config);
-      DeviceBuffer d_in = to_device(in);
-      DeviceBuffer d_out(in.size() * sizeof(float));
-      d_out.fill_bytes(0xff);
-      newton_schulz_cuda(ctx, d_in.as<float>(), d_out.as<float>(), s, config, o.version);
-      const std::vector<float> got = to_host<float>(d_out, in.size());
-      like.max_error = std::max(like.max_error, relative_error(got, emulated));
-      ref.max_error = std::max(ref.max_error, relative_error(got, want));
-    }
-    checks = {like, ref};
-    print_validation(out, checks);
-    if (!like.ok() || !ref.ok()) return 1;
-  }
-
-  const double gemm_tflops = bf16_gemm_tflops(ctx, 8192, 8192, 8192, warmup, repeats);
-  out << "yardstick: 8192^3 bf16 GEMM (cublasGemmEx, fp32 accumulation) " << fmt(gemm_tflops, 1)
-      << " TFLOP/s\n";
-
-  std::vector<Row> rows;
-  for (const MatrixShape& s : o.shapes.empty() ? default_gpu_bench_shapes() : o.shapes) {
-    rows.push_back({s, "", {}, ns_flops(s, config.num_steps()), ""});
-  }
-  if (!o.model_preset.empty()) {
-    const std::optional<Model> model = find_preset(o.model_preset);
-    if (!model) throw Error("bench ns: unknown model preset '" + o.model_preset + "'");
-    for (const MatrixShape& s : muon_shape_groups(*model)) {
-      rows.push_back({s, o.model_preset, {}, ns_flops(s, config.num_steps()), ""});
-    }
-  }
-
-  for (Row& row : rows) {
-    const MatrixShape& s = row.shape;
-    std::string why;
-    if (!kernel->can_implement(s, &why)) {
-      row.note = why;
-      continue;
-    }
-    try {
-      // Two inputs in turn plus the L2 flush: no run finds its data in cache.
-      const std::size_t bytes = static_cast<std::size_t>(s.numel()) * sizeof(float);
-      DeviceBuffer in0(bytes), in1(bytes), result(bytes);
-      DeviceBuffer workspace(kernel->workspace_bytes(s));
-      fill_uniform_cuda(ctx, in0.as<float>(), s.numel(), o.seed, 300, 1.0);
-      fill_uniform_cuda(ctx, in1.as<float>(), s.numel(), o.seed, 301, 1.0);
-      std::vector<double> ms;
-      for (int r = 0; r < warmup + repeats; ++r) {
-        NsDeviceArgs args;
-        args.in = (r % 2 ? in1 : in0).as<float>();
-        args.out = result.as<float>();
-        args.shape = s;
-        args.config = &config;
-        args.workspace = workspace.data();
-        args.workspace_bytes = workspace.bytes();
-        flush_l2(ctx);
-        const double t = time_on_stream_ms(ctx, [&] { kernel->run(ctx, args); });
-        if (r >= warmup) ms.push_back(t);
-      }
-      row.timing = summarize(ms);
-    } catch (const Error& e) {
-      row.note = e.what();  // typically out of memory for the largest groups
-    }
-  }
-  print_table(out, rows, gemm_tflops, "GEMM");
-  double total_ms = 0, total_flops = 0;
-  bool complete = !o.model_preset.empty();
-  for (const Row& r : rows) {
-    if (r.group.empty()) continue;
-    complete = complete && r.note.empty();
-    total_ms += r.timing.median_ms;
-    total_flops += r.flops;
-  }
-  if (complete && total_ms > 0) {
-    out << "whole " << o.model_preset
-        << " Muon set (sum of the group medians): " << fmt(total_ms, 2) << " ms, "
-        << fmt(total_flops / (total_ms * 1e-3) / 1e12, 1) << " TFLOP/s\n";
-  }
-  out << "TFLOP/s counts batch * steps * (4 m^2 n + 2 m^3), m <= n; % is of the bf16 GEMM rate "
-         "above.\n";
-  if (!o.json_path.empty()) {
-    write_json(o.json_path,
-               {{"device", "gpu"},
-                {"device_name", ctx.device_name()},
-                {"kernel_version", kernel->version()},
-                {"kernel", kernel->name()},
-                {"precision", "bf16 storage, fp32 accumulation"},
-                {"coefficients", config.name},
-                {"steps", config.num_steps()}},
-               rows, checks, gemm_tflops);
-  }
-  return 0;
-}
-
 }  // namespace
 
 std::vector<MatrixShape> default_gpu_bench_shapes() {
@@ -375,7 +247,93 @@ std::vector<MatrixShape> muon_shape_groups(const Model& model) {
   return groups;
 }
 
+namespace {
+
+// Bytes the system can still give (MemAvailable), or 0 when unknown.
+double available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+std::string gib_text(double bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << bytes / (1024.0 * 1024.0 * 1024.0) << " GiB";
+  return os.str();
+}
+
+[[noreturn]] void bench_limit(const std::string& what, const std::string& fix) {
+  throw ConfigError(SourceLocation{}, "bench ns: " + what, fix);
+}
+
+}  // namespace
+
+void check_ns_bench_options(const NsBenchOptions& o, bool on_gpu) {
+  if (o.steps < 1 || o.steps > 100)
+    bench_limit("--steps " + std::to_string(o.steps) + " is outside 1..100",
+                "use --steps 5 (Muon's usual count) or another count in 1..100");
+  if (o.warmup < -1 || o.warmup > 1000)
+    bench_limit("--warmup " + std::to_string(o.warmup) + " is outside 0..1000",
+                "use -1 for the default (5 on GPU, 1 on CPU) or a count in 0..1000");
+  if (o.repeats < -1 || o.repeats == 0 || o.repeats > 10000)
+    bench_limit("--repeats " + std::to_string(o.repeats) + " is outside 1..10000",
+                "use -1 for the default (30 on GPU, 5 on CPU) or a count in 1..10000");
+  constexpr std::int64_t kMaxDim = 65536;
+  constexpr std::int64_t kMaxElements = std::int64_t{1} << 31;
+  for (const MatrixShape& s : o.shapes) {
+    for (const std::int64_t d : {s.batch, s.rows, s.cols})
+      if (d < 1 || d > kMaxDim)
+        bench_limit("shape " + s.to_string() + " has a size outside 1.." + std::to_string(kMaxDim),
+                    "use sizes in 1.." + std::to_string(kMaxDim) + ", e.g. --shape 4096x4096");
+    std::int64_t n = 0;
+    if (__builtin_mul_overflow(s.batch * s.rows, s.cols, &n) || n > kMaxElements)
+      bench_limit("shape " + s.to_string() + " has more than 2^31 elements (8 GiB in fp32)",
+                  "use a smaller shape or batch, e.g. --shape 8x4096x4096");
+  }
+  const std::vector<MatrixShape> shapes =
+      o.shapes.empty() ? (on_gpu ? default_gpu_bench_shapes() : default_cpu_bench_shapes())
+                       : o.shapes;
+  const int warmup = o.warmup >= 0 ? o.warmup : (on_gpu ? 5 : 1);
+  const int repeats = o.repeats > 0 ? o.repeats : (on_gpu ? 30 : 5);
+  double flops = 0, peak_bytes = 0;
+  for (const MatrixShape& s : shapes) {
+    flops += ns_flops(s, o.steps) * (warmup + repeats);
+    // CPU: three rotated inputs and the result, plus X, X' ([m, n]) and A, B ([m, m]) per matrix.
+    const double m = static_cast<double>(s.small_dim()), n = static_cast<double>(s.large_dim());
+    peak_bytes =
+        std::max(peak_bytes, 4.0 * (4.0 * static_cast<double>(s.numel()) + 2 * m * n + 2 * m * m));
+  }
+  const double budget = on_gpu ? kMaxGpuBenchFlops : kMaxCpuBenchFlops;
+  if (flops > budget) {
+    std::ostringstream what;
+    what << std::scientific << std::setprecision(2) << "the runs add up to " << flops
+         << " FLOP, more than the " << budget << " FLOP a " << (on_gpu ? "GPU" : "CPU")
+         << " benchmark may take (" << warmup << " warm-up + " << repeats
+         << " timed runs of every shape)";
+    bench_limit(what.str(), "use fewer --repeats / --warmup or smaller shapes" +
+                                std::string(on_gpu ? "" : " (or run on a GPU)"));
+  }
+  const double available = available_memory_bytes();
+  if (!on_gpu && available > 0 && peak_bytes > 0.8 * available)
+    bench_limit("the largest shape needs about " + gib_text(peak_bytes) +
+                    " of memory, and this machine has " + gib_text(available) + " available",
+                "use a smaller shape or batch");
+}
+
 int run_ns_benchmark(const NsBenchOptions& options, std::ostream& out) {
+  if (options.device != "auto" && options.device != "gpu" && options.device != "cpu") {
+    out << "error: bench ns: unknown device '" << options.device << "'; valid: auto, gpu, cpu\n";
+    return 2;
+  }
+  // Limits next: nothing is allocated or run for options outside them (ConfigError). Asking
+  // for the device loads the CUDA module (in a CUDA build): not for --device cpu.
+  std::string why;
+  const bool have_gpu = options.device != "cpu" && cuda_device_available(&why);
+  check_ns_bench_options(options, have_gpu);
   NsConfig config;
   try {
     if (options.coefficients == "custom") {
@@ -384,9 +342,6 @@ int run_ns_benchmark(const NsBenchOptions& options, std::ostream& out) {
           "polar_express");
     }
     config = make_ns_config(options.coefficients, options.steps);
-    if (options.device != "auto" && options.device != "gpu" && options.device != "cpu") {
-      throw Error("bench ns: unknown device '" + options.device + "'; valid: auto, gpu, cpu");
-    }
     for (const MatrixShape& s : options.shapes) {
       if (s.batch < 1 || s.rows < 1 || s.cols < 1) {
         throw Error("bench ns: invalid shape " + s.to_string());
@@ -397,14 +352,12 @@ int run_ns_benchmark(const NsBenchOptions& options, std::ostream& out) {
     return 2;
   }
 
-  std::string why;
-  const bool have_gpu = options.device != "cpu" && cuda_device_available(&why);
   if (options.device == "gpu" && !have_gpu) {
     out << "error: bench ns --device gpu: no usable CUDA device: " << why << "\n";
     return 2;
   }
   try {
-    if (have_gpu) return run_gpu(options, config, out);
+    if (have_gpu) return run_ns_benchmark_gpu(options, config, out);
     return run_cpu(options, config, options.device == "cpu" ? "the CPU was asked for" : why, out);
   } catch (const Error& e) {
     out << "error: " << e.what() << "\n";

@@ -4,6 +4,7 @@
 
 #include "core/errors.hpp"
 #include "kernels/gpu.hpp"
+#include "kernels/src/bench_detail.hpp"
 
 namespace muonbed {
 namespace {
@@ -112,6 +113,10 @@ void flush_l2(CudaContext&) {
 }
 double bf16_gemm_tflops(CudaContext&, std::int64_t, std::int64_t, std::int64_t, int, int) {
   no_cuda("bf16_gemm_tflops");
+}
+
+int run_ns_benchmark_gpu(const NsBenchOptions&, const NsConfig&, std::ostream&) {
+  no_cuda("bench ns");
 }
 
 }  // namespace muonbed

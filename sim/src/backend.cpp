@@ -28,8 +28,8 @@ PointRun run_sim(const Experiment& experiment, const StepPlan& plan, const RunSe
 }  // namespace
 
 void register_sim_backend() {
-  register_backend(
-      {"sim", "SimGrid " + simgrid_version() + " replay on the modelled cluster", &run_sim});
+  // No simgrid_version() here: it would load the SimGrid module in every command.
+  register_backend({"sim", "SimGrid replay on the modelled cluster", &run_sim});
 }
 
 }  // namespace muonbed

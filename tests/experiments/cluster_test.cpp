@@ -14,6 +14,7 @@
 #include "core/errors.hpp"
 #include "core/src/yaml_util.hpp"  // emit_cluster, for the round trip
 #include "muonbed/config.hpp"
+#include "tests/common/temp_dir.hpp"
 
 using namespace muonbed;
 using Catch::Contains;
@@ -190,8 +191,8 @@ TEST_CASE("cluster parsing is strict", "[experiments][cluster][errors]") {
 }
 
 TEST_CASE("a cluster file with a YAML syntax error", "[experiments][cluster][errors]") {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "muonbed-broken-cluster.yaml").string();
+  const testing::TempDir scratch("cluster");  // unique: build trees never share it
+  const std::string path = scratch / "broken-cluster.yaml";
   {
     std::ofstream out(path);
     out << "name: x\ngpu: {name: G\n";
@@ -204,7 +205,6 @@ TEST_CASE("a cluster file with a YAML syntax error", "[experiments][cluster][err
     CHECK(e.where().line >= 2);
     CHECK_THAT(std::string(e.what()), Contains("YAML syntax error"));
   }
-  std::filesystem::remove(path);
 }
 
 TEST_CASE("calibration fields parse strictly and round-trip",

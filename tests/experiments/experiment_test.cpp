@@ -3,10 +3,12 @@
 // values. Also checks explicit placements reach the sharded model, and that shipped points plan.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "core/cost_model.hpp"
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
 #include "muonbed/config.hpp"
@@ -438,15 +440,31 @@ TEST_CASE("clusters resolve relative to the experiment file", "[experiments]") {
                   ConfigError);
 }
 
-TEST_CASE("shipped points plan and validate", "[experiments][plan]") {
+TEST_CASE("shipped points plan, and their plans cost finite, positive time",
+          "[experiments][plan]") {
   for (const char* name : {"quickstart", "ddp", "pp"}) {
     const auto points =
         load_experiment(std::string(MUONBED_SOURCE_DIR) + "/experiments/" + name + ".yaml");
     for (const Experiment& e : points) {
       INFO(name << " [" << e.point_label << "]");
-      const StepPlan plan = plan_experiment(e);
+      const StepPlan plan = plan_experiment(e);  // validates the plan itself
       CHECK(plan.strategy == e.strategy.name);
-      CHECK_NOTHROW(validate_plan(plan));
+      // Every Muon matrix has an owner on the mesh, except under `replicated` (every rank
+      // orthogonalizes every matrix, so none has one).
+      const ShardedModel& model = plan.model;
+      REQUIRE_FALSE(model.muon_params().empty());
+      for (int p : model.muon_params()) {
+        const int owner = plan.assignment.owner.at(p);
+        if (e.strategy.name == "replicated")
+          CHECK(owner == Assignment::kNoOwner);
+        else
+          CHECK((owner >= 0 && owner < e.mesh.world_size()));
+      }
+      // The estimate of the step is a real duration, the worst step no faster than the average.
+      const EstimateSummary est = estimate(plan, e.cluster);
+      CHECK(std::isfinite(est.average_step_s));
+      CHECK(est.average_step_s > 0);
+      CHECK(est.worst_step_s >= est.average_step_s * (1 - 1e-12));
     }
   }
 }

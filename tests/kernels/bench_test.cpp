@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/errors.hpp"
 #include "core/model.hpp"
 #include "kernels/bench.hpp"
 
@@ -51,11 +52,43 @@ TEST_CASE("bench ns rejects bad options", "[bench]") {
   bad_set.device = "cpu";
   bad_set.coefficients = "newton";
   CHECK(run_ns_benchmark(bad_set, out) == 2);
+  CHECK(out.str().find("error:") != std::string::npos);
+  // Options outside the limits are refused before anything is allocated or run (an absurd
+  // shape allocated tens of GB, --steps 0 printed a 309-digit bound, --repeats 1e9 ran forever).
   NsBenchOptions bad_shape;
   bad_shape.device = "cpu";
   bad_shape.shapes = {{1, 0, 4}};
-  CHECK(run_ns_benchmark(bad_shape, out) == 2);
-  CHECK(out.str().find("error:") != std::string::npos);
+  CHECK_THROWS_AS(run_ns_benchmark(bad_shape, out), ConfigError);
+  const auto refused = [](NsBenchOptions o, const std::string& words) {
+    INFO(words);
+    CHECK_THROWS_WITH(check_ns_bench_options(o, false), Catch::Contains(words));
+  };
+  NsBenchOptions o;
+  o.device = "cpu";
+  o.steps = 0;
+  refused(o, "--steps 0 is outside 1..100");
+  o.steps = 1000000000;
+  refused(o, "--steps 1000000000 is outside 1..100");
+  o.steps = 5;
+  o.repeats = 1000000000;
+  refused(o, "--repeats 1000000000 is outside 1..10000");
+  o.repeats = 0;
+  refused(o, "--repeats 0 is outside 1..10000");
+  o.repeats = -1;
+  o.warmup = 5000;
+  refused(o, "--warmup 5000 is outside 0..1000");
+  o.warmup = -1;
+  o.shapes = {{1, 100000, 100000}};
+  refused(o, "has a size outside 1..65536");
+  o.shapes = {{65536, 65536, 4}};
+  refused(o, "more than 2^31 elements");
+  o.shapes = {{1, 16384, 16384}};
+  o.repeats = 1000;
+  refused(o, "FLOP, more than the 2.00e+14 FLOP a CPU benchmark may take");
+  // On a GPU the same work is allowed; within the limits nothing is refused.
+  CHECK_NOTHROW(check_ns_bench_options(o, true));
+  NsBenchOptions fine;
+  CHECK_NOTHROW(check_ns_bench_options(fine, false));
 }
 
 TEST_CASE("llama-7b's Muon set groups into three shapes", "[bench]") {

@@ -3,11 +3,12 @@
 // file.
 //
 // Golden file: tests/sim/golden/small_fsdp_tp.json. Every field is compared except the
-// timestamp and the provenance fields that depend on the machine or checkout (git_hash,
-// host_name, muonbed_version, experiment_file, and the resolved configuration's header line
-// naming the file); numbers to a relative 1e-9. After an intended
-// change of the simulator, regenerate it and review the diff:
-//   MUONBED_UPDATE_GOLDEN=1 ./build/sim_tests "[golden]"
+// timestamp, the checksum (it covers the timestamp) and the provenance fields that depend on the
+// machine or checkout (git_hash, host_name, muonbed_version, experiment_file, and the resolved
+// configuration's header line naming the file); numbers to a relative 1e-9. After an intended
+// change of the simulator, regenerate it, review the diff, and run the test again:
+//   MUONBED_UPDATE_GOLDEN=1 ./build/sim_tests "[golden]"   (reports the change and fails)
+//   git diff tests/sim/golden/; ./build/sim_tests "[golden]"
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -17,8 +18,10 @@
 
 #include "core/experiment.hpp"
 #include "core/run_point.hpp"
+#include "core/sha256.hpp"
 #include "muonbed/config.hpp"
 #include "sim/simulate.hpp"
+#include "tests/common/temp_dir.hpp"
 #include "tests/golden_json.hpp"
 
 using namespace muonbed;
@@ -68,9 +71,14 @@ TEST_CASE("result records round-trip through JSON exactly", "[sim][results]") {
   // The bound is in every record, and records written before it existed still read.
   CHECK(run.record.bound.step_s > 0);
   CHECK(run.record.bound.ratio == Approx(run.record.step.average_s / run.record.bound.step_s));
-  auto old = nlohmann::json::parse(text);
+  // A record without it (written before it existed), re-signed as result_to_json signs.
+  auto old = nlohmann::ordered_json::parse(text);
   old.erase("bound");
-  const ResultRecord back = result_from_json(old.dump());
+  old["checksum"] = "";
+  std::string unsigned_text = old.dump(1) + "\n";
+  const std::string field = "\"checksum\": \"";
+  unsigned_text.insert(unsigned_text.rfind(field) + field.size(), sha256_hex(unsigned_text));
+  const ResultRecord back = result_from_json(unsigned_text);
   CHECK(back.bound.step_s == 0);
   CHECK(back.step.average_s == run.record.step.average_s);
 }
@@ -103,8 +111,8 @@ TEST_CASE("records hold every rank and consistent per-rank times", "[sim][result
 
 TEST_CASE("results are written atomically where result_path says", "[sim][results]") {
   Experiment e = point(kSmall);
-  const auto dir = std::filesystem::temp_directory_path() / "muonbed_sim_results_test";
-  std::filesystem::remove_all(dir);
+  const testing::TempDir scratch("sim-results");  // unique: build trees never share it
+  const auto dir = scratch.path() / "out";
   e.output_dir = dir.string();
   const PointRun run = run_point(e, "sim");
   const std::string path = write_point(e, run);
@@ -113,8 +121,10 @@ TEST_CASE("results are written atomically where result_path says", "[sim][result
   const ResultRecord back = read_result_file(path);
   CHECK(back.step.average_s == run.record.step.average_s);
   for (const auto& entry : std::filesystem::directory_iterator(dir / "default"))
-    CHECK(entry.path().string().find(".tmp.") == std::string::npos);
-  std::filesystem::remove_all(dir);
+    CHECK(entry.path().string().find(kTempMarker) == std::string::npos);
+  // What was written verifies: point identity and checksum.
+  CHECK(back.provenance.point_id == point_identity(e.name, "", "sim", e.resolved_yaml));
+  CHECK(back.checksum.size() == 64);
 }
 
 TEST_CASE("a small simulated experiment matches its golden result", "[sim][results][golden]") {

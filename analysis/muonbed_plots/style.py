@@ -1,0 +1,81 @@
+"""Figure style and the Plotter every plot kind draws through: sizes, fonts, the provenance
+footer, and deterministic, safely named output files."""
+
+import os
+
+from .common import file_part, get, short_hash
+
+
+class Plotter:
+    """Where and how figures are written. `excluded` (files the loader left out) is said in every
+    footer, so a figure never hides that it shows part of a sweep. With keep_figures the figures
+    stay open in `figures` (tests read what was drawn)."""
+
+    def __init__(self, plt, out_dir, formats, max_ranks, excluded=0, keep_figures=False):
+        self.plt = plt
+        self.out_dir = out_dir
+        self.formats = formats
+        self.max_ranks = max_ranks
+        self.excluded = excluded
+        self.keep_figures = keep_figures
+        self.figures = {}
+        self.written = []
+
+    def footer(self, fig, sweep, extra=""):
+        recs = sweep.records
+        versions = sorted({str(get(r.doc, "provenance.muonbed_version") or "?") for r in recs})
+        hashes = sorted({short_hash(str(get(r.doc, "provenance.git_hash") or "unknown"))
+                         for r in recs})
+        backends = ", ".join(
+            f"{b} ({sorted({r.fidelity for r in recs if r.backend == b and r.fidelity})[0]})"
+            if any(r.fidelity for r in recs if r.backend == b) else b for b in sweep.backends)
+        setup = recs[0].doc.get("setup", {}) if recs else {}
+        text = (f"muonbed {'/'.join(versions)} · git {'/'.join(hashes)} · backends: {backends}"
+                f" · cluster {setup.get('cluster', '?')} · model {setup.get('model', '?')}")
+        if extra:
+            text += " · " + extra
+        if self.excluded:
+            text += (f" · NOT SHOWN: {self.excluded} result file(s) that failed checks "
+                     f"(see plot.py's warnings)")
+        # As the figure's supxlabel, so constrained layout reserves room for it.
+        fig.supxlabel(text, x=0.005, ha="left", fontsize=6.5, color="#555555")
+
+    def new_figure(self, width, height, **kw):
+        fig = self.plt.figure(figsize=(width, height))
+        fig.set_layout_engine("constrained", h_pad=0.06, w_pad=0.06)
+        return fig
+
+    def save(self, fig, name):
+        """Writes fig as out_dir/NAME.EXT; NAME is made one safe file name (file_part), so no
+        experiment name can write outside out_dir. OSError propagates to main()."""
+        name = file_part(name)
+        os.makedirs(self.out_dir, exist_ok=True)
+        if self.keep_figures:
+            self.figures[name] = fig
+        for ext in self.formats:
+            path = os.path.join(self.out_dir, f"{name}.{ext}")
+            meta = {"Software": None} if ext == "png" else {}
+            if ext == "pdf":
+                meta = {"CreationDate": None, "ModDate": None, "Producer": None,
+                        "Creator": None}
+            elif ext == "svg":
+                meta = {"Date": None, "Creator": None}
+            fig.savefig(path, format=ext, dpi=150, metadata=meta)
+            self.written.append(path)
+        if not self.keep_figures:
+            self.plt.close(fig)
+
+
+def setup_style(matplotlib):
+    rc = matplotlib.rcParams
+    rc["font.family"] = "DejaVu Sans"
+    rc["font.size"] = 9
+    rc["axes.titlesize"] = 10
+    rc["axes.labelsize"] = 9
+    rc["figure.dpi"] = 100
+    rc["savefig.dpi"] = 150
+    rc["pdf.fonttype"] = 42  # TrueType in PDFs, editable and searchable text
+    rc["svg.hashsalt"] = "muonbed"
+    rc["hatch.linewidth"] = 0.6
+    rc["axes.spines.top"] = False
+    rc["axes.spines.right"] = False

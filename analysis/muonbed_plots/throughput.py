@@ -1,0 +1,79 @@
+"""<exp>-throughput: seed 002's per-GPU reporting (parameters updated/s, computation TFLOP/s and
+communication GB/s per GPU), each for the average and the worst step."""
+
+from .common import BACKEND_COLORS, aw, count_unit, differ, num
+
+
+def plot_throughput(p, sweep, name):
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
+    labels = sweep.labels
+    metrics = [
+        ("throughput.params_per_s_per_gpu", "end to end: parameters updated\nper second per GPU",
+         "params/s per GPU", None),
+        ("throughput.computation.tflops_per_gpu", "computation: optimizer FLOP rate\nper GPU",
+         "TFLOP/s per GPU", None),
+        ("throughput.communication.GBps_per_gpu", "communication: bytes sent\nper second per GPU",
+         "GB/s per GPU", None),
+    ]
+    nb = len(sweep.backends)
+    # Worst-step bars only when some point's worst step differs from its average one.
+    show_worst = any(differ(num(r.doc, "step.worst_s"), num(r.doc, "step.average_s"))
+                     for r in sweep.records)
+    per = 2 if show_worst else 1
+    bars = per * nb
+    height = min(14.0, max(3.8, 2.0 + 0.16 * len(labels) * bars + 0.2 * len(labels)))
+    fig = p.new_figure(16, height)
+    axes = fig.subplots(1, 3, sharey=True, squeeze=False)[0]
+    h = 0.8 / bars
+    for ax, (path, title, xlabel, _) in zip(axes, metrics):
+        vmax = max([max(aw(r.doc, path)) for r in sweep.records] + [0])
+        scale, prefix = count_unit(vmax) if "params" in path else (1.0, "")
+        for i, label in enumerate(labels):
+            for b, backend in enumerate(sweep.backends):
+                r = sweep.record(label, backend)
+                if r is None:
+                    continue
+                avg, worst = aw(r.doc, path)
+                color = BACKEND_COLORS[b % len(BACKEND_COLORS)]
+                y0 = i - 0.4 + h * (per * b) + h / 2
+                ax.barh(y0, avg / scale, height=h, color=color, edgecolor="white", linewidth=0.3)
+                if show_worst:
+                    ax.barh(y0 + h, worst / scale, height=h, color="white", edgecolor=color,
+                            hatch="////", linewidth=0.8)
+        ax.set_title(title, fontsize=9.5)
+        words = {"k": "thousand ", "M": "million ", "G": "billion ", "T": "trillion "}
+        xlabel = xlabel.replace("params/s", f"{words.get(prefix, '')}params/s")
+        positive = [v for r in sweep.records for v in aw(r.doc, path) if v > 0]
+        # Log scale when the points span more than 50x (bars here are not stacked).
+        log = bool(positive) and max(positive) / min(positive) > 50
+        ax.set_xlabel(xlabel + (" (log scale)" if log else ""))
+        ax.grid(axis="x", color="#e0e0e0", linewidth=0.6)
+        ax.set_axisbelow(True)
+        if log:
+            ax.set_xscale("log")
+            ax.set_xlim(min(positive) / scale / 2, max(positive) / scale * 1.5)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        elif vmax > 0:
+            ax.set_xlim(0, vmax / scale * 1.08)
+    axes[0].set_yticks(range(len(labels)))
+    axes[0].set_yticklabels([sweep.short[l] for l in labels], fontsize=8.5)
+    axes[0].invert_yaxis()
+    axes[0].set_ylabel("sweep point")
+    handles = []
+    for b, backend in enumerate(sweep.backends):
+        color = BACKEND_COLORS[b % len(BACKEND_COLORS)]
+        if show_worst:
+            handles.append(Patch(facecolor=color, label=f"{backend}: average step"))
+            handles.append(Patch(facecolor="white", edgecolor=color, hatch="////",
+                                 label=f"{backend}: worst step"))
+        else:
+            handles.append(Patch(facecolor=color, label=f"{backend}"))
+    axes[-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7.5,
+                    frameon=False, title=None if show_worst else "average = worst step",
+                    title_fontsize=7.5)
+    fig.suptitle(f"{name}: per-GPU throughput, "
+                 f"{'average and worst step' if show_worst else 'every step alike'} "
+                 f"(computation and communication apart)", fontsize=11.5)
+    p.footer(fig, sweep)
+    p.save(fig, f"{name}-throughput")
