@@ -39,7 +39,8 @@ class AssignPolicy {
   virtual Assignment assign(const ShardedModel& model, int ns_steps) const = 0;
 };
 
-// Built-in names: round_robin, flop_balanced, size_balanced, expert_local, stage_local.
+// Built-in names: round_robin, flop_balanced, size_balanced, topology (flop_balanced, spread
+// over nodes and NIC rails), expert_local, stage_local.
 // "explicit" is made by make_explicit_assign_policy. Throws Error listing known names.
 std::unique_ptr<AssignPolicy> make_assign_policy(const std::string& name);
 std::unique_ptr<AssignPolicy> make_explicit_assign_policy(std::map<std::string, int> owner_by_name);

@@ -37,13 +37,21 @@
 //                     both sides (recv is the same transfer seen from the receiver, for
 //                     readability); other members of the group do nothing.
 //   barrier           no data.
+//   split_newton_schulz  the members of a group instance orthogonalize each param together
+//                     (core/split_ns.hpp): member r holds the update piece index_set(r, gathered),
+//                     a slice along one tensor dim (the long one) that is whole along the other,
+//                     and the members' slices cover the matrix once; per NS run they all-reduce
+//                     their squared norms and, per step, their partial Gram matrices, and each
+//                     ends with the same slice of the result, in place. It is a collective for the
+//                     engine (its members start together) and a compute op for time accounting.
 //   pack / unpack     stage an all_to_all through the plan buffer they name (Op::buffer): pack
 //                     fills it in the send order of the next all_to_all of the same params and
 //                     tensor on the rank (one block per member, in group order); unpack places
 //                     what the previous one received there into the piece of the rank
 //                     (index_set(r, gathered), owned params only with owned_only).
 //
-// Which tensor a data op moves is explicit (Op::tensor): the gradient (reductions), Muon's update
+// Which tensor a data op moves is explicit (Op::tensor; split_newton_schulz names the update it
+// reads and turns into the result): the gradient (reductions), Muon's update
 // (the momentum direction to orthogonalize, in the comm dtype) or the result (the orthogonalized
 // update, in the comm dtype). Compute ops read and write fixed roles: momentum turns the gradient
 // into the update, newton_schulz the update into the result, apply_update applies the result;
@@ -81,6 +89,7 @@ enum class OpKind {
   send,
   recv,
   barrier,
+  split_newton_schulz,  // compute and communication: NS of a matrix split over a group
 };
 std::string_view to_string(OpKind kind);
 OpKind op_kind_from_string(std::string_view text);

@@ -32,6 +32,13 @@
 //                    the slowest, and these keys follow (absent from simulated and analytic
 //                    records): warmup_steps, timed_steps (the experiment's `steps` and
 //                    `repeats`), median_s, p95_s (nearest rank), stddev_s (population), min_s
+//   bound            T_bound, the lower bound of core/bound.hpp, and how far the step is from it:
+//                    step_s (T_bound), ratio (step average_s / step_s), binding ("balanced":
+//                    total NS work over the ranks that may own, or "longest": the longest single
+//                    NS), ns_total_s, ns_balanced_s, ns_longest_s, gather_s and scatter_s (the
+//                    unhideable first gather and last scatter of the binding term), owner_ranks,
+//                    longest (the matrix of the longest NS). Added after schema 1's first files:
+//                    a record without it reads back with zeros.
 //   throughput       seed 002's honest per-GPU reporting, each as {average, worst}, where
 //                    "average" uses the hyper-period average and "worst" the worst step:
 //                      params_per_s_per_gpu      elements updated per second per GPU (the model's
@@ -143,6 +150,19 @@ struct StepSummary {
   StepStatistics measured;
 };
 
+struct BoundResult {
+  double step_s = 0;
+  double ratio = 0;
+  std::string binding;
+  double ns_total_s = 0;
+  double ns_balanced_s = 0;
+  double ns_longest_s = 0;
+  double gather_s = 0;
+  double scatter_s = 0;
+  int owner_ranks = 0;
+  std::string longest;
+};
+
 struct ThroughputResult {
   AverageWorst params_per_s_per_gpu;
   AverageWorst compute_time_s;
@@ -223,6 +243,7 @@ struct ResultRecord {
   Provenance provenance;
   SetupInfo setup;
   StepSummary step;
+  BoundResult bound;
   ThroughputResult throughput;
   TrafficResult traffic;
   std::vector<CollectiveResult> collectives;
@@ -269,8 +290,9 @@ std::vector<StepPatternSpec> step_patterns(const StepPlan& plan);
 // Total number of steps the patterns cover (their counts' sum).
 std::int64_t pattern_steps(const std::vector<StepPatternSpec>& patterns);
 
-// Fills setup, step, throughput, traffic, collectives and ranks (memory from rank_memory) from
-// per-pattern measurements. `collectives` holds, per pattern, the backend's per-op measurements.
+// Fills setup, step, bound (core/bound.hpp), throughput, traffic, collectives and ranks (memory
+// from rank_memory) from per-pattern measurements. `collectives` holds, per pattern, the backend's
+// per-op measurements.
 void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& cluster,
                  const std::vector<StepMeasurement>& steps,
                  const std::vector<std::vector<CollectiveMeasurement>>& collectives);

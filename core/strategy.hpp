@@ -42,10 +42,21 @@ struct StrategyOptions {
   std::map<std::string, int> explicit_owners;  // assign == "explicit": param name -> rank
   bool async_gpu_parallelism = true;
   int prefetch_count = 1;
-  std::string gather = "hierarchical";     // owner: "hierarchical" (TP, then FSDP) or "flat"
-  int chunk_size = 8;                      // all_to_all: matrices per chunk
-  int max_chunks_in_flight = 2;            // all_to_all
+  std::string gather = "hierarchical";  // owner: "hierarchical" (TP, then FSDP), "rails" or "flat"
+  int chunk_size = 8;                   // all_to_all: matrices per chunk
+  int max_chunks_in_flight = 2;         // all_to_all
   std::int64_t small_param_threshold = 0;  // elements; 0 = off
+  // Communication lanes: units (matrices or chunks) are spread over this many gather streams
+  // (and as many redistribution streams), lane by lane (owner by owner), so gathers to different
+  // owners run at the same time instead of one after another on one stream. 1: the seeds' single
+  // communication stream. The prefetch gate (at most prefetch_count + 1 full updates per owner)
+  // is unchanged: it is a dependency, not a stream order.
+  int comm_lanes = 1;
+  // Unit order: "plan" (parameter order) or "lpt" (largest Newton-Schulz first, so the longest
+  // NS starts first and the small ones fill in behind it).
+  std::string order = "plan";
+  bool chunk_by_shape = false;  // all_to_all / owner_allgather chunks hold one matrix shape only
+  std::string preset;           // the preset these options started from (strategy_preset)
   GradSyncOptions grad_sync;
   std::string to_json_text() const;
 };
@@ -100,8 +111,11 @@ class PlanBuilder {
 };
 
 // Policies by name. Gather: "hierarchical" (one stage per sharding mesh dim, innermost first:
-// TP before FSDP, seed 004), "flat" (one gather over all sharding dims). Redistribute: the
-// reverse of each, followed by broadcasts along replicate dims ("hierarchical", "flat").
+// TP before FSDP, seed 004: a node's pieces are joined over NVLink, then one transfer per node
+// crosses the network), "rails" (the same stages outermost first: the cross-node stage runs on
+// every NIC rail at once into the owner's node, then NVLink joins the pieces), "flat" (one gather
+// over all sharding dims). Redistribute: the reverse of each, followed by broadcasts along
+// replicate dims ("hierarchical", "rails", "flat").
 std::unique_ptr<GatherPolicy> make_gather_policy(const std::string& name);
 std::unique_ptr<RedistributePolicy> make_redistribute_policy(const std::string& name);
 using GatherPolicyFactory = std::unique_ptr<GatherPolicy> (*)();
@@ -110,6 +124,13 @@ void register_gather_policy(const std::string& name, GatherPolicyFactory factory
 void register_redistribute_policy(const std::string& name, RedistributePolicyFactory factory);
 
 std::vector<std::string> strategy_names();
+
+// Anchor presets: what published systems run, as options of the built-in strategies, so one
+// experiment compares them with muonbed's own best on the same model and cluster. The sources
+// are cited at their definitions (core/src/strategy.cpp). `world_size` sizes the presets whose
+// batches are one matrix per rank. Throws PlanError listing the names for an unknown one.
+std::vector<std::string> strategy_preset_names();
+StrategyOptions strategy_preset(const std::string& name, int world_size);
 // Builds the plan of one optimizer step. Throws PlanError when the strategy cannot apply (the
 // message says which option or layout to change).
 StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,

@@ -71,6 +71,18 @@ def plot_scaling(p, sweep, name):
                       label=lab + ": computation")
             ax_c.plot(xs, expo, "--", marker=markers[b % len(markers)], color=color,
                       mfc="white", label=lab + ": exposed communication")
+    # T_bound (core/bound.hpp) as a line: it depends on the model, mesh and cluster, not on the
+    # schedule, so one line over the world sizes (the lowest bound recorded at each, a bound
+    # every series must stay above).
+    bounds = {}
+    for r in sweep.records:
+        b_s = num(r.doc, "bound.step_s")
+        if b_s > 0:
+            bounds[r.world] = min(bounds.get(r.world, b_s), b_s)
+    if len(bounds) > 1:
+        xs = sorted(bounds)
+        ax_t.plot(xs, [bounds[x] * scale for x in xs], "-", color="black", linewidth=2.2,
+                  alpha=0.55, label="T_bound (lower bound)")
     ticks = sorted(worlds)
     for ax in (ax_t, ax_p, ax_c):
         ax.set_xscale("log", base=2)

@@ -17,6 +17,7 @@
 #include "core/engine.hpp"
 #include "core/errors.hpp"
 #include "core/results.hpp"
+#include "core/split_ns.hpp"
 #include "core/timeline.hpp"
 
 namespace muonbed {
@@ -682,9 +683,15 @@ void AnalyticReplay::start_collective(const CollectiveInstance& instance) {
     for (int m : members) builder.add(m);  // ascending
   }
   const LinkParams link = link_from_profile(cluster_, gpn_, builder.finish(), o.kind);
+  // Split Newton-Schulz is compute with all-reduces inside (core/split_ns.hpp): its members
+  // start together like a collective's, and its time counts as compute.
+  const bool split = o.kind == OpKind::split_newton_schulz;
   const double seconds =
-      collective_time(o.kind, static_cast<int>(members.size()), bytes, link, min_piece);
-  for (int m : members) timeline_.begin(m, Activity::communication, now_);
+      split ? cached(op, instance.leader,
+                     [&] { return split_ns_time(plan_, o, instance.leader, cluster_); })
+            : collective_time(o.kind, static_cast<int>(members.size()), bytes, link, min_piece);
+  for (int m : members)
+    timeline_.begin(m, split ? Activity::compute : Activity::communication, now_);
   if (instance.id >= static_cast<int>(members_.size())) members_.resize(instance.id + 1);
   members_[instance.id] = members;
   due(op, now_ + seconds, instance.id);
@@ -721,9 +728,12 @@ StepEstimate AnalyticReplay::run(int step) {
         engine_.finish_compute(rank, op);
       }
     } else {
+      const Activity activity = plan_.ops[op].kind == OpKind::split_newton_schulz
+                                    ? Activity::compute
+                                    : Activity::communication;
       for (int instance : done_) {
         for (int m : members_[instance]) {
-          timeline_.end(m, Activity::communication, now_);
+          timeline_.end(m, activity, now_);
           timeline_.touch_finish(m, now_);
         }
         engine_.finish_collective(instance);

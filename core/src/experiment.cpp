@@ -105,9 +105,20 @@ const std::vector<std::pair<std::string, std::string>> kRenamedOptimizerKeys = {
     {"adamw_eps", "adamw: {eps: ...}"}};
 const std::vector<std::string> kRoutingKeys = {"embeddings_to_adamw", "lm_head_to_adamw",
                                                "router_to_adamw", "force_adamw"};
-const std::vector<std::string> kStrategyKeys = {
-    "name",   "assign",     "explicit_owners",      "async_gpu_parallelism", "prefetch_count",
-    "gather", "chunk_size", "max_chunks_in_flight", "small_param_threshold", "grad_sync"};
+const std::vector<std::string> kStrategyKeys = {"name",
+                                                "assign",
+                                                "explicit_owners",
+                                                "async_gpu_parallelism",
+                                                "prefetch_count",
+                                                "gather",
+                                                "chunk_size",
+                                                "max_chunks_in_flight",
+                                                "small_param_threshold",
+                                                "grad_sync",
+                                                "preset",
+                                                "comm_lanes",
+                                                "order",
+                                                "chunk_by_shape"};
 const std::vector<std::string> kGradSyncKeys = {"enabled", "level_periods"};
 const std::vector<std::string> kSimKeys = {"fidelity"};
 const std::vector<std::string> kBackends = {"sim", "analytic", "mpi", "nccl"};
@@ -866,6 +877,11 @@ void read_strategy(const Context& ctx, const MapReader& top, const MeshSection& 
   const Field* field = top.find("strategy");
   if (!field) return;
   const MapReader st(ctx, *field, kStrategyKeys);
+  if (st.find("preset")) {  // the preset first; the other keys override it
+    std::string preset;
+    st.read_choice("preset", preset, strategy_preset_names());
+    s = strategy_preset(preset, mesh.mesh.world_size());
+  }
   st.read_choice("name", s.name, strategy_names());
   std::vector<std::string> policies = assign_policy_names();
   if (std::find(policies.begin(), policies.end(), "explicit") == policies.end())
@@ -880,13 +896,16 @@ void read_strategy(const Context& ctx, const MapReader& top, const MeshSection& 
     } catch (const Error& e) {
       fail(ctx, *g,
            "unknown gather policy '" + s.gather + "'" +
-               did_you_mean(s.gather, {"hierarchical", "flat"}),
-           std::string("use hierarchical or flat (") + e.what() + ")");
+               did_you_mean(s.gather, {"hierarchical", "rails", "flat"}),
+           std::string("use hierarchical, rails or flat (") + e.what() + ")");
     }
   }
   st.read("chunk_size", s.chunk_size, 1, 1 << 20);
   st.read("max_chunks_in_flight", s.max_chunks_in_flight, 1, 1 << 20);
   st.read("small_param_threshold", s.small_param_threshold, 0);
+  st.read("comm_lanes", s.comm_lanes, 1, 4096);
+  st.read_choice("order", s.order, {"plan", "lpt"});
+  st.read("chunk_by_shape", s.chunk_by_shape);
   if (const Field* f = st.find("explicit_owners")) {
     if (s.assign != "explicit")
       fail(ctx, f->key,
@@ -1152,6 +1171,7 @@ std::string resolved_yaml(const Experiment& e, const MeshSection& ms, const Mode
 
   const StrategyOptions& s = e.strategy;
   out << YAML::Key << "strategy" << YAML::Value << YAML::BeginMap;
+  if (!s.preset.empty()) out << YAML::Key << "preset" << YAML::Value << s.preset;
   out << YAML::Key << "name" << YAML::Value << s.name;
   out << YAML::Key << "assign" << YAML::Value << s.assign;
   if (!s.explicit_owners.empty())
@@ -1162,6 +1182,9 @@ std::string resolved_yaml(const Experiment& e, const MeshSection& ms, const Mode
   out << YAML::Key << "chunk_size" << YAML::Value << s.chunk_size;
   out << YAML::Key << "max_chunks_in_flight" << YAML::Value << s.max_chunks_in_flight;
   out << YAML::Key << "small_param_threshold" << YAML::Value << s.small_param_threshold;
+  if (s.comm_lanes != 1) out << YAML::Key << "comm_lanes" << YAML::Value << s.comm_lanes;
+  if (s.order != "plan") out << YAML::Key << "order" << YAML::Value << s.order;
+  if (s.chunk_by_shape) out << YAML::Key << "chunk_by_shape" << YAML::Value << true;
   out << YAML::Key << "grad_sync" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "enabled" << YAML::Value << s.grad_sync.enabled;
   out << YAML::Key << "level_periods" << YAML::Value << YAML::Flow << s.grad_sync.level_periods;

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "core/errors.hpp"
+#include "core/split_ns.hpp"
 
 namespace muonbed {
 
@@ -33,6 +34,7 @@ constexpr std::pair<OpKind, std::string_view> kOpNames[] = {
     {OpKind::send, "send"},
     {OpKind::recv, "recv"},
     {OpKind::barrier, "barrier"},
+    {OpKind::split_newton_schulz, "split_newton_schulz"},
 };
 
 std::int64_t comm_bytes(const StepPlan& plan) {
@@ -75,6 +77,19 @@ std::int64_t all_to_all_bytes(const StepPlan& plan, const Op& op, int from, int 
 std::int64_t chunk_share(std::int64_t total, int n, int i) {
   const std::int64_t chunk = (total + n - 1) / n;
   return std::clamp<std::int64_t>(total - chunk * i, 0, chunk);
+}
+
+// split_newton_schulz: bytes member `me` sends member `i` (and, by symmetry, receives from it):
+// the norm all-reduce (fp32) and one Gram all-reduce per step (comm dtype), each a reduce-scatter
+// of torch.chunk parts then an all-gather of them, as all_reduce.
+std::int64_t split_ns_pair_bytes(const StepPlan& plan, const Op& op, int rank, int n, int me,
+                                 int i) {
+  const SplitNsExchange x = split_ns_exchange(plan, op, rank);
+  const auto pair = [&](std::int64_t total) {
+    return chunk_share(total, n, i) + chunk_share(total, n, me);
+  };
+  return pair(x.norm_elements) * bytes_of(DType::fp32) +
+         x.steps * pair(x.gram_elements) * comm_bytes(plan);
 }
 
 }  // namespace
@@ -122,6 +137,7 @@ TensorRole default_tensor(const Op& op) {
     case OpKind::pack:
       return op.owned_only ? TensorRole::result : TensorRole::update;
     case OpKind::unpack:
+    case OpKind::split_newton_schulz:  // reads the update, leaves the result in its place
       return TensorRole::update;
     case OpKind::all_to_all:
       return op.direction == AllToAllDirection::to_owners ? TensorRole::update : TensorRole::result;
@@ -287,6 +303,10 @@ std::vector<std::int64_t> bytes_sent(const StepPlan& plan, const Op& op, int ran
     case OpKind::recv:
       if (me == op.root) out[op.peer] = pieces_bytes(plan, op, rank, op.gathered);
       break;
+    case OpKind::split_newton_schulz:
+      for (int i = 0; i < n; ++i)
+        if (i != me) out[i] = split_ns_pair_bytes(plan, op, rank, n, me, i);
+      break;
     default:
       break;
   }
@@ -335,6 +355,10 @@ std::vector<std::int64_t> bytes_received(const StepPlan& plan, const Op& op, int
     case OpKind::recv:
       if (me == op.peer) in[op.root] = pieces_bytes(plan, op, member(op.root), op.gathered);
       break;
+    case OpKind::split_newton_schulz:
+      for (int i = 0; i < n; ++i)
+        if (i != me) in[i] = split_ns_pair_bytes(plan, op, rank, n, me, i);
+      break;
     default:
       break;
   }
@@ -365,6 +389,10 @@ std::int64_t collective_bytes(const StepPlan& plan, const Op& op, int rank) {
     }
     case OpKind::barrier:
       return 0;
+    case OpKind::split_newton_schulz: {  // everything the member all-reduces in one NS run
+      const SplitNsExchange x = split_ns_exchange(plan, op, rank);
+      return x.norm_elements * bytes_of(DType::fp32) + x.steps * x.gram_elements * comm_bytes(plan);
+    }
     default:
       return piece_bytes(plan, op, rank);
   }
@@ -409,6 +437,8 @@ std::int64_t elementwise_numel(const StepPlan& plan, const Op& op, int rank) {
 
 double op_flops(const StepPlan& plan, const Op& op, int rank) {
   switch (op.kind) {
+    case OpKind::split_newton_schulz:
+      return split_ns_flops(plan, op, rank);
     case OpKind::newton_schulz: {
       double total = 0;
       for (const auto& w : ns_work(plan, op, rank)) total += w.flops;
@@ -516,7 +546,8 @@ RankSummary summarize_rank(const StepPlan& plan, int rank) {
     if (plan.assignment.owner[p] == rank) ++s.matrices_owned;
   for (const auto& op : plan.ops) {
     if (!op.ranks.contains(plan.mesh(), rank)) continue;
-    if (op.kind == OpKind::newton_schulz) s.ns_flops += op_flops(plan, op, rank);
+    if (op.kind == OpKind::newton_schulz || op.kind == OpKind::split_newton_schulz)
+      s.ns_flops += op_flops(plan, op, rank);
     if (is_collective(op.kind) && op.kind != OpKind::barrier) {
       for (auto b : bytes_sent(plan, op, rank)) s.bytes_sent += b;
       for (auto b : bytes_received(plan, op, rank)) s.bytes_received += b;
@@ -572,6 +603,18 @@ void validate_plan(const StepPlan& plan) {
           if (op.ranks.coord[d] != layout.placements()[d].coord)
             fail(op, "moves '" + plan.model.params[p].name + "' on ranks that do not hold it");
         }
+      }
+    }
+    if (op.kind == OpKind::split_newton_schulz) {
+      if (op.group.empty()) fail(op, "split Newton-Schulz needs a group to split over");
+      if (op.owned_only) fail(op, "split Newton-Schulz runs on every member: owned_only is off");
+      if (op.ns_steps < 1) fail(op, "ns_steps must be >= 1");
+      const int first = op.ranks.ranks(mesh).front();
+      for (int p : op.params) {
+        if (plan.model.params[p].optimizer != OptimizerKind::muon)
+          fail(op, "splits the NS of '" + plan.model.params[p].name + "', which AdamW updates");
+        const std::string why = split_ns_problem(plan.model, p, first, op.gathered, op.group);
+        if (!why.empty()) fail(op, why);
       }
     }
     const bool moves_data = is_collective(op.kind) && op.kind != OpKind::barrier;

@@ -24,11 +24,13 @@
 #include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
+#include "core/bound.hpp"
 #include "core/cost_model.hpp"
 #include "core/engine.hpp"
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
 #include "core/sha256.hpp"
+#include "core/split_ns.hpp"
 #include "muonbed/config.hpp"
 
 namespace muonbed {
@@ -149,6 +151,21 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
   step.worst_s = steps[worst].time_s;
   step.worst_step = steps[worst].step;
   const StepMeasurement& w = steps[worst];
+
+  // A measured run's cluster may have no link figures (the MPI executor on one host): then there
+  // is no bound to report, and the record says why instead of failing the run.
+  try {
+    const StepBound sb = step_bound(plan, cluster);
+    record.bound = {sb.bound_s,       safe_div(step.average_s, sb.bound_s),
+                    sb.binding,       sb.ns_total_s,
+                    sb.ns_balanced_s, sb.ns_longest_s,
+                    sb.gather_s,      sb.scatter_s,
+                    sb.owner_ranks,   sb.longest};
+  } catch (const PlanError& e) {
+    record.bound = BoundResult{};
+    record.bound.binding = "none";
+    record.notes.push_back(std::string("no T_bound: ") + e.what());
+  }
 
   // Per rank: averages over patterns weighted by their step counts, and the worst step's values.
   record.ranks.assign(world, RankResult{});
@@ -380,6 +397,17 @@ InstanceTraffic closed_form_traffic(const StepPlan& plan, const Op& op,
       sent[members[op.root]] += b;
       break;
     }
+    case OpKind::split_newton_schulz: {  // its all-reduces, on rings like all_reduce's
+      double total = 0;
+      for (int i = 0; i < n; ++i) {
+        double out = 0;
+        for (auto b : bytes_sent(plan, op, members[i])) out += static_cast<double>(b);
+        sent[members[i]] += out;
+        total += out;
+      }
+      split(total, ring_net);
+      break;
+    }
     case OpKind::all_to_all: {
       // Each member's send buffer minus its own part, spread evenly over its peers.
       for (int i = 0; i < n; ++i) {
@@ -431,6 +459,9 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster) {
         continue;
       }
       if (!is_collective(op.kind)) continue;
+      const bool split = op.kind == OpKind::split_newton_schulz;
+      if (split)
+        for (int r : op.ranks.ranks(mesh)) m.flops += op_flops(plan, op, r);
       CollectiveMeasurement c;
       c.op = op.id;
       index.for_each_instance(op.id, [&](int leader) {
@@ -438,7 +469,8 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster) {
         const std::vector<int> members = index.participants(op.id, leader);
         const int sizer = members.size() == 2 && index.is_pair(op.id) ? members.front() : leader;
         const double bytes = static_cast<double>(collective_bytes(plan, op, sizer));
-        const double time = instance_time(plan, cluster, op, members, leader);
+        const double time = split ? split_ns_time(plan, op, leader, cluster)
+                                  : instance_time(plan, cluster, op, members, leader);
         c.group_size = static_cast<int>(members.size());
         ++c.instances;
         c.bytes_sum += bytes;
@@ -601,6 +633,17 @@ std::string result_to_json(const ResultRecord& r) {
     j["step"]["stddev_s"] = m.stddev_s;
     j["step"]["min_s"] = m.min_s;
   }
+  const BoundResult& b = r.bound;
+  j["bound"] = ojson{{"step_s", b.step_s},
+                     {"ratio", b.ratio},
+                     {"binding", b.binding},
+                     {"ns_total_s", b.ns_total_s},
+                     {"ns_balanced_s", b.ns_balanced_s},
+                     {"ns_longest_s", b.ns_longest_s},
+                     {"gather_s", b.gather_s},
+                     {"scatter_s", b.scatter_s},
+                     {"owner_ranks", b.owner_ranks},
+                     {"longest", b.longest}};
   const ThroughputResult& t = r.throughput;
   j["throughput"] = ojson{{"params_per_s_per_gpu", aw(t.params_per_s_per_gpu)},
                           {"computation", ojson{{"time_s", aw(t.compute_time_s)},
@@ -722,6 +765,19 @@ ResultRecord result_from_json(const std::string& text) {
       m.p95_s = st.at("p95_s").get<double>();
       m.stddev_s = st.at("stddev_s").get<double>();
       m.min_s = st.at("min_s").get<double>();
+    }
+    if (j.contains("bound")) {  // records written before the bound existed have none
+      const auto& b = j.at("bound");
+      r.bound.step_s = b.at("step_s").get<double>();
+      r.bound.ratio = b.at("ratio").get<double>();
+      r.bound.binding = b.at("binding").get<std::string>();
+      r.bound.ns_total_s = b.at("ns_total_s").get<double>();
+      r.bound.ns_balanced_s = b.at("ns_balanced_s").get<double>();
+      r.bound.ns_longest_s = b.at("ns_longest_s").get<double>();
+      r.bound.gather_s = b.at("gather_s").get<double>();
+      r.bound.scatter_s = b.at("scatter_s").get<double>();
+      r.bound.owner_ranks = b.at("owner_ranks").get<int>();
+      r.bound.longest = b.at("longest").get<std::string>();
     }
     const auto& t = j.at("throughput");
     r.throughput.params_per_s_per_gpu = read_aw(t.at("params_per_s_per_gpu"));

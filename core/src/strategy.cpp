@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/assignment.hpp"
 #include "core/errors.hpp"
 
 namespace muonbed {
@@ -105,177 +106,322 @@ std::vector<int> shard_dims_inner_first(const DeviceMesh& mesh, const TensorLayo
   return dims;
 }
 
-// Seed 004's composition: gather along one sharding dim at a time, innermost (TP) first, then
-// outer ones (FSDP); "flat" does all sharding dims in one gather. Gathers run inside the owner's
-// replica only; the other replicas receive the result by broadcast after redistribution.
+// The order of a staged gather's stages: one sharding mesh dim per stage, innermost (TP) first
+// (seed 004, "hierarchical": the pieces of a node are joined over NVLink, then one transfer per
+// node crosses the network to the owner's rail), outermost first ("rails": the cross-node stage
+// runs on every rail at once, each into the GPU of the owner's node on that rail, so the owner's
+// node takes the matrix through all of its NICs; then the pieces are joined over NVLink), or
+// all at once ("flat"). Redistribution runs the stages in reverse.
+enum class StageOrder { inner_first, outer_first, flat };
+
+std::vector<DimSet> gather_stages(const PlanBuilder& b, int p, StageOrder order) {
+  const auto& layout = b.param(p).layout;
+  std::vector<DimSet> stages;
+  if (order == StageOrder::flat) {
+    if (!layout.shard_dims().empty()) stages.push_back(layout.shard_dims());
+    return stages;
+  }
+  std::vector<int> dims = shard_dims_inner_first(b.mesh(), layout);
+  if (order == StageOrder::outer_first) std::reverse(dims.begin(), dims.end());
+  for (int d : dims) stages.push_back(DimSet::of({d}));
+  return stages;
+}
+
+// One op per stage moves every matrix of the unit whose op box and root agree at that stage: a
+// unit of one matrix per owner of a node (batch_gathers) crosses the network in one gather per
+// rail, then splits into one NVLink gather per owner. A unit of one matrix emits exactly the ops
+// of a per-matrix staged gather.
+struct StagePart {
+  RankBox box, roots;
+  int root = -1;
+  std::vector<int> params;
+};
+
+std::vector<StagePart> stage_parts(const PlanBuilder& b, std::span<const int> params,
+                                   const std::map<int, DimSet>& gathered, DimSet group,
+                                   bool gathering) {
+  std::vector<StagePart> parts;
+  for (int p : params) {
+    const int owner = b.owner(p);
+    const DimSet replicate = b.param(p).layout.replicate_dims();
+    const DimSet g = gathered.at(p);
+    StagePart part;
+    if (gathering) {
+      part.box = b.box_through(p, owner, replicate | g);
+      part.roots = b.box_through(p, owner, replicate | g | group);
+    } else {
+      part.box = b.box_through(p, owner, replicate | g);  // g: the pieces after this stage
+      part.roots = part.box;
+    }
+    part.root = b.mesh().group_index(owner, group);
+    auto it = std::find_if(parts.begin(), parts.end(), [&](const StagePart& x) {
+      return x.box == part.box && x.roots == part.roots && x.root == part.root;
+    });
+    if (it == parts.end()) {
+      part.params = {p};
+      parts.push_back(std::move(part));
+    } else {
+      it->params.push_back(p);
+    }
+  }
+  return parts;
+}
+
+std::string stage_label(const PlanBuilder& b, const std::vector<int>& params) {
+  if (params.size() == 1) return b.param(params[0]).name;
+  return std::to_string(params.size()) + " matrices from " + b.param(params[0]).name;
+}
+
 class StagedGather final : public GatherPolicy {
  public:
-  explicit StagedGather(bool flat) : flat_(flat) {}
-  std::string name() const override { return flat_ ? "flat" : "hierarchical"; }
+  StagedGather(std::string name, StageOrder order) : name_(std::move(name)), order_(order) {}
+  std::string name() const override { return name_; }
 
   std::vector<int> emit(PlanBuilder& b, std::span<const int> params, int stream,
                         std::vector<int> deps) const override {
+    // The units of one schedule share their layouts' sharding dims, so every matrix has the same
+    // stages; a matrix without them (nothing sharded) is already whole at its owner.
+    std::vector<int> staged;
+    for (int p : params)
+      if (!gather_stages(b, p, order_).empty()) staged.push_back(p);
+    if (staged.empty()) return deps;
+    const std::vector<DimSet> stages = gather_stages(b, staged[0], order_);
+    for (int p : staged)
+      if (gather_stages(b, p, order_) != stages)
+        throw PlanError("internal: one gather of matrices with different sharding dims");
+    std::map<int, DimSet> gathered;
+    std::map<int, std::vector<int>> after;  // param -> ops whose completion it waits for
+    std::map<int, int> holder;              // param -> live stage buffer holding its piece
+    struct Live {
+      RankBox box;
+      std::vector<int> params;
+      std::vector<int> users;  // ops that read it; it goes after they complete
+      int left = 0;
+    };
+    std::map<int, Live> live;  // buffer -> what releases it
+    for (int p : staged) {
+      gathered[p] = DimSet{};
+      after[p] = deps;
+    }
     std::vector<int> done;
-    for (int p : params) {
-      const auto& layout = b.param(p).layout;
-      const int owner = b.owner(p);
-      const DimSet replicate = layout.replicate_dims();
-      std::vector<DimSet> stages;
-      if (flat_) {
-        if (!layout.shard_dims().empty()) stages.push_back(layout.shard_dims());
-      } else {
-        for (int d : shard_dims_inner_first(b.mesh(), layout)) stages.push_back(DimSet::of({d}));
-      }
-      DimSet gathered;
-      int previous_buffer = -1;
-      RankBox previous_box;
-      std::vector<int> stage_deps = deps;
-      for (std::size_t s = 0; s < stages.size(); ++s) {
-        const DimSet group = stages[s];
-        const bool last = s + 1 == stages.size();
-        const RankBox roots = b.box_through(p, owner, replicate | gathered | group);
+    for (std::size_t s = 0; s < stages.size(); ++s) {
+      const DimSet group = stages[s];
+      const bool last = s + 1 == stages.size();
+      for (const StagePart& part : stage_parts(b, staged, gathered, group, true)) {
+        std::vector<int> stage_deps;
+        for (int p : part.params)
+          stage_deps.insert(stage_deps.end(), after[p].begin(), after[p].end());
         int buffer = -1;
         int alloc_id = -1;
-        if (!last) {  // the final stage lands in the owner's full-update buffer
-          buffer = b.add_buffer("stage " + b.param(p).name, {p}, gathered | group, false);
+        if (!last) {  // the final stage lands in the owners' full-update buffer
+          buffer = b.add_buffer("stage " + stage_label(b, part.params), part.params,
+                                gathered[part.params[0]] | group, false);
           Op alloc;
           alloc.kind = OpKind::alloc;
           alloc.stream = stream;
-          alloc.ranks = roots;
+          alloc.ranks = part.roots;
           alloc.buffer = buffer;
           alloc.deps = stage_deps;
-          alloc.label = "alloc stage of " + b.param(p).name;
+          alloc.label = "alloc stage of " + stage_label(b, part.params);
           alloc_id = b.emit(std::move(alloc));
         }
         Op op;
         op.kind = OpKind::gather;
         op.stream = stream;
-        op.ranks = b.box_through(p, owner, replicate | gathered);
+        op.ranks = part.box;
         op.group = group;
-        op.root = b.mesh().group_index(owner, group);
-        op.params = {p};
-        op.gathered = gathered;
+        op.root = part.root;
+        op.params = part.params;
+        op.gathered = gathered[part.params[0]];
         op.deps = stage_deps;
         if (alloc_id >= 0) op.deps.push_back(alloc_id);
-        op.label = "gather " + b.param(p).name;
+        op.label = "gather " + stage_label(b, part.params);
         const int gather_id = b.emit(std::move(op));
-        if (previous_buffer >= 0) {
-          Op release;
-          release.kind = OpKind::release;
-          release.stream = stream;
-          release.ranks = previous_box;
-          release.buffer = previous_buffer;
-          release.deps = {gather_id};
-          release.label = "release stage of " + b.param(p).name;
-          b.emit(std::move(release));
+        // Stage buffers the op read from go once every matrix they hold has moved on.
+        std::vector<int> read;
+        for (int p : part.params)
+          if (holder.count(p)) read.push_back(holder[p]);
+        std::sort(read.begin(), read.end());
+        read.erase(std::unique(read.begin(), read.end()), read.end());
+        for (int r : read) {
+          Live& l = live.at(r);
+          l.users.push_back(gather_id);
+          for (int p : part.params)
+            if (holder.count(p) && holder[p] == r) --l.left;
+          if (l.left == 0) {
+            Op release;
+            release.kind = OpKind::release;
+            release.stream = stream;
+            release.ranks = l.box;
+            release.buffer = r;
+            release.deps = l.users;
+            release.label = "release stage of " + stage_label(b, l.params);
+            b.emit(std::move(release));
+            live.erase(r);
+          }
         }
-        previous_buffer = buffer;
-        previous_box = roots;
-        gathered = gathered | group;
-        stage_deps = {gather_id};
+        for (int p : part.params) {
+          holder.erase(p);
+          gathered[p] = gathered[p] | group;
+          after[p] = {gather_id};
+        }
+        if (buffer >= 0) {
+          live[buffer] = {part.roots, part.params, {}, static_cast<int>(part.params.size())};
+          for (int p : part.params) holder[p] = buffer;
+        }
         if (last) done.push_back(gather_id);
       }
     }
-    if (done.empty()) return deps;  // nothing sharded: owners already hold full updates
     return done;
   }
 
  private:
-  bool flat_;
+  std::string name_;
+  StageOrder order_;
 };
 
-// The reverse of StagedGather (outermost dim first: FSDP, then TP), then one broadcast of each
-// piece along the replicate dims from the owner's replica.
+// The reverse of StagedGather, then one broadcast of each piece along the replicate dims from the
+// owner's replica.
 class StagedRedistribute final : public RedistributePolicy {
  public:
-  explicit StagedRedistribute(bool flat) : flat_(flat) {}
-  std::string name() const override { return flat_ ? "flat" : "hierarchical"; }
+  StagedRedistribute(std::string name, StageOrder order) : name_(std::move(name)), order_(order) {}
+  std::string name() const override { return name_; }
 
   std::vector<int> emit(PlanBuilder& b, std::span<const int> params, int stream,
                         std::vector<int> deps) const override {
     std::vector<int> done;
-    for (int p : params) {
-      const auto& layout = b.param(p).layout;
-      const int owner = b.owner(p);
-      const DimSet replicate = layout.replicate_dims();
-      std::vector<DimSet> stages;
-      if (flat_) {
-        if (!layout.shard_dims().empty()) stages.push_back(layout.shard_dims());
-      } else {
-        auto inner_first = shard_dims_inner_first(b.mesh(), layout);
-        for (auto it = inner_first.rbegin(); it != inner_first.rend(); ++it)
-          stages.push_back(DimSet::of({*it}));
-      }
-      DimSet remaining = layout.shard_dims();
-      std::vector<int> stage_deps = deps;
-      int previous_buffer = -1;
-      RankBox previous_box;
+    std::vector<int> staged;
+    for (int p : params)
+      if (!gather_stages(b, p, order_).empty()) staged.push_back(p);
+    std::map<int, std::vector<int>> after;  // param -> its latest op
+    for (int p : params) after[p] = deps;
+    if (!staged.empty()) {
+      std::vector<DimSet> stages = gather_stages(b, staged[0], order_);
+      std::reverse(stages.begin(), stages.end());
+      std::map<int, DimSet> remaining;  // param -> dims its pieces are still gathered over
+      std::map<int, int> holder;
+      struct Live {
+        RankBox box;
+        std::vector<int> params;
+        std::vector<int> users;
+        int left = 0;
+      };
+      std::map<int, Live> live;
+      for (int p : staged) remaining[p] = b.param(p).layout.shard_dims();
       for (std::size_t s = 0; s < stages.size(); ++s) {
         const DimSet group = stages[s];
-        const DimSet after = DimSet{remaining.bits & ~group.bits};
         const bool last = s + 1 == stages.size();
-        const RankBox box = b.box_through(p, owner, replicate | after);
-        int buffer = -1;
-        int alloc_id = -1;
-        if (!last) {  // intermediate roots hold the pieces still to be split further
-          buffer = b.add_buffer("stage " + b.param(p).name, {p}, after, false);
-          Op alloc;
-          alloc.kind = OpKind::alloc;
-          alloc.stream = stream;
-          alloc.ranks = box;
-          alloc.buffer = buffer;
-          alloc.deps = stage_deps;
-          alloc.label = "alloc stage of " + b.param(p).name;
-          alloc_id = b.emit(std::move(alloc));
+        std::map<int, DimSet> pieces;  // after this stage
+        for (int p : staged) pieces[p] = DimSet{remaining[p].bits & ~group.bits};
+        for (const StagePart& part : stage_parts(b, staged, pieces, group, false)) {
+          std::vector<int> stage_deps;
+          for (int p : part.params)
+            stage_deps.insert(stage_deps.end(), after[p].begin(), after[p].end());
+          int buffer = -1;
+          int alloc_id = -1;
+          if (!last) {  // intermediate roots hold the pieces still to be split further
+            buffer = b.add_buffer("stage " + stage_label(b, part.params), part.params,
+                                  pieces[part.params[0]], false);
+            Op alloc;
+            alloc.kind = OpKind::alloc;
+            alloc.stream = stream;
+            alloc.ranks = part.box;
+            alloc.buffer = buffer;
+            alloc.deps = stage_deps;
+            alloc.label = "alloc stage of " + stage_label(b, part.params);
+            alloc_id = b.emit(std::move(alloc));
+          }
+          Op op;
+          op.kind = OpKind::scatter;
+          op.stream = stream;
+          op.ranks = part.box;
+          op.group = group;
+          op.root = part.root;
+          op.params = part.params;
+          op.gathered = pieces[part.params[0]];
+          op.deps = stage_deps;
+          if (alloc_id >= 0) op.deps.push_back(alloc_id);
+          op.label = "scatter " + stage_label(b, part.params);
+          const int scatter_id = b.emit(std::move(op));
+          std::vector<int> read;
+          for (int p : part.params)
+            if (holder.count(p)) read.push_back(holder[p]);
+          std::sort(read.begin(), read.end());
+          read.erase(std::unique(read.begin(), read.end()), read.end());
+          for (int r : read) {
+            Live& l = live.at(r);
+            l.users.push_back(scatter_id);
+            for (int p : part.params)
+              if (holder.count(p) && holder[p] == r) --l.left;
+            if (l.left == 0) {
+              Op release;
+              release.kind = OpKind::release;
+              release.stream = stream;
+              release.ranks = l.box;
+              release.buffer = r;
+              release.deps = l.users;
+              release.label = "release stage of " + stage_label(b, l.params);
+              b.emit(std::move(release));
+              live.erase(r);
+            }
+          }
+          for (int p : part.params) {
+            holder.erase(p);
+            remaining[p] = pieces[p];
+            after[p] = {scatter_id};
+          }
+          if (buffer >= 0) {
+            live[buffer] = {part.box, part.params, {}, static_cast<int>(part.params.size())};
+            for (int p : part.params) holder[p] = buffer;
+          }
         }
-        Op op;
-        op.kind = OpKind::scatter;
-        op.stream = stream;
-        op.ranks = box;
-        op.group = group;
-        op.root = b.mesh().group_index(owner, group);
-        op.params = {p};
-        op.gathered = after;
-        op.deps = stage_deps;
-        if (alloc_id >= 0) op.deps.push_back(alloc_id);
-        op.label = "scatter " + b.param(p).name;
-        const int scatter_id = b.emit(std::move(op));
-        if (previous_buffer >= 0) {
-          Op release;
-          release.kind = OpKind::release;
-          release.stream = stream;
-          release.ranks = previous_box;
-          release.buffer = previous_buffer;
-          release.deps = {scatter_id};
-          release.label = "release stage of " + b.param(p).name;
-          b.emit(std::move(release));
-        }
-        previous_buffer = buffer;
-        previous_box = box;
-        remaining = after;
-        stage_deps = {scatter_id};
       }
-      if (!replicate.empty()) {
-        Op op;
-        op.kind = OpKind::broadcast;
-        op.stream = stream;
-        op.ranks = b.holders_box(p);
-        op.group = replicate;
-        op.root = b.mesh().group_index(owner, replicate);
-        op.params = {p};
-        op.deps = stage_deps;  // the owner's replica: after the scatters; the others: after
-        for (int d : deps)     // their own momentum (the input deps), whose update it overwrites
-          if (std::find(op.deps.begin(), op.deps.end(), d) == op.deps.end()) op.deps.push_back(d);
-        op.label = "broadcast " + b.param(p).name;
-        stage_deps = {b.emit(std::move(op))};
-      }
-      done.insert(done.end(), stage_deps.begin(), stage_deps.end());
     }
+    // Broadcasts to the other replicas, one per group of matrices with the same box and root.
+    std::vector<StagePart> casts;
+    for (int p : params) {
+      const DimSet replicate = b.param(p).layout.replicate_dims();
+      if (replicate.empty()) {
+        done.insert(done.end(), after[p].begin(), after[p].end());
+        continue;
+      }
+      StagePart part;
+      part.box = b.holders_box(p);
+      part.root = b.mesh().group_index(b.owner(p), replicate);
+      part.roots.coord.assign(1, static_cast<int>(replicate.bits));
+      auto it = std::find_if(casts.begin(), casts.end(), [&](const StagePart& x) {
+        return x.box == part.box && x.root == part.root && x.roots == part.roots;
+      });
+      if (it == casts.end()) {
+        part.params = {p};
+        casts.push_back(std::move(part));
+      } else {
+        it->params.push_back(p);
+      }
+    }
+    for (const StagePart& part : casts) {
+      Op op;
+      op.kind = OpKind::broadcast;
+      op.stream = stream;
+      op.ranks = part.box;
+      op.group = DimSet{static_cast<std::uint32_t>(part.roots.coord[0])};
+      op.root = part.root;
+      op.params = part.params;
+      // The owner's replica: after the scatters; the others: after their own momentum (the
+      // input deps), whose update the broadcast overwrites.
+      for (int p : part.params) op.deps.insert(op.deps.end(), after[p].begin(), after[p].end());
+      op.deps.insert(op.deps.end(), deps.begin(), deps.end());
+      op.label = "broadcast " + stage_label(b, part.params);
+      done.push_back(b.emit(std::move(op)));
+    }
+    std::sort(done.begin(), done.end());
+    done.erase(std::unique(done.begin(), done.end()), done.end());
     return done;
   }
 
  private:
-  bool flat_;
+  std::string name_;
+  StageOrder order_;
 };
 
 // Alloc and release of an all_to_all staging buffer, emitted right next to their first and last
@@ -485,8 +631,17 @@ class OwnedAllGather final : public RedistributePolicy {
 
 std::map<std::string, GatherPolicyFactory>& gather_registry() {
   static std::map<std::string, GatherPolicyFactory> r = {
-      {"hierarchical", [] { return std::unique_ptr<GatherPolicy>(new StagedGather(false)); }},
-      {"flat", [] { return std::unique_ptr<GatherPolicy>(new StagedGather(true)); }},
+      {"hierarchical",
+       [] {
+         return std::unique_ptr<GatherPolicy>(
+             new StagedGather("hierarchical", StageOrder::inner_first));
+       }},
+      {"rails",
+       [] {
+         return std::unique_ptr<GatherPolicy>(new StagedGather("rails", StageOrder::outer_first));
+       }},
+      {"flat",
+       [] { return std::unique_ptr<GatherPolicy>(new StagedGather("flat", StageOrder::flat)); }},
       {"all_to_all", [] { return std::unique_ptr<GatherPolicy>(new AllToAllGather()); }},
       {"all_gather", [] { return std::unique_ptr<GatherPolicy>(new AllGatherEverywhere()); }},
       {"none", [] { return std::unique_ptr<GatherPolicy>(new NoGather()); }},
@@ -497,8 +652,20 @@ std::map<std::string, GatherPolicyFactory>& gather_registry() {
 std::map<std::string, RedistributePolicyFactory>& redistribute_registry() {
   static std::map<std::string, RedistributePolicyFactory> r = {
       {"hierarchical",
-       [] { return std::unique_ptr<RedistributePolicy>(new StagedRedistribute(false)); }},
-      {"flat", [] { return std::unique_ptr<RedistributePolicy>(new StagedRedistribute(true)); }},
+       [] {
+         return std::unique_ptr<RedistributePolicy>(
+             new StagedRedistribute("hierarchical", StageOrder::inner_first));
+       }},
+      {"rails",
+       [] {
+         return std::unique_ptr<RedistributePolicy>(
+             new StagedRedistribute("rails", StageOrder::outer_first));
+       }},
+      {"flat",
+       [] {
+         return std::unique_ptr<RedistributePolicy>(
+             new StagedRedistribute("flat", StageOrder::flat));
+       }},
       {"all_to_all",
        [] { return std::unique_ptr<RedistributePolicy>(new AllToAllRedistribute()); }},
       {"all_gather_owned",
@@ -555,6 +722,11 @@ std::string StrategyOptions::to_json_text() const {
   j["chunk_size"] = chunk_size;
   j["max_chunks_in_flight"] = max_chunks_in_flight;
   j["small_param_threshold"] = small_param_threshold;
+  // Written only when set, so plans of earlier versions keep their text.
+  if (comm_lanes != 1) j["comm_lanes"] = comm_lanes;
+  if (order != "plan") j["order"] = order;
+  if (chunk_by_shape) j["chunk_by_shape"] = true;
+  if (!preset.empty()) j["preset"] = preset;
   j["grad_sync"] = {{"enabled", grad_sync.enabled}, {"level_periods", grad_sync.level_periods}};
   return j.dump();
 }
@@ -575,6 +747,7 @@ struct Composition {
   bool barrier_per_unit = false;  // sequential
   bool barrier_per_lane = false;  // owner without async_gpu_parallelism
   int depth = 0;                  // rounds of lookahead (prefetch)
+  int lanes = 1;                  // communication lanes (StrategyOptions::comm_lanes)
 };
 
 struct Unit {
@@ -587,8 +760,14 @@ class Scheduler {
   Scheduler(PlanBuilder& b, const Composition& c, int ns_steps)
       : b_(b), c_(c), ns_steps_(ns_steps) {
     compute_ = b_.stream("compute");
-    gather_stream_ = b_.stream("comm");
-    scatter_stream_ = c_.depth > 0 ? b_.stream("comm_scatter") : gather_stream_;
+    // Lane 0 keeps the seeds' stream names; lane k > 0 adds "comm.k" and "comm_scatter.k".
+    for (int k = 0; k < std::max(1, c_.lanes); ++k) {
+      const std::string suffix = k == 0 ? "" : "." + std::to_string(k);
+      gather_streams_.push_back(b_.stream("comm" + suffix));
+      scatter_streams_.push_back(c_.depth > 0 ? b_.stream("comm_scatter" + suffix)
+                                              : gather_streams_.back());
+    }
+    gather_stream_ = gather_streams_[0];
   }
 
   // Runs the pipeline over `units` (grouped into lanes by lane_key, in first-seen order).
@@ -599,7 +778,11 @@ class Scheduler {
     std::vector<std::vector<int>> lanes_order;
     std::map<std::vector<int>, std::vector<const Unit*>> lanes;
     for (const auto& u : units) {
-      if (!lanes.count(u.lane_key)) lanes_order.push_back(u.lane_key);
+      if (!lanes.count(u.lane_key)) {
+        // Lanes (owners) take the communication lanes in turn, in the order they first appear.
+        lane_stream_[u.lane_key] = static_cast<int>(lanes_order.size()) % gather_streams_.size();
+        lanes_order.push_back(u.lane_key);
+      }
       lanes[u.lane_key].push_back(&u);
     }
     std::vector<int> finished;
@@ -680,22 +863,27 @@ class Scheduler {
         c_.ns != NsPlacement::every_holder && c_.redistribute->name() != "all_gather_owned";
     f.buffer = b_.add_buffer("full updates " + param_label(b_, u.params), u.params,
                              DimSet::all(b_.mesh().ndims()), owned_only);
-    // Each class of ranks inside the box waits for the release of its own unit `depth`+1 back.
+    // Each class of ranks inside the box waits for the release of its own unit `depth`+1 back:
+    // the unit at position k of the class (in the order its units start, which is the order they
+    // finish) waits for the release of unit k - depth - 1, so at most depth + 1 units of a class
+    // are ever live at once, whenever the engine runs the gathers. (Gating on the class's latest
+    // releases instead lets unit k start after unit k - depth - 2 only: depth + 2 live units.)
+    // pipeline() starts a unit only when its classes have at most `depth` units in flight, so
+    // that release has already been emitted.
     for (int cls : classes_in(f.buffer_box)) {
-      const auto& history = releases_[cls];
-      if (static_cast<int>(history.size()) > c_.depth)
-        deps.push_back(history[history.size() - 1 - c_.depth]);
+      const int position = started_[cls]++;
+      if (position > c_.depth) deps.push_back(releases_.at(cls).at(position - c_.depth - 1));
     }
     Op alloc;
     alloc.kind = OpKind::alloc;
-    alloc.stream = gather_stream_;
+    alloc.stream = gather_streams_[lane_stream_.at(u.lane_key)];
     alloc.ranks = f.buffer_box;
     alloc.buffer = f.buffer;
     alloc.deps = deps;
     alloc.label = "alloc full updates " + param_label(b_, u.params);
     const int alloc_id = b_.emit(std::move(alloc));
     deps.push_back(alloc_id);
-    f.gathered = c_.gather->emit(b_, u.params, gather_stream_, deps);
+    f.gathered = c_.gather->emit(b_, u.params, gather_streams_[lane_stream_.at(u.lane_key)], deps);
     return f;
   }
 
@@ -732,12 +920,13 @@ class Scheduler {
   // receives the result by broadcast gathered nothing, so nothing else orders its momentum (which
   // wrote the update where the result lands) before the broadcast writes there.
   std::vector<int> finish_unit(const InFlight& f, const std::vector<int>& ns_ids) {
+    const int scatter_stream = scatter_streams_[lane_stream_.at(f.unit->lane_key)];
     std::vector<int> deps = ns_ids;
     deps.insert(deps.end(), start_deps_.begin(), start_deps_.end());
-    auto done = c_.redistribute->emit(b_, f.unit->params, scatter_stream_, deps);
+    auto done = c_.redistribute->emit(b_, f.unit->params, scatter_stream, deps);
     Op release;
     release.kind = OpKind::release;
-    release.stream = scatter_stream_;
+    release.stream = scatter_stream;
     release.ranks = f.buffer_box;
     release.buffer = f.buffer;
     release.deps = done;
@@ -816,11 +1005,14 @@ class Scheduler {
   PlanBuilder& b_;
   const Composition& c_;
   int ns_steps_;
-  int compute_ = 0, gather_stream_ = 0, scatter_stream_ = 0;
+  int compute_ = 0, gather_stream_ = 0;
+  std::vector<int> gather_streams_, scatter_streams_;  // per communication lane
+  std::map<std::vector<int>, int> lane_stream_;        // lane key -> communication lane
   std::vector<RankBox> boxes_;
   std::vector<int> class_of_rank_;
   std::vector<std::vector<int>> classes_of_box_;
   std::map<int, std::vector<int>> releases_;  // class -> release ops of its units, in order
+  std::map<int, int> started_;                // class -> units started so far
 };
 
 // The group a matrix's collectives run in: independent coords, shard and replicate dims.
@@ -832,9 +1024,18 @@ std::vector<int> group_key(const PlanBuilder& b, int p) {
   return key;
 }
 
-std::vector<Unit> make_units(const PlanBuilder& b, const std::vector<int>& params,
-                             const Composition& c, int chunk_size) {
+std::vector<Unit> make_units(const PlanBuilder& b, std::vector<int> params, const Composition& c,
+                             int chunk_size, bool lpt, bool chunk_by_shape) {
   std::vector<Unit> units;
+  if (lpt) {  // largest Newton-Schulz first (stable: equal matrices keep parameter order)
+    const int steps = b.model().params.empty() ? 0 : 1;
+    auto flops = [&](int p) {
+      const auto& dp = b.param(p);
+      return newton_schulz_flops(dp.rows(), dp.cols(), steps, dp.batch());
+    };
+    std::stable_sort(params.begin(), params.end(),
+                     [&](int x, int y) { return flops(x) > flops(y); });
+  }
   if (!c.chunked) {
     for (int p : params) {
       Unit u;
@@ -855,6 +1056,7 @@ std::vector<Unit> make_units(const PlanBuilder& b, const std::vector<int>& param
   std::vector<std::vector<int>> order;
   for (int p : params) {
     auto key = group_key(b, p);
+    if (chunk_by_shape) key.insert(key.end(), b.param(p).shape.begin(), b.param(p).shape.end());
     if (c.gather->name() != "none") {
       const auto& layout = b.param(p).layout;
       for (int d = 0; d < b.mesh().ndims(); ++d)
@@ -878,6 +1080,7 @@ std::vector<Unit> make_units(const PlanBuilder& b, const std::vector<int>& param
 Composition compose(const StrategyOptions& o) {
   Composition c;
   c.depth = o.prefetch_count;
+  c.lanes = o.comm_lanes;
   if (o.name == "sequential") {
     c.gather = make_gather_policy(o.gather);
     c.redistribute = make_redistribute_policy(o.gather);
@@ -916,6 +1119,9 @@ void check_options(const StrategyOptions& o) {
   if (o.chunk_size < 1) throw PlanError("strategy.chunk_size must be >= 1");
   if (o.max_chunks_in_flight < 1) throw PlanError("strategy.max_chunks_in_flight must be >= 1");
   if (o.small_param_threshold < 0) throw PlanError("strategy.small_param_threshold must be >= 0");
+  if (o.comm_lanes < 1) throw PlanError("strategy.comm_lanes must be >= 1 (1: one comm stream)");
+  if (o.order != "plan" && o.order != "lpt")
+    throw PlanError("unknown strategy.order '" + o.order + "'; use plan or lpt");
   if (o.grad_sync.level_periods.empty())
     throw PlanError("strategy.grad_sync.level_periods needs at least one period (e.g. [1])");
   for (int period : o.grad_sync.level_periods)
@@ -993,6 +1199,66 @@ std::vector<int> emit_grad_sync(PlanBuilder& b, const StrategyOptions& o) {
 
 }  // namespace
 
+std::vector<std::string> strategy_preset_names() {
+  return {"keller_jordan", "dion", "megatron", "seeds", "muonbed"};
+}
+
+StrategyOptions strategy_preset(const std::string& name, int world_size) {
+  StrategyOptions o;
+  o.preset = name;
+  if (name == "keller_jordan") {
+    // Keller Jordan's Muon (github.com/KellerJordan/Muon, muon.py, Muon.step): the matrices are
+    // taken in groups of world_size, rank r orthogonalizes the r-th of each group (round-robin
+    // owners) on its replicated update, then one all_gather per group gives every rank the
+    // results.
+    o.name = "owner_allgather";
+    o.assign = "round_robin";
+    o.chunk_size = world_size;
+  } else if (name == "dion") {
+    // Microsoft's Dion repository (github.com/microsoft/dion, its distributed Muon): matrices of
+    // one shape are batched world_size at a time, padded with zero matrices to a full batch, and
+    // one all_to_all brings each rank its matrix of the batch, NS, one all_to_all back. The
+    // padding is not modelled: it adds zero matrices that move and are orthogonalized in
+    // parallel with the real ones (bytes of a full batch on the short batches only).
+    o.name = "all_to_all";
+    o.assign = "round_robin";
+    o.chunk_size = world_size;
+    o.chunk_by_shape = true;
+    o.max_chunks_in_flight = 1;
+  } else if (name == "megatron") {
+    // NVIDIA Megatron-LM's layer-wise distributed optimizer for Muon (with NVIDIA's
+    // Emerging-Optimizers): whole matrices are assigned to ranks by a longest-processing-time
+    // balance, and uneven all-to-alls bring each rank the matrices it owns and send the results
+    // back, about a layer's matrices at a time (chunks of 8) with the next exchange overlapping.
+    o.name = "all_to_all";
+    o.assign = "flop_balanced";
+    o.chunk_size = 8;
+    o.max_chunks_in_flight = 2;
+  } else if (name == "seeds") {
+    // The seeds' owner strategy (seeds 000/003/004): flop-balanced owners, TP-then-FSDP gathers,
+    // one unit prefetched, one communication stream.
+    o.name = "owner";
+    o.assign = "flop_balanced";
+    o.gather = "hierarchical";
+    o.prefetch_count = 1;
+  } else if (name == "muonbed") {
+    // muonbed's best (issue 13, experiments/scale_strategies.yaml): owners spread over nodes and
+    // rails, cross-node stage on every rail at once, 128 communication lanes (at 1,024 GPUs and
+    // up the 240 largest gathers then queue at most 2 deep), largest NS first.
+    o.name = "owner";
+    o.assign = "topology";
+    o.gather = "rails";
+    o.prefetch_count = 1;
+    o.comm_lanes = 128;
+    o.order = "lpt";
+  } else {
+    std::string known;
+    for (const auto& n : strategy_preset_names()) known += (known.empty() ? "" : ", ") + n;
+    throw PlanError("unknown strategy preset '" + name + "'; known presets: " + known);
+  }
+  return o;
+}
+
 StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
                     const PlanSettings& settings) {
   check_options(options);
@@ -1056,12 +1322,16 @@ StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
     r.name = "replicated";
     Composition small_path = compose(r);
     Scheduler scheduler(b, small_path, settings.ns_steps());
-    auto done = scheduler.run(make_units(b, small, small_path, options.chunk_size), start);
+    auto done = scheduler.run(make_units(b, small, small_path, options.chunk_size,
+                                         options.order == "lpt", options.chunk_by_shape),
+                              start);
     finished.insert(finished.end(), done.begin(), done.end());
   }
   if (!large.empty()) {
     Scheduler scheduler(b, main, settings.ns_steps());
-    auto done = scheduler.run(make_units(b, large, main, options.chunk_size), start);
+    auto done = scheduler.run(make_units(b, large, main, options.chunk_size, options.order == "lpt",
+                                         options.chunk_by_shape),
+                              start);
     finished.insert(finished.end(), done.begin(), done.end());
   }
   if (!muon.empty()) {

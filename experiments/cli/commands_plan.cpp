@@ -1,7 +1,8 @@
 // `muonbed plan EXP.yaml`: builds the step plan of every sweep point and prints what each rank
 // does in it (matrices owned, Newton-Schulz GFLOPs, bytes sent and received, peak memory), the
 // assignment's imbalance, and the analytic step-time estimate (average and worst step, and the
-// worst rank's compute / communication / exposed communication). Big meshes show the first and
+// worst rank's compute / communication / exposed communication) beside T_bound, the step's lower
+// bound (core/bound.hpp), and the ratio of the two. Big meshes show the first and
 // last ranks and column-wise min / median / max over all ranks. --json writes each plan.
 #include <algorithm>
 #include <filesystem>
@@ -12,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "core/bound.hpp"
 #include "core/cost_model.hpp"
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
@@ -137,6 +139,16 @@ void print_point(const Experiment& e, std::size_t index, std::size_t count, int 
       "analytic, {})\n",
       human_seconds(est.average_step_s), human_seconds(est.worst_step_s), est.worst.step,
       plan.hyper_period(), e.cluster.name);
+  const StepBound bound = step_bound(plan, e.cluster);
+  std::cout << fmt::format(
+      "bound     T_bound {} ({}: NS {} {}, first gather {}, last scatter {}); "
+      "average step / T_bound = {:.2f}\n",
+      human_seconds(bound.bound_s), bound.binding,
+      human_seconds(bound.binding == "balanced" ? bound.ns_balanced_s : bound.ns_longest_s),
+      bound.binding == "balanced" ? fmt::format("over {} ranks", bound.owner_ranks)
+                                  : "of " + bound.longest,
+      human_seconds(bound.gather_s), human_seconds(bound.scatter_s),
+      bound.bound_s > 0 ? est.average_step_s / bound.bound_s : 0.0);
   if (!est.worst.ranks.empty()) {
     const auto worst = std::max_element(
         est.worst.ranks.begin(), est.worst.ranks.end(),

@@ -63,6 +63,8 @@ int run_presets() {
 
   std::cout << "\nStrategies (strategy: {name: ...}):   " << join(strategy_names()) << "\n";
   std::cout << "Assign policies (strategy: {assign: ...}): " << join(assign_policy_names()) << "\n";
+  std::cout << "Strategy presets (strategy: {preset: ...}): " << join(strategy_preset_names())
+            << "\n";
   std::cout << "Backends (backend: ...):             " << backends_summary() << "\n";
   std::cout << "\nnext: muonbed validate experiments/quickstart.yaml\n";
   return 0;

@@ -209,22 +209,25 @@ void print_results_table(const std::vector<ResultRecord>& records,
   std::map<std::string, double> baseline;  // backend -> first point's average step
   for (const ResultRecord* r : ordered) baseline.try_emplace(r->backend, r->step.average_s);
   const bool sweep = points.size() > 1;
-  Table table({"point", "backend", "GPUs", "step avg", "worst", "compute", "comm", "exposed",
-               "params/s/GPU", sweep ? "speedup" : ""},
+  Table table({"point", "backend", "GPUs", "step avg", "worst", "T_bound", "/bound", "compute",
+               "comm", "exposed", "params/s/GPU", sweep ? "speedup" : ""},
               2);
   for (const ResultRecord* r : ordered) {
     const double base = baseline[r->backend];
     table.add(
         {r->provenance.point.empty() ? r->provenance.experiment : r->provenance.point,
          backend_text(*r), std::to_string(r->setup.world_size), human_seconds(r->step.average_s),
-         human_seconds(r->step.worst_s), human_seconds(r->throughput.compute_time_s.average),
+         human_seconds(r->step.worst_s), human_seconds(r->bound.step_s),
+         r->bound.step_s > 0 ? fmt::format("{:.2f}", r->bound.ratio) : "-",
+         human_seconds(r->throughput.compute_time_s.average),
          human_seconds(r->throughput.comm_time_s.average),
          human_seconds(r->throughput.comm_exposed_time_s.average),
          human_count(r->throughput.params_per_s_per_gpu.average),
          sweep && r->step.average_s > 0 ? fmt::format("{:.2f}x", base / r->step.average_s) : ""});
   }
-  std::cout << "\nstep time per point (compute, comm, exposed: means over GPUs of busy time; "
-               "exposed = comm not hidden by compute"
+  std::cout << "\nstep time per point (T_bound: the step's lower bound, core/bound.hpp, and "
+               "/bound the average step over it; compute, comm, exposed: means over GPUs of busy "
+               "time; exposed = comm not hidden by compute"
             << (sweep ? "; speedup vs the first point" : "") << ")\n";
   table.print(std::cout);
 }

@@ -86,7 +86,8 @@ std::string mesh_text(const DeviceMesh& mesh) {
 }
 
 std::string strategy_text(const StrategyOptions& s) {
-  std::string text = s.name + " (assign " + s.assign;
+  std::string text =
+      (s.preset.empty() ? "" : "preset " + s.preset + ": ") + s.name + " (assign " + s.assign;
   if (s.name == "owner" || s.name == "sequential") text += ", gather " + s.gather;
   if (s.name == "owner")
     text += fmt::format(", prefetch {}, {}", s.prefetch_count,
@@ -94,6 +95,9 @@ std::string strategy_text(const StrategyOptions& s) {
   if (s.name == "all_to_all" || s.name == "owner_allgather")
     text += fmt::format(", chunks of {}", s.chunk_size);
   if (s.name == "all_to_all") text += fmt::format(", {} in flight", s.max_chunks_in_flight);
+  if (s.chunk_by_shape) text += ", one shape per chunk";
+  if (s.comm_lanes != 1) text += fmt::format(", {} comm lanes", s.comm_lanes);
+  if (s.order != "plan") text += ", order " + s.order;
   if (s.small_param_threshold > 0)
     text += ", replicate below " + human_count(static_cast<double>(s.small_param_threshold));
   if (s.grad_sync.enabled) {

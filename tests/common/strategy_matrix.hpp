@@ -1,5 +1,5 @@
 // The invariant matrix shared by the plan tests (tests/core) and the execution tests
-// (tests/backends): nine topologies (every parallelism and a 4-D hybrid, small models) and eleven
+// (tests/backends): nine topologies (every parallelism and a 4-D hybrid, small models) and thirteen
 // strategy variants (every built-in strategy with the options that change its plan's shape).
 #pragma once
 
@@ -76,6 +76,18 @@ inline std::vector<StrategyOptions> strategies() {
   add("owner_allgather", [](StrategyOptions& o) {
     o.grad_sync.enabled = true;
     o.assign = "expert_local";
+  });
+  // Issue 13's levers, last so the indices above (which tests/mpi names) keep their variants.
+  add("owner", [](StrategyOptions& o) {  // issue 13's levers: muonbed's preset, small
+    o.gather = "rails";
+    o.assign = "topology";
+    o.comm_lanes = 3;
+    o.order = "lpt";
+  });
+  add("all_to_all", [](StrategyOptions& o) {  // Dion's batches of one shape, largest first
+    o.chunk_size = 3;
+    o.chunk_by_shape = true;
+    o.order = "lpt";
   });
   return list;
 }

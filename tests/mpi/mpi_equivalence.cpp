@@ -123,6 +123,10 @@ std::vector<Case> cases(int ranks) {
     out.push_back(topology_case("EP", 10, 0));
     out.push_back(topology_case("CP", 7, 1));
     out.push_back(topology_case("PP", 9, 0));
+    // Issue 13's levers: rails gathers, topology owners, 3 communication lanes (3 gather and 3
+    // scatter communicators), largest NS first; one-shape all_to_all chunks.
+    out.push_back(topology_case("FSDP+TP", 11, 0));
+    out.push_back(topology_case("HSDP", 12, 1));
     // Hard cases: uneven torch.chunk splits and empty shards, strided TP pieces, and
     // level-scheduled sync over its whole hyper-period (6 steps, every pattern of frozen levels).
     out.push_back(

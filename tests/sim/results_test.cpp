@@ -18,6 +18,7 @@
 
 #include "core/experiment.hpp"
 #include "core/run_point.hpp"
+#include "core/sha256.hpp"
 #include "muonbed/config.hpp"
 #include "sim/simulate.hpp"
 #include "tests/common/temp_dir.hpp"
@@ -67,6 +68,19 @@ TEST_CASE("result records round-trip through JSON exactly", "[sim][results]") {
   const std::string text = result_to_json(run.record);
   CHECK(result_to_json(result_from_json(text)) == text);
   CHECK_THROWS_WITH(result_from_json("{\"schema_version\": 99}"), Catch::Contains("schema"));
+  // The bound is in every record, and records written before it existed still read.
+  CHECK(run.record.bound.step_s > 0);
+  CHECK(run.record.bound.ratio == Approx(run.record.step.average_s / run.record.bound.step_s));
+  // A record without it (written before it existed), re-signed as result_to_json signs.
+  auto old = nlohmann::ordered_json::parse(text);
+  old.erase("bound");
+  old["checksum"] = "";
+  std::string unsigned_text = old.dump(1) + "\n";
+  const std::string field = "\"checksum\": \"";
+  unsigned_text.insert(unsigned_text.rfind(field) + field.size(), sha256_hex(unsigned_text));
+  const ResultRecord back = result_from_json(unsigned_text);
+  CHECK(back.bound.step_s == 0);
+  CHECK(back.step.average_s == run.record.step.average_s);
 }
 
 TEST_CASE("records hold every rank and consistent per-rank times", "[sim][results]") {
