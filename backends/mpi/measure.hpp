@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/mpi/executor.hpp"
+#include "core/calibration.hpp"
 #include "core/results.hpp"
 
 namespace muonbed::mpi {
@@ -40,14 +41,18 @@ struct MeasureSettings {
   double peak_tflops = 0;
   std::string launcher;
   int blas_threads = 1;  // per rank (OpenBLAS, when the build uses it)
+  // After the timed steps, one untimed check step whose messages carry a known pattern
+  // (Executor::run_check_step); Measured::wrong_elements sums what the receivers found wrong.
+  bool check_data = false;
 };
 
 struct Measured {
   ResultRecord record;  // provenance's experiment part left to the caller
   nlohmann::json trace;
   double wall_s = 0;
-  double peak_rss_bytes = 0;  // rank 0's
-  std::int64_t messages = 0;  // sent by all ranks over all steps run
+  double peak_rss_bytes = 0;         // rank 0's
+  std::int64_t messages = 0;         // sent by all ranks over all steps run
+  std::int64_t wrong_elements = -1;  // check_data: elements received wrong (-1: not checked)
 };
 
 // Collective over `world`: runs the steps and returns the record on rank 0 (nullopt elsewhere).
@@ -61,5 +66,14 @@ struct BlasInfo {
   int threads = 0;
 };
 BlasInfo set_blas_threads(int threads);
+
+// Collective over `world`: the compute half of `muonbed calibrate`. Each plan is a
+// compute_bench_plan (core/calibration.hpp); every rank runs its momentum, newton_schulz and
+// apply_update ops with backends/cpu's handlers, an fp32 GEMM of the matrix's X X^T and the
+// packing of the matrix to bf16, each after a barrier so all ranks run it at once; `warmup`
+// untimed rounds, then `repeats` timed. Rank 0 gets per plan and kernel the median over repeats
+// of the slowest rank's time (other ranks an empty list).
+std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, MPI_Comm world,
+                                           int warmup, int repeats, double timeout_s);
 
 }  // namespace muonbed::mpi
