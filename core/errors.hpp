@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace muonbed {
 
@@ -50,6 +51,12 @@ class PlanError : public Error {
 // the system's reason: "free disk space", "use shorter names", "choose a writable folder", ...
 // `writing`: the path was to be written (created, renamed), not read.
 std::string path_error_fix(int error_number, bool writing = false);
+
+// The offset of the first byte of `text` that is not well-formed UTF-8 (overlong forms,
+// surrogates and code points above U+10FFFF included), or std::string::npos. Every name, label
+// and path muonbed reads ends up in JSON results, which must be UTF-8, so input is checked for
+// it where it enters.
+std::size_t invalid_utf8_at(std::string_view text);
 
 // An executor could not run a plan's program (a read of a released buffer, a message of the wrong
 // size, an unsupported dtype): names the op, rank and tensor.

@@ -1042,7 +1042,9 @@ class Lowering {
     for (int p : op.params) {
       const auto keep = keeps_.find({op.id, p});
       if (keep == keeps_.end()) continue;
-      const auto& [role, set] = keep->second;
+      // Named copies, not a structured binding: clang 14 cannot capture bindings in a lambda.
+      const auto& role = keep->second.first;
+      const auto& set = keep->second.second;
       auto it = std::find_if(entries_[p].rbegin(), entries_[p].rend(), [&](const Entry& e) {
         return e.role == role && e.producer == op.id && contains(e.set, set);
       });

@@ -139,6 +139,12 @@ std::string format_number(double value) {
 
 namespace {
 
+std::string hex_byte(char c) {
+  static const char* digits = "0123456789ABCDEF";
+  const auto b = static_cast<unsigned char>(c);
+  return {digits[b >> 4], digits[b & 15]};
+}
+
 // The 1-based line and column of byte `offset` of `text`.
 SourceLocation location_in_text(const std::string& text, std::size_t offset,
                                 const std::string& file) {
@@ -238,6 +244,11 @@ YAML::Node load_yaml(const std::string& text, const std::string& file) {
     throw ConfigError(location_in_text(text, nul, file),
                       "the file contains a NUL byte: it is binary data, not YAML text",
                       "pass a YAML text file (experiments/*.yaml shows the format)");
+  if (const std::size_t bad = invalid_utf8_at(text); bad != std::string::npos)
+    throw ConfigError(location_in_text(text, bad, file),
+                      "the file is not UTF-8 text (byte 0x" + hex_byte(text[bad]) + " here)",
+                      "save the file as UTF-8 (iconv -f LATIN1 -t UTF-8 FILE, or your editor's "
+                      "encoding setting); YAML files must be UTF-8");
   // First the document structure: nothing after the first document may be ignored.
   try {
     std::istringstream stream(text);
@@ -283,6 +294,12 @@ std::string read_text_file(const std::string& path, const std::string& what) {
   const SourceLocation at{path, 0, 0};
   if (path.empty())
     throw ConfigError(at, "the " + what + " path is empty", "give the path of a YAML file");
+  if (invalid_utf8_at(path) != std::string::npos)
+    throw ConfigError(at,
+                      "the " + what +
+                          " path is not UTF-8 text (muonbed writes it into its "
+                          "JSON results, which must be UTF-8)",
+                      "rename the file or folder with UTF-8 characters only");
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0) {
     const int error = errno;

@@ -141,6 +141,10 @@ void check_output_folders(const std::vector<Experiment>& all,
   std::vector<std::string> checked;
   for (const Experiment& point : all)
     if (std::find(checked.begin(), checked.end(), point.output_dir) == checked.end()) {
+      if (invalid_utf8_at(point.output_dir) != std::string::npos)
+        throw Error("the output folder '" + point.output_dir + "'" +
+                    " is not UTF-8 text (muonbed writes paths into its JSON results); fix: "
+                    "choose a folder whose name is UTF-8 (--output DIR)");
       check_writable_folder(point.output_dir);
       checked.push_back(point.output_dir);
     }
