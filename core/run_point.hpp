@@ -34,6 +34,11 @@ struct RunSettings {
   // Predicting backends (analytic, sim) are deterministic and ignore both.
   int warmup = 0;
   int iterations = 1;
+  // Real backends: after the timed steps, one untimed step whose messages carry a known pattern,
+  // checked by every receiver (nccl-tests' -c; PointRun::wrong_elements). `muonbed bench
+  // collective` and `muonbed calibrate` set it; experiment points do not (the step's data are
+  // checked by the equivalence tests instead).
+  bool check_data = false;
 };
 
 // What a run cost, for progress lines; not part of the results file (it is not deterministic).

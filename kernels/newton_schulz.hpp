@@ -87,5 +87,9 @@ void newton_schulz(const float* in, float* out, const MatrixShape& shape, const 
 
 // "OpenBLAS cblas_sgemm" or "blocked loops": what the fp32 CPU path multiplies with.
 std::string cpu_gemm_backend();
+// C = A B^T in fp32 with that GEMM (row-major A [m, k], B [n, k], C [m, n]): the X X^T product
+// of Newton-Schulz, which `muonbed calibrate` times at a model's shapes.
+void cpu_gemm_abt(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, const float* b,
+                  float* c);
 
 }  // namespace muonbed

@@ -57,6 +57,9 @@ class NcclExecutor final : public mpi::MeasuredRank {
   ~NcclExecutor() override;
 
   void run_step(int step) override;
+  void run_check_step(int) override {
+    throw Error("nccl: the data check step (bench collective's #wrong) is not implemented yet");
+  }
   const mpi::StepTimings& timings() const override;
   int rank() const override;
   const std::vector<int>& host_of() const override;

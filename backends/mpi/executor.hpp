@@ -89,6 +89,7 @@ struct StepTimings {
   double handlers_s = 0;
   double mpi_s = 0;
   double idle_s = 0;
+  std::int64_t wrong_elements = 0;  // run_check_step: received elements off the pattern
 };
 
 class Executor {
@@ -102,6 +103,10 @@ class Executor {
 
   // Runs step `step` (fills its gradients, a barrier, then the step); keeps its timings.
   void run_step(int step);
+  // An untimed check step (nccl-tests' -c): every message carries a known pattern instead of
+  // the step's data and every receiver counts the elements that differ
+  // (timings().wrong_elements). It leaves the rank's data meaningless: run it last.
+  void run_check_step(int step);
   const StepTimings& timings() const;
 
   int rank() const;
@@ -121,6 +126,10 @@ class Executor {
 // ExecutionError "`where`: no progress for T s in `what`" after `timeout_s`.
 void wait_for(MPI_Request& request, double timeout_s, const std::string& where,
               const std::string& what);
+
+// Freed memory stays with the process (as the executor keeps it, so steps after the warm-up pay
+// no page faults): what the compute benchmark of `muonbed calibrate` runs under too.
+void retain_freed_memory();
 
 // Prints "muonbed: error: `message`" on stderr and ends every rank with MPI_Abort.
 [[noreturn]] void abort_world(const std::string& message, int code = 1);

@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/mpi/executor.hpp"
+#include "core/calibration.hpp"
 #include "core/results.hpp"
 
 namespace muonbed::mpi {
@@ -46,14 +47,18 @@ struct MeasureSettings {
   // GPU, driver, CUDA, cuBLAS, NCCL versions), and notes added to the record.
   std::string library;
   std::vector<std::string> notes;
+  // After the timed steps, one untimed check step whose messages carry a known pattern
+  // (Executor::run_check_step); Measured::wrong_elements sums what the receivers found wrong.
+  bool check_data = false;
 };
 
 struct Measured {
   ResultRecord record;  // provenance's experiment part left to the caller
   nlohmann::json trace;
   double wall_s = 0;
-  double peak_rss_bytes = 0;  // rank 0's
-  std::int64_t messages = 0;  // sent by all ranks over all steps run
+  double peak_rss_bytes = 0;         // rank 0's
+  std::int64_t messages = 0;         // sent by all ranks over all steps run
+  std::int64_t wrong_elements = -1;  // check_data: elements received wrong (-1: not checked)
 };
 
 // Collective over `world`: runs the steps and returns the record on rank 0 (nullopt elsewhere).
@@ -72,6 +77,9 @@ class MeasuredRank {
   virtual const std::vector<int>& host_of() const = 0;
   virtual const std::vector<std::string>& hosts() const = 0;
   virtual int compute_threads() const = 0;
+  // One untimed step whose messages carry a known pattern; timings().wrong_elements counts what
+  // this rank received off it. Executors without it throw Error.
+  virtual void run_check_step(int step) = 0;
 };
 
 // measure() with any executor: `settings.backend` names the record's backend.
@@ -95,5 +103,14 @@ struct BlasInfo {
   int threads = 0;
 };
 BlasInfo set_blas_threads(int threads);
+
+// Collective over `world`: the compute half of `muonbed calibrate`. Each plan is a
+// compute_bench_plan (core/calibration.hpp); every rank runs its momentum, newton_schulz and
+// apply_update ops with backends/cpu's handlers, an fp32 GEMM of the matrix's X X^T and the
+// packing of the matrix to bf16, each after a barrier so all ranks run it at once; `warmup`
+// untimed rounds, then `repeats` timed. Rank 0 gets per plan and kernel the median over repeats
+// of the slowest rank's time (other ranks an empty list).
+std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, MPI_Comm world,
+                                           int warmup, int repeats, double timeout_s);
 
 }  // namespace muonbed::mpi

@@ -27,6 +27,10 @@
 #pragma once
 
 #include <string>
+#include <vector>
+
+#include "core/calibration.hpp"
+#include "core/plan.hpp"
 
 namespace muonbed {
 
@@ -59,5 +63,18 @@ void mpi_command_end();
 // the job file and broadcasts it, every rank executes it, rank 0 writes the result file. Returns
 // the exit code (a failure ends every rank through MPI_Abort before returning).
 int run_mpi_worker(const std::string& job_file, const std::string& result_file);
+
+// `muonbed calibrate`: the compute benchmark (backends/mpi/measure.hpp's compute_bench) on every
+// rank of the world this process leads (rank 0 after mpi_command_begin); rows on rank 0.
+std::vector<ComputeBenchRow> run_compute_bench(const std::vector<StepPlan>& plans, int warmup,
+                                               int repeats);
+// Starts this program under mpirun with `ranks` ranks (--oversubscribe beyond the cores,
+// --allow-run-as-root as root, --bind-to none) and `args`, its output passed through; returns
+// the exit code.
+int relaunch_under_mpirun(int ranks, const std::vector<std::string>& args);
+// True in rank 0 of an MPI world after mpi_command_begin (the process that runs the command).
+bool mpi_leader();
+// MPI_Get_library_version's first line.
+std::string mpi_library_version();
 
 }  // namespace muonbed

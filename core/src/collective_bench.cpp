@@ -215,6 +215,23 @@ StepPlan collective_bench_plan(const CollectiveBenchSpec& spec, std::int64_t siz
   PlanBuilder builder(model, assignment, settings);
   std::vector<int> all_params(builder.model().params.size());
   for (std::size_t i = 0; i < all_params.size(); ++i) all_params[i] = static_cast<int>(i);
+  // Ops that move updates need them made first, or a real executor has nothing to send: a
+  // momentum op turns the gradient the step starts with into the update (on each member's
+  // pieces; on the whole tensor for roots that scatter or broadcast it). Reductions move the
+  // gradient itself. The row reads the collective's instance time only, so this op is never in
+  // it (and the predicting backends' times do not change).
+  const bool whole = kind == OpKind::scatter || kind == OpKind::broadcast;
+  std::vector<int> deps;
+  if (kind != OpKind::reduce_scatter && kind != OpKind::all_reduce) {
+    Op fill;
+    fill.kind = OpKind::momentum;
+    fill.stream = builder.stream("compute");
+    fill.ranks = RankBox::everyone(mesh);
+    fill.params = all_params;
+    if (whole) fill.gathered = DimSet::all(mesh.ndims());
+    fill.label = "make the updates";
+    deps.push_back(builder.emit(fill));
+  }
   if (kind == OpKind::send) {
     for (int k = 0; k < n; ++k) {
       Op op;
@@ -225,6 +242,7 @@ StepPlan collective_bench_plan(const CollectiveBenchSpec& spec, std::int64_t siz
       op.peer = (k + 1) % n;
       op.params = {0};
       op.tensor = TensorRole::update;
+      op.deps = deps;
       op.label = "sendrecv " + std::to_string(k) + "->" + std::to_string((k + 1) % n);
       builder.emit(op);
     }
@@ -235,6 +253,8 @@ StepPlan collective_bench_plan(const CollectiveBenchSpec& spec, std::int64_t siz
     op.group = spec.group;
     op.root = rooted ? spec.root : -1;
     op.params = all_params;
+    if (whole) op.tensor = TensorRole::update;
+    op.deps = deps;
     op.label = spec.op;
     builder.emit(op);
   }

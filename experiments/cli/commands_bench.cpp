@@ -31,7 +31,7 @@ namespace {
 
 struct BenchCollectiveOptions {
   std::string backend;
-  std::string cluster = "dgx-h100";
+  std::string cluster;  // "": dgx-h100 (predicting backends), local-cpu (real ones)
   std::string op = "all_gather";
   int gpus = 8;
   std::string mesh;   // "dp=2,tp=8"
@@ -118,9 +118,15 @@ int run_bench_collective(const BenchCollectiveOptions& o) {
                       "run it where each rank has a GPU, or use --backend sim or --backend "
                       "analytic");
   }
+  const bool predicting = backend == "analytic" || backend == "sim";
   Experiment e;
   e.name = "bench_collective";
-  e.cluster = load_cluster_file(find_cluster_file(o.cluster, ""));
+  // A real backend measures this machine: its profile only names it (local-cpu unless given).
+  e.cluster = load_cluster_file(find_cluster_file(
+      o.cluster.empty() ? (predicting ? "dgx-h100" : "local-cpu") : o.cluster, ""));
+  // Real backends: nccl-tests' -w and -n are the point's warm-up and timed steps.
+  e.steps = o.warmup;
+  e.repeats = o.iterations;
   e.backends = {backend};
   e.sim_fidelity = o.fidelity;
   CollectiveBenchSpec spec;
@@ -153,6 +159,7 @@ int run_bench_collective(const BenchCollectiveOptions& o) {
   settings.trace_max_ranks = 0;
   settings.warmup = o.warmup;
   settings.iterations = o.iterations;
+  settings.check_data = !predicting;  // nccl-tests' -c: an untimed pass checks every message
 
   const int n = spec.mesh.group_size(spec.group);
   const int instances = world / n;
@@ -168,13 +175,14 @@ int run_bench_collective(const BenchCollectiveOptions& o) {
             << " of " << n << " (mesh " << spec.mesh.describe() << ")\n"
             << "# busbw = algbw x " << factor.str() << " (nccl-tests' bus factor for " << o.op
             << " on " << n << " ranks); algbw = size / time\n";
-  const bool predicting = backend == "analytic" || backend == "sim";
   if (predicting)
     std::cout << "# " << backend
               << " predicts one deterministic iteration per size (warmup and iterations are for "
                  "real backends); #wrong N/A: no data is computed\n";
   else
-    std::cout << "# warmup iters: " << o.warmup << " iters: " << o.iterations << "\n";
+    std::cout << "# warmup iters: " << o.warmup << " iters: " << o.iterations
+              << "; time = mean over iters of the instance time (last arrival to completion); "
+                 "#wrong from one untimed check pass\n";
   std::cout << "#\n" << collective_bench_header();
   std::vector<CollectiveBenchRow> rows;
   double busbw_sum = 0;
@@ -317,8 +325,9 @@ Exit code 1 means a kernel disagreed with the CPU reference (it is reported, nev
   coll->add_option(
       "--backend", c->backend,
       "sim (default when built), analytic, or a real backend (" + backends_summary() + ")");
-  coll->add_option("--cluster", c->cluster, "cluster profile (sim, analytic): name or YAML path")
-      ->capture_default_str();
+  coll->add_option("--cluster", c->cluster,
+                   "cluster profile: name or YAML path (default dgx-h100 for sim and analytic, "
+                   "local-cpu for real backends, where it only names the machine)");
   coll->add_option("--op", c->op, "the collective")
       ->check(CLI::IsMember(collective_bench_ops()))
       ->capture_default_str();

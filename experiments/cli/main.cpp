@@ -27,6 +27,8 @@ constexpr const char* kFooter = R"(Start here:
   muonbed run experiments/quickstart.yaml       simulate every sweep point, write results, plot
   muonbed plan experiments/quickstart.yaml --point strategy.name=owner --json plans/
   muonbed bench ns --device cpu                 validate and time Newton-Schulz kernels
+  muonbed calibrate --backend mpi --out my.yaml measure this machine into a cluster profile
+  muonbed compare experiments/validate_cpu.yaml measured beside predicted, per point
 Experiment files: experiments/*.yaml (the header comment of each says what it studies);
 clusters: experiments/clusters/*.yaml. 'muonbed COMMAND --help' shows a command's options.)";
 
@@ -57,6 +59,8 @@ int main(int argc, char** argv) {
     muonbed::cli::add_presets_command(app, exit_code);
     muonbed::cli::add_run_command(app, exit_code);
     muonbed::cli::add_bench_command(app, exit_code);
+    muonbed::cli::add_calibrate_command(app, exit_code);
+    muonbed::cli::add_compare_command(app, exit_code);
     muonbed::cli::add_mpi_worker_command(app, exit_code);
     // An unknown first word would otherwise read "A subcommand is required".
     const std::vector<CLI::App*> commands = app.get_subcommands({});

@@ -259,6 +259,11 @@ void newton_schulz(const float* in, float* out, const MatrixShape& shape, const 
   ns_batch(in, out, shape, config, precision == NsPrecision::bf16);
 }
 
+void cpu_gemm_abt(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, const float* b,
+                  float* c) {
+  detail::sgemm(true, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n);
+}
+
 std::string cpu_gemm_backend() {
   return detail::have_cblas() ? "OpenBLAS cblas_sgemm" : "blocked loops";
 }

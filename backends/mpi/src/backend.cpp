@@ -15,6 +15,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -60,6 +61,11 @@ struct Job {
   std::string backend = "mpi";  // or a registered job runner's (nccl)
   bool graph = false;           // nccl: capture steps as CUDA graphs
   int ns_version = 2;           // nccl: the NS kernel version
+  bool check_data = false;  // RunSettings::check_data
+  // "plan" (measure `plan`) or "compute" (the compute benchmark of `muonbed calibrate` on
+  // `compute_plans`, `warmup_steps` and `timed_steps` rounds).
+  std::string kind = "plan";
+  nlohmann::json compute_plans = nlohmann::json::array();
 };
 
 nlohmann::json to_json(const Job& j) {
@@ -78,7 +84,10 @@ nlohmann::json to_json(const Job& j) {
           {"label", j.label},
           {"backend", j.backend},
           {"graph", j.graph},
-          {"ns_version", j.ns_version}};
+          {"ns_version", j.ns_version},
+          {"check_data", j.check_data},
+          {"kind", j.kind},
+          {"compute_plans", j.compute_plans}};
 }
 
 Job job_from_json(const nlohmann::json& v) {
@@ -99,6 +108,9 @@ Job job_from_json(const nlohmann::json& v) {
   j.backend = v.value("backend", std::string("mpi"));
   j.graph = v.value("graph", false);
   j.ns_version = v.value("ns_version", 2);
+  j.check_data = v.value("check_data", false);
+  j.kind = v.value("kind", std::string("plan"));
+  if (v.contains("compute_plans")) j.compute_plans = v.at("compute_plans");
   return j;
 }
 
@@ -127,6 +139,7 @@ Job make_job(const Experiment& experiment, const StepPlan& plan, const RunSettin
   job.cluster_name = experiment.cluster.name;
   job.peak_tflops = experiment.cluster.gpu.peak_tflops;
   job.label = experiment.point_label.empty() ? experiment.name : experiment.point_label;
+  job.check_data = settings.check_data;
   if (const char* v = env("MUONBED_MPI_TIMEOUT")) {
     char* end = nullptr;
     job.timeout_s = std::strtod(v, &end);
@@ -164,9 +177,29 @@ int world_size() {
 // Every rank runs the job; rank 0 returns the point's run. A failure anywhere ends every rank
 // (MPI_Abort) with the message naming the rank, step and op. A world of the wrong size is an
 // error on rank 0 (thrown) and `wrong_world` elsewhere: every rank knows both sizes, so none hangs.
+std::vector<ComputeBenchRow> execute_compute_job(const Job& job) {
+  const int rank = world_rank();
+  try {
+    mpi::set_blas_threads(job.blas_threads);
+    std::vector<StepPlan> plans;
+    for (const nlohmann::json& p : job.compute_plans) plans.push_back(plan_from_json(p));
+    return mpi::compute_bench(plans, MPI_COMM_WORLD, job.warmup_steps, job.timed_steps,
+                              job.timeout_s);
+  } catch (const std::exception& e) {
+    std::string message = e.what();
+    if (message.rfind("rank ", 0) != 0) message = "rank " + std::to_string(rank) + ": " + message;
+    if (world_size() == 1) throw Error(message);
+    mpi::abort_world(message);
+  }
+}
+
 std::optional<PointRun> execute_job(const Job& job, bool& wrong_world) {
   const int rank = world_rank();
   wrong_world = false;
+  if (job.kind == "compute") {
+    execute_compute_job(job);
+    return std::nullopt;
+  }
   std::optional<StepPlan> plan;
   try {
     plan = plan_from_json(job.plan);
@@ -197,6 +230,7 @@ std::optional<PointRun> execute_job(const Job& job, bool& wrong_world) {
     settings.peak_tflops = job.peak_tflops;
     settings.launcher = job.launcher;
     settings.blas_threads = job.blas_threads;
+    settings.check_data = job.check_data;
     std::optional<mpi::Measured> m;
     if (job.backend == "mpi") {
       m = mpi::measure(*plan, MPI_COMM_WORLD, options, settings);
@@ -216,6 +250,7 @@ std::optional<PointRun> execute_job(const Job& job, bool& wrong_world) {
     run.cost.peak_rss_bytes = m->peak_rss_bytes;
     run.cost.messages = m->messages;
     run.cost.messages_what = job.backend == "mpi" ? "MPI messages" : "NCCL messages";
+    run.wrong_elements = m->wrong_elements;
     return run;
   } catch (const std::exception& e) {
     std::string message = e.what();
@@ -352,6 +387,16 @@ std::string failure_excerpt(const std::string& log) {
   return out;
 }
 
+// mpirun's options for `ranks` ranks of this program on this machine.
+std::vector<std::string> mpirun_argv(const std::string& mpirun, int ranks) {
+  std::vector<std::string> argv = {mpirun, "-np", std::to_string(ranks)};
+  if (ranks > available_cores()) argv.push_back("--oversubscribe");
+  if (geteuid() == 0) argv.push_back("--allow-run-as-root");
+  // Each rank runs compute threads beside its MPI thread: no binding to one core.
+  argv.insert(argv.end(), {"--bind-to", "none"});
+  return argv;
+}
+
 // `log_copy`: where the launcher's output is kept when the run fails (beside the point's result
 // file); removed when it succeeds.
 // `worker`: the program mpirun starts (its `mpi-worker JOB RESULT` command); empty: this one.
@@ -374,13 +419,8 @@ PointRun launch(const Job& job, int ranks, const fs::path& log_copy, std::string
     out << to_json(job).dump();
     if (!out) throw Error("cannot write " + job_file.string());
   }
-  std::vector<std::string> argv = {mpirun, "-np", std::to_string(ranks)};
-  const int cores = available_cores();
-  if (ranks > cores) argv.push_back("--oversubscribe");
-  if (geteuid() == 0) argv.push_back("--allow-run-as-root");
-  // Each rank runs compute threads beside its MPI thread: no binding to one core.
-  argv.insert(argv.end(),
-              {"--bind-to", "none", worker, "mpi-worker", job_file.string(), result_file.string()});
+  std::vector<std::string> argv = mpirun_argv(mpirun, ranks);
+  argv.insert(argv.end(), {worker, "mpi-worker", job_file.string(), result_file.string()});
 
   const auto start = Clock::now();
   const pid_t pid = fork();
@@ -433,6 +473,7 @@ PointRun launch(const Job& job, int ranks, const fs::path& log_copy, std::string
   run.cost.peak_rss_bytes = cost.at("peak_rss_bytes").get<double>();
   run.cost.messages = cost.at("messages").get<std::int64_t>();
   run.cost.messages_what = job.backend == "mpi" ? "MPI messages" : "NCCL messages";
+  run.wrong_elements = result.value("wrong_elements", std::int64_t{-1});
   fs::remove_all(dir, ec);
   fs::remove(log_copy, ec);
   return run;
@@ -591,11 +632,71 @@ int run_mpi_worker(const std::string& job_file, const std::string& result_file) 
                           {"cost",
                            {{"wall_s", run->cost.wall_s},
                             {"peak_rss_bytes", run->cost.peak_rss_bytes},
-                            {"messages", run->cost.messages}}}};
+                            {"messages", run->cost.messages}}},
+                          {"wrong_elements", run->wrong_elements}};
     write_file_atomically(result_file, out.dump());
   }
   MPI_Finalize();
   return wrong_world ? 1 : 0;
+}
+
+std::vector<ComputeBenchRow> run_compute_bench(const std::vector<StepPlan>& plans, int warmup,
+                                               int repeats) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized || (!g_leader && world_size() > 1))
+    throw Error(
+        "the compute benchmark runs on the MPI world muonbed leads (rank 0 after "
+        "mpi_command_begin); fix: start the command under mpirun, or let it start mpirun itself");
+  Job job;
+  job.kind = "compute";
+  for (const StepPlan& p : plans) job.compute_plans.push_back(plan_to_json(p));
+  job.warmup_steps = warmup;
+  job.timed_steps = repeats;
+  if (const char* v = env("MUONBED_BLAS_THREADS")) job.blas_threads = std::max(1, std::atoi(v));
+  if (world_size() > 1) send_job(job);
+  return execute_compute_job(job);
+}
+
+int relaunch_under_mpirun(int ranks, const std::vector<std::string>& args) {
+  const std::string mpirun = find_mpirun();
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0)
+    throw Error("cannot find this program's path (/proc/self/exe) to start it under mpirun");
+  std::vector<std::string> argv = mpirun_argv(mpirun, ranks);
+  argv.push_back(std::string(self, static_cast<std::size_t>(n)));
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::cout << "# starting: " << shell_words(argv) << std::endl;
+  const pid_t pid = fork();
+  if (pid < 0) throw Error("cannot start mpirun (fork failed)");
+  if (pid == 0) {
+    setenv("OPENBLAS_NUM_THREADS", "1", 0);
+    std::vector<char*> c_args;
+    for (std::string& a : argv) c_args.push_back(a.data());
+    c_args.push_back(nullptr);
+    execv(c_args[0], c_args.data());
+    std::_Exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  throw Error("mpirun was killed by signal " + std::to_string(WTERMSIG(status)));
+}
+
+std::string mpi_library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  MPI_Get_library_version(text, &length);
+  std::string out(text, strnlen(text, static_cast<std::size_t>(std::max(0, length))));
+  const std::size_t newline = out.find_first_of("\r\n");
+  if (newline != std::string::npos) out.resize(newline);
+  return out;
+}
+
+bool mpi_leader() {
+  return g_leader || (mpi_environment().inside && world_size() == 1);
 }
 
 void register_mpi_backend() {

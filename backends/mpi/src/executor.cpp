@@ -88,6 +88,30 @@ void keep_freed_memory() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+// nccl-tests' -c for the transport: in a check step every message carries a known pattern,
+// element k of sender s's message being (37 s + k) mod 251, exact in fp32 and bf16 (integers
+// below 256), and every receiver counts the elements that differ from it (#wrong).
+float check_value(int sender, std::int64_t k) {
+  return static_cast<float>((37 * static_cast<std::int64_t>(sender) + k) % 251);
+}
+
+void write_check_pattern(int sender, std::int64_t count, DType wire, std::byte* out) {
+  std::vector<float> values(static_cast<std::size_t>(count));
+  for (std::int64_t k = 0; k < count; ++k)
+    values[static_cast<std::size_t>(k)] = check_value(sender, k);
+  cpu::encode_into(values.data(), count, wire, out);
+}
+
+std::int64_t count_wrong(int sender, std::span<const std::byte> bytes, DType wire,
+                         std::int64_t count) {
+  std::vector<float> values(static_cast<std::size_t>(count));
+  cpu::decode(bytes, wire, values.data(), count);
+  std::int64_t wrong = 0;
+  for (std::int64_t k = 0; k < count; ++k)
+    if (values[static_cast<std::size_t>(k)] != check_value(sender, k)) ++wrong;
+  return wrong;
+}
+
 // How a collective's phase travels (see the header comment).
 enum class Call { alltoallv, gatherv, scatterv, bcast, allgatherv, p2p, barrier };
 
@@ -278,6 +302,17 @@ class Executor::Impl final : public OpHandler {
     } catch (const std::exception& e) {
       throw Located(where(current_op_) + ": " + e.what());
     }
+  }
+
+  void run_check_step(int step) {
+    check_pass_ = true;
+    try {
+      run_step(step);
+    } catch (...) {
+      check_pass_ = false;
+      throw;
+    }
+    check_pass_ = false;
   }
 
   // "rank R, step S, op O ('label')"
@@ -633,6 +668,12 @@ class Executor::Impl final : public OpHandler {
     {
       CpuTimed t(timings_.handlers_s);
       a.packed = cpu::begin_phase_packed(*store_, phase, rop.wire_dtype, one_buffer);
+      if (check_pass_)
+        for (std::size_t i = 0;
+             i < (one_buffer ? std::min<std::size_t>(1, phase.sends.size()) : phase.sends.size());
+             ++i)
+          write_check_pattern(rank_, phase.sends[i].count, rop.wire_dtype,
+                              a.packed.sends.data() + phase.sends[i].displacement * w);
     }
     int n = 0;
     MUONBED_MPI_CHECK(MPI_Comm_size(comm, &n));
@@ -778,6 +819,10 @@ class Executor::Impl final : public OpHandler {
     for (std::size_t i = 0; i < phase.recvs.size(); ++i)
       received.emplace_back(a.recv.data() + a.recv_offsets[i],
                             static_cast<std::size_t>(phase.recvs[i].count * w));
+    if (check_pass_)
+      for (std::size_t i = 0; i < phase.recvs.size(); ++i)
+        timings_.wrong_elements += count_wrong(phase.recvs[i].peer_rank, received[i],
+                                               rop.wire_dtype, phase.recvs[i].count);
     cpu::finish_phase(*store_, phase, rop.wire_dtype, a.packed.own, received);
     const int my_host = host_of_[rank_];
     for (const Transfer& s : phase.sends) {
@@ -827,14 +872,23 @@ class Executor::Impl final : public OpHandler {
   int step_ = 0;
   int current_op_ = -1;
   int hang_op_ = -1;
-  int computing_ = 0;  // compute ops started and not finished (a hung one included)
+  int computing_ = 0;
+  bool check_pass_ = false;  // run_check_step: messages carry the check pattern  // compute ops
+                             // started and not finished (a hung one included)
 };
+
+void retain_freed_memory() {
+  keep_freed_memory();
+}
 
 Executor::Executor(const StepPlan& plan, MPI_Comm world, ExecutorOptions options)
     : impl_(std::make_unique<Impl>(plan, world, std::move(options))) {}
 Executor::~Executor() = default;
 void Executor::run_step(int step) {
   impl_->run_step(step);
+}
+void Executor::run_check_step(int step) {
+  impl_->run_check_step(step);
 }
 const StepTimings& Executor::timings() const {
   return impl_->timings();

@@ -299,6 +299,7 @@ class MpiRank final : public MeasuredRank {
   const std::vector<int>& host_of() const override { return executor_.host_of(); }
   const std::vector<std::string>& hosts() const override { return executor_.hosts(); }
   int compute_threads() const override { return executor_.compute_threads(); }
+  void run_check_step(int step) override { executor_.run_check_step(step); }
 
  private:
   Executor executor_;
@@ -329,6 +330,16 @@ std::optional<Measured> measure_rank(const StepPlan& plan, MPI_Comm world, Measu
   const int rank = executor.rank();
   const int size = static_cast<int>(executor.host_of().size());
   const std::string where = "rank " + std::to_string(rank) + ", after the last step";
+  // The untimed check step (nccl-tests' -c), last: it leaves the data meaningless.
+  long long wrong = -1;
+  if (settings.check_data) {
+    executor.run_check_step(settings.warmup_steps + settings.timed_steps);
+    long long mine = executor.timings().wrong_elements;
+    wrong = 0;
+    MPI_Request reduce = MPI_REQUEST_NULL;
+    MUONBED_MPI_CHECK(MPI_Ireduce(&mine, &wrong, 1, MPI_LONG_LONG, MPI_SUM, 0, world, &reduce));
+    wait_for(reduce, timeout_s, where, "summing the check step's wrong elements");
+  }
 
   // Every rank's timings to rank 0, and the cores of each rank's host.
   std::vector<double> mine = flatten(kept);
@@ -370,6 +381,7 @@ std::optional<Measured> measure_rank(const StepPlan& plan, MPI_Comm world, Measu
   getrusage(RUSAGE_SELF, &usage);
   out.peak_rss_bytes = static_cast<double>(usage.ru_maxrss) * 1024.0;
   out.messages = total_messages;
+  out.wrong_elements = wrong;
   return out;
 }
 

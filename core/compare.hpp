@@ -1,0 +1,122 @@
+// `muonbed compare` as a library: an experiment's measured results (mpi, nccl) beside its
+// predicted ones (sim, analytic), point by point, and whether the predictions rank the strategies
+// as the measurements do. Reads the results with core/results.hpp's reader (checksums verified)
+// and refuses results made for another configuration (point identity) or missing ones, naming
+// the file and the fix.
+//
+//   error %        (predicted - measured) / measured x 100, step time: the measured record's
+//                  median over its timed steps (robust to a stray slow step on a shared machine),
+//                  the predicted record's average step
+//   phases         mean over ranks of the average step's compute / communication / exposed
+//                  communication / idle time (core/timeline.hpp's rules, the same for every
+//                  backend)
+//   ranking        per group of points that differ only in the strategy (the sweep label without
+//                  its strategy.* parts: the same mesh and model sizes): Kendall's tau-b between
+//                  measured and predicted step times (1 = same order)
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/experiment.hpp"
+#include "core/results.hpp"
+
+namespace muonbed {
+
+// Kendall's tau-b of two equally long series: (concordant - discordant) pairs over
+// sqrt((pairs - ties in a) (pairs - ties in b)); 1 when fewer than two values or when either
+// series is constant throughout (no order to disagree with). Throws Error on different lengths.
+double kendall_tau(const std::vector<double>& a, const std::vector<double>& b);
+// (predicted - measured) / measured x 100.
+double error_percent(double predicted, double measured);
+
+struct PhaseTimes {
+  double compute_s = 0;
+  double communication_s = 0;
+  double exposed_s = 0;
+  double idle_s = 0;
+};
+PhaseTimes mean_phases(const ResultRecord& record);
+// The step time compare uses: the median of the timed steps for measured records, else the
+// average step.
+double compared_step_seconds(const ResultRecord& record);
+
+struct ComparedBackend {
+  std::string backend;
+  std::string path;
+  double step_s = 0;
+  double error_pct = 0;  // predicted backends: against the measured one
+  PhaseTimes phases;
+};
+
+struct ComparedPoint {
+  std::string point;  // sweep label ("default" without a sweep)
+  std::string group;  // the label without strategy.* parts: a group differs only in the strategy
+  std::string strategy;
+  std::string mesh;
+  std::string model;
+  int ranks = 0;
+  bool oversubscribed = false;  // the measured run shared cores: functional timings only
+  ComparedBackend measured;
+  std::vector<ComparedBackend> predicted;
+  std::string measured_trace;  // <backend>.trace.json beside the results, "" when absent
+  std::map<std::string, std::string> predicted_traces;
+};
+
+struct RankingResult {
+  std::string group;
+  std::string predicted_backend;
+  std::vector<std::string> strategies;  // in measured order, fastest first
+  std::vector<double> measured_s, predicted_s;
+  double tau = 1;
+  bool preserved = true;  // the predicted order equals the measured one (tau == 1)
+  bool oversubscribed = false;
+};
+
+struct ErrorSummary {
+  std::string predicted_backend;
+  std::string scope;  // "all points" or "not oversubscribed"
+  int points = 0;
+  double median_abs_pct = 0;
+  double max_abs_pct = 0;
+  double mean_signed_pct = 0;
+};
+
+struct CompareReport {
+  std::string experiment;
+  std::string file;
+  std::string output_dir;
+  std::vector<ComparedPoint> points;
+  std::vector<RankingResult> rankings;
+  std::vector<ErrorSummary> summaries;
+  std::vector<std::string> skipped;  // points without a measured backend, with the reason
+};
+
+// A point's records by backend, for compare_points (tests build these by hand).
+struct PointRecords {
+  std::string point;
+  std::map<std::string, ResultRecord> records;  // backend -> record
+  std::map<std::string, std::string> paths;     // backend -> results file ("" in tests)
+  std::map<std::string, std::string> traces;    // backend -> trace file when present
+};
+
+// The comparison of points whose records are already read. Every point needs one measured record
+// (mpi, else nccl) and at least one predicted one (sim, analytic); throws Error otherwise.
+CompareReport compare_points(const std::vector<PointRecords>& points);
+
+// Reads every point's results of `experiment_file` (output folder `output_dir`, "" = the file's)
+// and compares them. Throws Error naming the file and the fix when a result is missing, fails its
+// checksum, or was made for another configuration of the point, and when no point has a measured
+// backend.
+CompareReport compare_experiment(const std::string& experiment_file,
+                                 const std::string& output_dir = "");
+
+// The report as JSON (what analysis/compare.py plots) and as text tables.
+nlohmann::ordered_json compare_json(const CompareReport& report);
+std::string compare_table(const CompareReport& report);
+
+}  // namespace muonbed

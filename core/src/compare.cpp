@@ -1,0 +1,417 @@
+// Measured beside predicted (core/compare.hpp): errors, phase breakdowns, Kendall's tau.
+#include "core/compare.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <sstream>
+
+#include "core/errors.hpp"
+
+namespace muonbed {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::vector<std::string> kMeasured = {"mpi", "nccl"};
+const std::vector<std::string> kPredicted = {"analytic", "sim"};
+
+// printf into a string (core does not link fmt).
+std::string strf(const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  char buffer[512];
+  std::vsnprintf(buffer, sizeof buffer, format, args);
+  va_end(args);
+  return buffer;
+}
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// The strategy part of a sweep label ("strategy.name=owner,mesh.dp_shard=2" -> "owner").
+std::string strategy_label(const std::string& point, const ResultRecord& r) {
+  std::string out;
+  std::stringstream in(point);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (item.rfind("strategy.", 0) != 0) continue;
+    const std::size_t eq = item.find('=');
+    const std::string key = item.substr(9, eq == std::string::npos ? std::string::npos : eq - 9);
+    const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    out += (out.empty() ? "" : ",") + (key == "name" ? value : key + "=" + value);
+  }
+  return out.empty() ? r.setup.strategy : out;
+}
+
+// The points a ranking compares differ only in the strategy: the sweep label without its
+// strategy.* parts (mesh and model sizes), or the mesh and model without a sweep.
+std::string group_label(const std::string& point, const ResultRecord& r) {
+  std::string out;
+  std::stringstream in(point);
+  for (std::string item; std::getline(in, item, ',');)
+    if (item.rfind("strategy.", 0) != 0 && item != "default")
+      out += (out.empty() ? "" : ",") + item;
+  return out.empty() ? "mesh " + r.setup.mesh + ", model " + r.setup.model : out;
+}
+
+ComparedBackend compared(const std::string& backend, const ResultRecord& r,
+                         const std::string& path) {
+  ComparedBackend c;
+  c.backend = backend;
+  c.path = path;
+  c.step_s = compared_step_seconds(r);
+  c.phases = mean_phases(r);
+  return c;
+}
+
+}  // namespace
+
+double kendall_tau(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size())
+    throw Error("kendall_tau: series of " + std::to_string(a.size()) + " and " +
+                std::to_string(b.size()) + " values");
+  const std::size_t n = a.size();
+  if (n < 2) return 1;
+  double concordant = 0, discordant = 0, ties_a = 0, ties_b = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = i + 1; j < n; ++j) {
+      const double da = a[i] - a[j], db = b[i] - b[j];
+      if (da == 0) ties_a += 1;
+      if (db == 0) ties_b += 1;
+      if (da == 0 || db == 0) continue;
+      ((da > 0) == (db > 0) ? concordant : discordant) += 1;
+    }
+  const double pairs = static_cast<double>(n * (n - 1) / 2);
+  const double denom = std::sqrt((pairs - ties_a) * (pairs - ties_b));
+  if (!(denom > 0)) return 1;
+  return (concordant - discordant) / denom;
+}
+
+double error_percent(double predicted, double measured) {
+  if (!(measured > 0))
+    throw Error("error_percent: measured time " + std::to_string(measured) + " s is not positive");
+  return (predicted - measured) / measured * 100;
+}
+
+PhaseTimes mean_phases(const ResultRecord& record) {
+  PhaseTimes p;
+  if (record.ranks.empty()) return p;
+  for (const RankResult& r : record.ranks) {
+    p.compute_s += r.average.compute_s;
+    p.communication_s += r.average.communication_s;
+    p.exposed_s += r.average.exposed_comm_s;
+    p.idle_s += r.average.idle_s;
+  }
+  const double n = static_cast<double>(record.ranks.size());
+  p.compute_s /= n;
+  p.communication_s /= n;
+  p.exposed_s /= n;
+  p.idle_s /= n;
+  return p;
+}
+
+double compared_step_seconds(const ResultRecord& record) {
+  return record.step.measured.timed_steps > 0 && record.step.measured.median_s > 0
+             ? record.step.measured.median_s
+             : record.step.average_s;
+}
+
+CompareReport compare_points(const std::vector<PointRecords>& points) {
+  CompareReport report;
+  for (const PointRecords& p : points) {
+    const std::string* measured = nullptr;
+    for (const std::string& b : kMeasured)
+      if (p.records.count(b)) {
+        measured = &b;
+        break;
+      }
+    if (measured == nullptr) {
+      report.skipped.push_back(p.point + ": no measured result (mpi, nccl)");
+      continue;
+    }
+    const ResultRecord& m = p.records.at(*measured);
+    ComparedPoint c;
+    c.point = p.point;
+    c.strategy = strategy_label(p.point, m);
+    c.mesh = m.setup.mesh;
+    c.model = m.setup.model;
+    c.group = group_label(p.point, m);
+    c.ranks = m.setup.world_size;
+    c.oversubscribed = m.execution.oversubscribed;
+    const auto path = [&](const std::string& b) {
+      const auto it = p.paths.find(b);
+      return it == p.paths.end() ? std::string() : it->second;
+    };
+    c.measured = compared(*measured, m, path(*measured));
+    if (const auto t = p.traces.find(*measured); t != p.traces.end()) c.measured_trace = t->second;
+    for (const std::string& b : kPredicted) {
+      const auto it = p.records.find(b);
+      if (it == p.records.end()) continue;
+      ComparedBackend pb = compared(b, it->second, path(b));
+      pb.error_pct = error_percent(pb.step_s, c.measured.step_s);
+      c.predicted.push_back(pb);
+      if (const auto t = p.traces.find(b); t != p.traces.end()) c.predicted_traces[b] = t->second;
+    }
+    if (c.predicted.empty())
+      throw Error("point '" + p.point + "' has a measured result (" + *measured +
+                  ") but no predicted one (analytic, sim) to compare it with; fix: add analytic "
+                  "and/or sim to the experiment's backend list and run it again");
+    report.points.push_back(std::move(c));
+  }
+  if (report.points.empty())
+    throw Error("nothing to compare: no point has a measured result (mpi or nccl)" +
+                std::string(points.empty() ? "" : " (" + report.skipped.front() + ")") +
+                "; fix: add mpi to the experiment's backend list and run it (muonbed run FILE)");
+
+  // Error summaries per predicted backend.
+  for (const std::string& b : kPredicted)
+    for (const bool only_real : {false, true}) {
+      std::vector<double> abs_errors;
+      double signed_sum = 0;
+      for (const ComparedPoint& c : report.points) {
+        if (only_real && c.oversubscribed) continue;
+        for (const ComparedBackend& pb : c.predicted)
+          if (pb.backend == b) {
+            abs_errors.push_back(std::abs(pb.error_pct));
+            signed_sum += pb.error_pct;
+          }
+      }
+      if (abs_errors.empty()) continue;
+      ErrorSummary s;
+      s.predicted_backend = b;
+      s.scope = only_real ? "not oversubscribed" : "all points";
+      s.points = static_cast<int>(abs_errors.size());
+      s.median_abs_pct = median_of(abs_errors);
+      s.max_abs_pct = *std::max_element(abs_errors.begin(), abs_errors.end());
+      s.mean_signed_pct = signed_sum / static_cast<double>(abs_errors.size());
+      report.summaries.push_back(s);
+    }
+
+  // Rankings per group and predicted backend.
+  std::vector<std::string> groups;
+  for (const ComparedPoint& c : report.points)
+    if (std::find(groups.begin(), groups.end(), c.group) == groups.end()) groups.push_back(c.group);
+  for (const std::string& g : groups)
+    for (const std::string& b : kPredicted) {
+      std::vector<const ComparedPoint*> members;
+      std::vector<double> predicted;
+      for (const ComparedPoint& c : report.points) {
+        if (c.group != g) continue;
+        for (const ComparedBackend& pb : c.predicted)
+          if (pb.backend == b) {
+            members.push_back(&c);
+            predicted.push_back(pb.step_s);
+          }
+      }
+      if (members.size() < 2) continue;
+      std::vector<std::size_t> order(members.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+        return members[x]->measured.step_s < members[y]->measured.step_s;
+      });
+      RankingResult r;
+      r.group = g;
+      r.predicted_backend = b;
+      for (std::size_t i : order) {
+        r.strategies.push_back(members[i]->strategy);
+        r.measured_s.push_back(members[i]->measured.step_s);
+        r.predicted_s.push_back(predicted[i]);
+        r.oversubscribed = r.oversubscribed || members[i]->oversubscribed;
+      }
+      r.tau = kendall_tau(r.measured_s, r.predicted_s);
+      r.preserved = r.tau >= 1 - 1e-12;
+      report.rankings.push_back(std::move(r));
+    }
+  return report;
+}
+
+CompareReport compare_experiment(const std::string& experiment_file,
+                                 const std::string& output_dir) {
+  std::vector<Experiment> all = load_experiment(experiment_file);
+  std::vector<PointRecords> points;
+  std::vector<std::string> missing;
+  for (Experiment& point : all) {
+    if (!output_dir.empty()) point.output_dir = output_dir;
+    PointRecords pr;
+    pr.point = point.point_label.empty() ? "default" : point.point_label;
+    for (const std::string& backend : point.backends) {
+      const std::string path = result_path(point, backend);
+      std::error_code ec;
+      if (!fs::exists(path, ec)) {
+        missing.push_back(path);
+        continue;
+      }
+      ResultRecord r;
+      try {
+        r = read_result_file(path);
+      } catch (const std::exception& e) {
+        throw Error(path + ": " + e.what() + "; fix: muonbed run " + experiment_file +
+                    " --force --point '" + pr.point + "' makes it again");
+      }
+      const std::string want =
+          point_identity(point.name, point.point_label, backend, point.resolved_yaml);
+      if (r.backend != backend || r.provenance.point_id != want)
+        throw Error(path + " was made for another configuration of point '" + pr.point +
+                    "' (its point id " + r.provenance.point_id + ", this experiment's " + want +
+                    "): the experiment file, its cluster profile or the results folder changed "
+                    "since; fix: muonbed run " +
+                    experiment_file + " (it reruns the points whose configuration changed)");
+      pr.records[backend] = std::move(r);
+      pr.paths[backend] = path;
+      const std::string trace = (fs::path(path).parent_path() / (backend + ".trace.json")).string();
+      if (fs::exists(trace, ec)) pr.traces[backend] = trace;
+    }
+    points.push_back(std::move(pr));
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < missing.size() && i < 10; ++i) list += "\n  " + missing[i];
+    if (missing.size() > 10) list += "\n  ... and " + std::to_string(missing.size() - 10) + " more";
+    throw Error(
+        std::to_string(missing.size()) + " result file" + (missing.size() == 1 ? " is" : "s are") +
+        " missing for " + experiment_file + ":" + list + "\n  fix: muonbed run " + experiment_file +
+        (output_dir.empty() ? "" : " --output " + output_dir) + " (it runs only what is missing)");
+  }
+  CompareReport report = compare_points(points);
+  report.file = experiment_file;
+  report.experiment = all.empty() ? "" : all.front().name;
+  report.output_dir = all.empty() ? "" : all.front().output_dir;
+  return report;
+}
+
+nlohmann::ordered_json compare_json(const CompareReport& report) {
+  using J = nlohmann::ordered_json;
+  const auto phases = [](const PhaseTimes& p) {
+    return J{{"compute_s", p.compute_s},
+             {"communication_s", p.communication_s},
+             {"exposed_s", p.exposed_s},
+             {"idle_s", p.idle_s}};
+  };
+  const auto backend = [&](const ComparedBackend& b, bool predicted) {
+    J j{{"backend", b.backend}, {"path", b.path}, {"step_s", b.step_s}};
+    if (predicted) j["error_pct"] = b.error_pct;
+    j["phases"] = phases(b.phases);
+    return j;
+  };
+  J out;
+  out["experiment"] = report.experiment;
+  out["file"] = report.file;
+  out["output"] = report.output_dir;
+  out["step_time"] =
+      "measured: median of the timed steps; predicted: average step; error_pct = (predicted - "
+      "measured) / measured x 100";
+  J points = J::array();
+  for (const ComparedPoint& c : report.points) {
+    J p{{"point", c.point},
+        {"group", c.group},
+        {"strategy", c.strategy},
+        {"mesh", c.mesh},
+        {"model", c.model},
+        {"ranks", c.ranks},
+        {"oversubscribed", c.oversubscribed}};
+    p["measured"] = backend(c.measured, false);
+    p["measured"]["trace"] = c.measured_trace;
+    J pred = J::array();
+    for (const ComparedBackend& b : c.predicted) {
+      J j = backend(b, true);
+      const auto t = c.predicted_traces.find(b.backend);
+      j["trace"] = t == c.predicted_traces.end() ? "" : t->second;
+      pred.push_back(j);
+    }
+    p["predicted"] = pred;
+    points.push_back(p);
+  }
+  out["points"] = points;
+  J summaries = J::array();
+  for (const ErrorSummary& s : report.summaries)
+    summaries.push_back({{"backend", s.predicted_backend},
+                         {"scope", s.scope},
+                         {"points", s.points},
+                         {"median_abs_error_pct", s.median_abs_pct},
+                         {"max_abs_error_pct", s.max_abs_pct},
+                         {"mean_error_pct", s.mean_signed_pct}});
+  out["summary"] = summaries;
+  J rankings = J::array();
+  for (const RankingResult& r : report.rankings)
+    rankings.push_back({{"group", r.group},
+                        {"backend", r.predicted_backend},
+                        {"strategies", r.strategies},
+                        {"measured_s", r.measured_s},
+                        {"predicted_s", r.predicted_s},
+                        {"kendall_tau", r.tau},
+                        {"preserved", r.preserved},
+                        {"oversubscribed", r.oversubscribed}});
+  out["rankings"] = rankings;
+  out["skipped"] = report.skipped;
+  return out;
+}
+
+std::string compare_table(const CompareReport& report) {
+  const auto ms = [](double s) { return strf("%.2f", s * 1e3); };
+  std::string out;
+  out += report.experiment + ": measured (median step) beside predicted (average step), ms\n";
+  out += strf("  %-48s %5s %9s", "point", "ranks", "measured");
+  std::vector<std::string> backends;
+  for (const ComparedPoint& c : report.points)
+    for (const ComparedBackend& b : c.predicted)
+      if (std::find(backends.begin(), backends.end(), b.backend) == backends.end())
+        backends.push_back(b.backend);
+  for (const std::string& b : backends) out += strf(" %9s %7s", b.c_str(), "error");
+  out += "   phases measured | " + (backends.empty() ? std::string() : backends.front()) +
+         ": compute/comm/exposed/idle\n";
+  for (const ComparedPoint& c : report.points) {
+    const std::string label = c.point.size() > 48 ? c.point.substr(0, 45) + "..." : c.point;
+    out += strf("  %-48s %4d%s %9s", label.c_str(), c.ranks, c.oversubscribed ? "*" : " ",
+                ms(c.measured.step_s).c_str());
+    for (const std::string& b : backends) {
+      const auto it = std::find_if(c.predicted.begin(), c.predicted.end(),
+                                   [&](const ComparedBackend& x) { return x.backend == b; });
+      if (it == c.predicted.end())
+        out += strf(" %9s %7s", "-", "-");
+      else
+        out += strf(" %9s %+6.1f%%", ms(it->step_s).c_str(), it->error_pct);
+    }
+    const PhaseTimes& m = c.measured.phases;
+    out += "   " + ms(m.compute_s) + "/" + ms(m.communication_s) + "/" + ms(m.exposed_s) + "/" +
+           ms(m.idle_s);
+    if (!c.predicted.empty()) {
+      const PhaseTimes& p = c.predicted.front().phases;
+      out += " | " + ms(p.compute_s) + "/" + ms(p.communication_s) + "/" + ms(p.exposed_s) + "/" +
+             ms(p.idle_s);
+    }
+    out += "\n";
+  }
+  bool any_over = false;
+  for (const ComparedPoint& c : report.points) any_over = any_over || c.oversubscribed;
+  if (any_over)
+    out += "  * oversubscribed (more ranks than cores): functional timings only, not a check\n";
+  out += "\nerror |predicted - measured| / measured:\n";
+  for (const ErrorSummary& s : report.summaries)
+    out += strf("  %-9s %-19s %3d points: median %.1f %%, max %.1f %%, mean signed %+.1f %%\n",
+                s.predicted_backend.c_str(), s.scope.c_str(), s.points, s.median_abs_pct,
+                s.max_abs_pct, s.mean_signed_pct);
+  if (!report.rankings.empty()) {
+    out += "\nranking of strategies (Kendall tau, measured vs predicted; fastest first):\n";
+    for (const RankingResult& r : report.rankings) {
+      std::string order;
+      for (const std::string& s : r.strategies) order += (order.empty() ? "" : " < ") + s;
+      const std::string group = r.group.size() > 46 ? r.group.substr(0, 43) + "..." : r.group;
+      out += strf("  %-9s %-46s tau %+.2f %s%s  measured: ", r.predicted_backend.c_str(),
+                  group.c_str(), r.tau, r.preserved ? "preserved" : "DIFFERS",
+                  r.oversubscribed ? " *" : "") +
+             order + "\n";
+    }
+  }
+  for (const std::string& s : report.skipped) out += "  skipped: " + s + "\n";
+  return out;
+}
+
+}  // namespace muonbed

@@ -1,0 +1,369 @@
+// `muonbed calibrate`: microbenchmarks on this machine with a real backend, written as a cluster
+// profile (core/calibration.hpp). With `--backend mpi` it starts itself under mpirun (one process
+// per rank, as `muonbed run` runs mpi points), then rank 0 leads: the compute benchmark on every
+// rank at once (Newton-Schulz, momentum, apply_update, GEMM, packing at the experiment's shapes),
+// then `bench collective` rows of every collective the experiment's plans run, over the group
+// shapes and sizes they use, each checked (#wrong) like nccl-tests. The fitted profile is written
+// atomically and read back with the loader before the command reports success.
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/calibration.hpp"
+#include "core/cluster.hpp"
+#include "core/collective_bench.hpp"
+#include "core/errors.hpp"
+#include "core/experiment.hpp"
+#include "core/results.hpp"
+#include "experiments/cli/backends.hpp"
+#include "experiments/cli/commands.hpp"
+#include "kernels/newton_schulz.hpp"
+#include "muonbed/config.hpp"
+
+#if MUONBED_HAVE_MPI
+#include "backends/mpi/mpi_backend.hpp"
+#endif
+
+namespace muonbed::cli {
+
+namespace {
+
+struct CalibrateOptions {
+  std::string backend = "mpi";
+  std::string experiment;
+  int ranks = 0;  // 0: the experiment's smallest mesh, else 2
+  std::string out;
+  std::string name;  // "": the output file's stem
+  std::string note;  // a line for the profile's header (what the machine is)
+  int warmup = 2;
+  int repeats = 7;
+  int iters = 10;
+  int runs = 3;  // bench runs per collective size: the median one is kept
+};
+
+ConfigError calibrate_error(const std::string& what, const std::string& fix) {
+  return ConfigError(SourceLocation{"calibrate", 0, 0}, what, fix);
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) {
+      const std::size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  return "unknown CPU";
+}
+
+bool is_vm() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("flags", 0) == 0) return line.find(" hypervisor") != std::string::npos;
+  return false;
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return one.empty() ? "unknown" : one + " " + five + " " + fifteen;
+}
+
+double memory_GiB_per_rank(int ranks) {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return 2;
+  const double gib = static_cast<double>(pages) * static_cast<double>(page) / (1 << 30);
+  return std::max(0.001, std::floor(gib / std::max(1, ranks) * 10) / 10);
+}
+
+std::string command_line(const CalibrateOptions& o) {
+  std::string out = "muonbed calibrate --backend " + o.backend;
+  if (!o.experiment.empty()) out += " --experiment " + o.experiment;
+  out += " --ranks " + std::to_string(o.ranks) + " --out " + o.out;
+  if (!o.name.empty()) out += " --name " + o.name;
+  if (!o.note.empty()) out += " --note '" + o.note + "'";
+  return out;
+}
+
+std::vector<std::string> relaunch_args(const CalibrateOptions& o) {
+  std::vector<std::string> args = {"calibrate", "--backend", o.backend};
+  if (!o.experiment.empty()) args.insert(args.end(), {"--experiment", o.experiment});
+  args.insert(args.end(), {"--ranks", std::to_string(o.ranks), "--out", o.out, "--warmup",
+                           std::to_string(o.warmup), "--repeats", std::to_string(o.repeats),
+                           "--iters", std::to_string(o.iters)});
+  if (!o.name.empty()) args.insert(args.end(), {"--name", o.name});
+  if (!o.note.empty()) args.insert(args.end(), {"--note", o.note});
+  args.insert(args.end(), {"--runs", std::to_string(o.runs)});
+  return args;
+}
+
+std::string shape_text(const NsCallShape& s) {
+  return (s.batch > 1 ? std::to_string(s.batch) + "x" : "") + std::to_string(s.rows) + "x" +
+         std::to_string(s.cols);
+}
+
+#if MUONBED_HAVE_MPI
+int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points) {
+  if (const int code = mpi_command_begin(); code >= 0) return code;
+  struct EndMpi {
+    ~EndMpi() { mpi_command_end(); }
+  } end_mpi;
+  const MpiEnvironment env = mpi_environment();
+  if (env.size != 0 && env.size != o.ranks)
+    throw calibrate_error("this MPI world has " + std::to_string(env.size) +
+                              " ranks but --ranks is " + std::to_string(o.ranks),
+                          "start it with mpirun -np " + std::to_string(o.ranks) +
+                              ", or run muonbed calibrate outside mpirun (it starts mpirun)");
+  const CalibrationWorkload w = points.empty() ? default_calibration_workload(o.ranks)
+                                               : calibration_workload(points, o.ranks);
+  const Provenance prov = make_provenance(nullptr, "");
+  const std::string date = utc_timestamp();
+  std::cout << "# muonbed calibrate --backend mpi: " << o.ranks << " ranks on " << prov.host_name
+            << " (" << cpu_model() << ", " << sysconf(_SC_NPROCESSORS_ONLN)
+            << " cores, load average " << load_average() << ")\n";
+  if (o.ranks > sysconf(_SC_NPROCESSORS_ONLN))
+    std::cout << "# warning: more ranks than cores: oversubscribed, these figures are not a "
+                 "benchmark\n";
+
+  // Compute.
+  const DeviceMesh mesh({{"g", o.ranks, DimRole::replicate}}, std::max(8, o.ranks));
+  std::vector<StepPlan> plans;
+  for (const NsCallShape& s : w.ns_shapes)
+    plans.push_back(compute_bench_plan(mesh, s, w.optimizer));
+  std::cout << "# compute: " << w.ns_shapes.size() << " Newton-Schulz shapes; per kernel "
+            << o.warmup << " warm-up calls, then " << o.repeats
+            << " rounds of back-to-back calls (>= 30 ms) on all ranks at once: the median round "
+               "of the slowest rank, per call (ms)\n";
+  const std::vector<ComputeBenchRow> compute = run_compute_bench(plans, o.warmup, o.repeats);
+  std::cout << fmt::format("# {:>16} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10}\n", "shape", "NS",
+                           "momentum", "apply", "gemm XX^T", "pack bf16", "NS GFLOP/s");
+  for (std::size_t i = 0; i + 5 <= compute.size(); i += 5) {
+    const auto& m = compute[i];
+    const auto& ns = compute[i + 1];
+    std::cout << fmt::format(
+        "  {:>16} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f} {:>10.2f}\n",
+        shape_text(m.shape), ns.seconds * 1e3, m.seconds * 1e3, compute[i + 2].seconds * 1e3,
+        compute[i + 3].seconds * 1e3, compute[i + 4].seconds * 1e3, ns.flops / ns.seconds / 1e9);
+  }
+
+  // Collectives, through `bench collective`'s harness on the mpi backend.
+  Experiment e;
+  e.name = "calibrate";
+  e.cluster.name = "calibrating";
+  e.cluster.gpus_per_node = std::max(8, o.ranks);
+  e.cluster.nodes = 1;
+  e.cluster.gpu.peak_tflops = 1;
+  e.backends = {"mpi"};
+  e.steps = o.warmup;
+  e.repeats = o.iters;
+  RunSettings settings;
+  settings.trace_max_ranks = 0;
+  settings.warmup = o.warmup;
+  settings.iterations = o.iters;
+  settings.check_data = true;
+  std::vector<CollectiveBenchRow> rows;
+  std::cout << "# collectives: " << w.collectives.size() << " (op, group) pairs the plans use, "
+            << o.iters << " timed iterations after " << o.warmup << " warm-up, the median of "
+            << o.runs << " such runs\n"
+            << collective_bench_header();
+  for (const CollectiveWorkload& c : w.collectives) {
+    e.mesh = c.spec.mesh;
+    std::cout << "# " << c.spec.op << " on mesh " << c.spec.mesh.describe() << ", groups of "
+              << c.spec.mesh.group_size(c.spec.group) << " (plans move " << c.min_bytes << ".."
+              << c.max_bytes << " B)\n";
+    for (std::int64_t size : c.sizes) {
+      // The median of a few runs: one burst of another process's work moves a run's mean.
+      std::vector<CollectiveBenchRow> runs;
+      for (int k = 0; k < o.runs; ++k)
+        runs.push_back(run_collective_bench(c.spec, e, size, "mpi", settings));
+      std::sort(runs.begin(), runs.end(),
+                [](const CollectiveBenchRow& a, const CollectiveBenchRow& b) {
+                  return a.time_us < b.time_us;
+                });
+      rows.push_back(runs[runs.size() / 2]);
+      for (const CollectiveBenchRow& r : runs)
+        if (r.wrong != 0) rows.back().wrong = r.wrong;
+      std::cout << collective_bench_line(rows.back()) << std::endl;
+      if (rows.back().wrong != 0)
+        throw Error("calibrate: " + c.spec.op + " of " + std::to_string(size) + " B delivered " +
+                    std::to_string(rows.back().wrong) +
+                    " wrong elements (#wrong); fix: the MPI installation or the executor is "
+                    "broken, run ctest -L mpi");
+    }
+  }
+
+  CalibrationInput in;
+  in.name = o.name.empty() ? std::filesystem::path(o.out).stem().string() : o.name;
+  in.ranks = o.ranks;
+  in.ns_steps = w.ns_steps;
+  in.compute = compute;
+  in.collectives = rows;
+  in.memory_GiB = memory_GiB_per_rank(o.ranks);
+  in.info.tool = std::string("muonbed calibrate ") + MUONBED_VERSION;
+  in.info.date = date;
+  in.info.host = prov.host_name;
+  in.info.git_hash = prov.git_hash;
+  in.info.backend = "mpi";
+  in.info.command = command_line(o);
+  in.info.notes = std::to_string(o.ranks) + " ranks on " +
+                  std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cores (" + cpu_model() +
+                  "), load average " + load_average() + "; " + mpi_library_version() + "; " +
+                  cpu_gemm_backend();
+  ClusterSpec profile = calibrated_profile(in);
+  profile.source = "muonbed calibrate on " + prov.host_name + ", " + date +
+                   " (microbenchmarks only; see the calibration block)";
+
+  // How well the fitted closed forms reproduce the bench rows they were fitted to.
+  std::vector<double> errors;
+  for (const CollectiveBenchRow& r : rows)
+    errors.push_back(std::abs(model_bench_seconds(profile, r) / (r.time_us * 1e-6) - 1) * 100);
+  std::sort(errors.begin(), errors.end());
+  const double median_error = errors.empty() ? 0 : errors[errors.size() / 2];
+  const double max_error = errors.empty() ? 0 : errors.back();
+
+  std::vector<std::string> header = {
+      in.name +
+          ": a cluster profile MEASURED by `muonbed calibrate` (microbenchmarks only, never "
+          "step times)",
+      "machine: " + prov.host_name + ", " + cpu_model() + ", " +
+          std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) +
+          " cores (a VM when /proc/cpuinfo says hypervisor: " + (is_vm() ? "yes" : "no") +
+          "); each MPI rank is one \"GPU\"",
+      "date: " + date + "; load average at the start " + load_average(),
+      "note: " + (o.note.empty() ? std::string("(none given)") : o.note),
+      "command: " + command_line(o),
+      "versions: muonbed " + std::string(MUONBED_VERSION) + " (" + prov.git_hash + "), " +
+          mpi_library_version() + ", GEMM " + cpu_gemm_backend(),
+      "",
+      "What each number is (units as in every profile: GB/s = 1e9 B/s, us, TFLOP/s, ms):",
+      "  gpu.ns_table (cpu-fp32)   the CPU handler's Newton-Schulz (fp32, as the mpi executor runs "
+      "it) at each shape",
+      "                            the plans use: per call, the median of " +
+          std::to_string(o.repeats) + " rounds of back-to-back calls (>= 30 ms),",
+      "                            slowest of " + std::to_string(o.ranks) +
+          " ranks running at once (so is every compute figure below)",
+      "  gpu.peak_tflops           the fastest fp32 GEMM (X X^T at those shapes) of one rank",
+      "  gpu.gemm_efficiency       each shape's GEMM rate over that peak, by its smallest dim",
+      "  gpu.hbm_GBps, launch_overhead_us.kernel   least-squares fit of momentum and apply_update "
+      "times",
+      "                            to kernel + model bytes / hbm (core/plan.hpp's op_memory_bytes)",
+      "  intra_node.*, efficiency.intra_node, launch_overhead_us.collective   fit of the model's",
+      "                            closed form (cost_model.hpp collective_time) to the bench "
+      "collective rows below",
+      "                            (measurements); bandwidth_GBps is the best class's rate, the "
+      "others' share is",
+      "                            their efficiency (ring: all_gather, reduce_scatter, all_reduce, "
+      "broadcast;",
+      "                            p2p: gather, scatter, send/recv)",
+      fmt::format(
+          "  fit quality: model vs bench rows |error| median {:.1f} %, max {:.1f} % over {} "
+          "rows",
+          median_error, max_error, rows.size()),
+      "  nic, network              placeholders: one machine, no network is measured",
+  };
+  const std::string yaml = calibrated_profile_yaml(profile, header);
+  write_file_atomically(o.out, yaml);
+  const ClusterSpec back = load_cluster_file(o.out);  // the loader must accept what we wrote
+  std::cout << fmt::format(
+      "# profile '{}': NS table {} shapes; GEMM peak {:.1f} GFLOP/s; elementwise {:.2f} GB/s + "
+      "{:.1f} us per kernel; link {:.2f} GB/s, latency {:.1f} us, collective launch {:.1f} us, "
+      "efficiency ring {:.2f} all_to_all {:.2f} p2p {:.2f}\n"
+      "# the model reproduces the {} bench rows with |error| median {:.1f} %, max {:.1f} %\n"
+      "# wrote {}\n",
+      back.name, back.gpu.ns_table.size(), back.gpu.peak_tflops * 1e3, back.gpu.hbm_GBps,
+      back.launch_overhead.kernel_us, back.intra.bandwidth_GBps, back.intra.latency_us,
+      back.launch_overhead.collective_us, back.efficiency.intra_node.ring,
+      back.efficiency.intra_node.all_to_all, back.efficiency.intra_node.p2p, rows.size(),
+      median_error, max_error, o.out);
+  return 0;
+}
+#endif
+
+int run_calibrate(CalibrateOptions& o) {
+  if (o.backend == "nccl")
+    throw calibrate_error(
+        "calibrate --backend nccl needs a GPU build with the NCCL executor, which this muonbed "
+        "does not have yet",
+        "calibrate CPU ranks with --backend mpi; GPU profiles take their Newton-Schulz table "
+        "from `muonbed bench ns --device gpu` (kernels/BENCHMARKS.md) for now");
+  if (o.backend != "mpi")
+    throw calibrate_error("calibrate measures with a real backend, not '" + o.backend + "'",
+                          "use --backend mpi (or nccl on a GPU build)");
+  require_backend("mpi", "calibrate");
+  if (o.out.empty())
+    throw calibrate_error("--out is required", "e.g. --out experiments/clusters/my-machine.yaml");
+  const std::filesystem::path out(o.out);
+  if (std::filesystem::is_directory(out))
+    throw calibrate_error("--out '" + o.out + "' is a folder",
+                          "give a file name, e.g. --out " + (out / "local-cpu.yaml").string());
+  check_writable_folder(out.has_parent_path() ? out.parent_path().string() : ".");
+  std::vector<Experiment> points;
+  if (!o.experiment.empty()) points = load_experiment(o.experiment);
+  if (o.ranks == 0) {
+    o.ranks = 2;
+    if (!points.empty()) {
+      o.ranks = points.front().mesh.world_size();
+      for (const Experiment& p : points) o.ranks = std::min(o.ranks, p.mesh.world_size());
+    }
+  }
+  if (o.ranks < 2 || o.ranks > 1024)
+    throw calibrate_error("--ranks " + std::to_string(o.ranks) + " is out of range",
+                          "use 2..1024 ranks (collectives need two)");
+  if (o.warmup < 0 || o.repeats < 1 || o.iters < 1 || o.runs < 1)
+    throw calibrate_error("--warmup must be >= 0, --repeats and --iters >= 1",
+                          "e.g. --warmup 1 --repeats 5 --iters 10");
+  // Check the workload before starting any rank (a wrong --ranks is an error here, not in mpirun).
+  if (!points.empty()) (void)calibration_workload(points, o.ranks);
+#if MUONBED_HAVE_MPI
+  if (!mpi_environment().inside) return relaunch_under_mpirun(o.ranks, relaunch_args(o));
+  return calibrate_inside(o, points);
+#else
+  return 1;  // require_backend threw
+#endif
+}
+
+}  // namespace
+
+void add_calibrate_command(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<CalibrateOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "calibrate",
+      "Microbenchmark this machine with a real backend and write a cluster profile YAML");
+  cmd->add_option("--backend", o->backend, "mpi (CPU ranks under Open MPI); nccl needs a GPU build")
+      ->capture_default_str();
+  cmd->add_option("--experiment", o->experiment,
+                  "time the NS shapes and collectives this experiment's plans use");
+  cmd->add_option("--ranks", o->ranks,
+                  "MPI ranks (default: the experiment's smallest mesh, else 2); points of other "
+                  "sizes are skipped");
+  cmd->add_option("--out", o->out, "the profile to write (YAML)")->required();
+  cmd->add_option("--name", o->name, "the profile's name (default: the file's stem)");
+  cmd->add_option("--note", o->note, "a line for the profile's header: what this machine is");
+  cmd->add_option("--warmup", o->warmup, "untimed rounds before timing")->capture_default_str();
+  cmd->add_option("--repeats", o->repeats, "timed compute rounds (median reported)")
+      ->capture_default_str();
+  cmd->add_option("--iters", o->iters, "timed iterations per collective size and run")
+      ->capture_default_str();
+  cmd->add_option("--runs", o->runs, "runs per collective size (the median one is kept)")
+      ->capture_default_str();
+  cmd->footer(R"(Examples:
+  muonbed calibrate --backend mpi --experiment experiments/validate_cpu.yaml --out my-cpu.yaml
+  muonbed run experiments/validate_cpu.yaml --cluster my-cpu.yaml   (then: muonbed compare)
+Calibration uses microbenchmarks only (never the step times the profile is judged by). The
+profile is written atomically, read back with the loader, and its header says where, when and
+how it was measured.)");
+  cmd->callback([o, &exit_code] { exit_code = run_calibrate(*o); });
+}
+
+}  // namespace muonbed::cli

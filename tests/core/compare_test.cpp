@@ -1,0 +1,230 @@
+// `muonbed compare` (core/compare.hpp): Kendall's tau and the error % against hand-computed
+// cases, the report's summaries and rankings on hand-built records, and compare_experiment on
+// real result files: a measured record beside the analytic one, and the refusals (missing
+// results, results of another configuration, nothing measured) with the file and the fix.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "core/compare.hpp"
+#include "core/errors.hpp"
+#include "core/results.hpp"
+#include "core/run_point.hpp"
+#include "tests/common/temp_dir.hpp"
+
+using namespace muonbed;
+using Catch::Matchers::Contains;
+
+TEST_CASE("Kendall's tau against hand-computed cases", "[core][compare]") {
+  // Same order: every one of the 6 pairs concordant.
+  CHECK(kendall_tau({1, 2, 3, 4}, {10, 20, 30, 40}) == Approx(1));
+  // Reversed: all 6 discordant.
+  CHECK(kendall_tau({1, 2, 3, 4}, {4, 3, 2, 1}) == Approx(-1));
+  // One swap of neighbours: 5 concordant, 1 discordant -> 4/6.
+  CHECK(kendall_tau({1, 2, 3, 4}, {1, 3, 2, 4}) == Approx(4.0 / 6));
+  // Three values, one pair swapped: C = 2, D = 1 -> 1/3.
+  CHECK(kendall_tau({1, 2, 3}, {2, 1, 3}) == Approx(1.0 / 3));
+  // Ties (tau-b): a = {1, 1, 2}, b = {1, 2, 3}: pairs 3, ties in a 1, C = 2, D = 0 ->
+  // 2 / sqrt((3 - 1) * 3) = 0.8165.
+  CHECK(kendall_tau({1, 1, 2}, {1, 2, 3}) == Approx(2 / std::sqrt(6.0)));
+  CHECK(kendall_tau({5}, {7}) == 1);
+  CHECK(kendall_tau({}, {}) == 1);
+  CHECK_THROWS_AS(kendall_tau({1, 2}, {1}), Error);
+}
+
+TEST_CASE("error % is (predicted - measured) / measured", "[core][compare]") {
+  CHECK(error_percent(110, 100) == Approx(10));
+  CHECK(error_percent(90, 100) == Approx(-10));
+  CHECK(error_percent(0.05, 0.04) == Approx(25));
+  CHECK_THROWS_AS(error_percent(1, 0), Error);
+}
+
+namespace {
+
+ResultRecord record(const std::string& backend, double step_s, int ranks, bool over = false) {
+  ResultRecord r;
+  r.backend = backend;
+  r.setup.mesh = "dp_shard=" + std::to_string(ranks);
+  r.setup.model = "m";
+  r.setup.world_size = ranks;
+  r.step.average_s = step_s;
+  if (backend == "mpi") {
+    r.step.average_s = step_s * 1.5;  // compare takes the median of measured records
+    r.step.measured.timed_steps = 5;
+    r.step.measured.median_s = step_s;
+    r.execution.library = "test";
+    r.execution.oversubscribed = over;
+  }
+  for (int i = 0; i < ranks; ++i) {
+    RankResult rr;
+    rr.rank = i;
+    rr.average.compute_s = step_s * (i + 1) / ranks;  // mean over ranks: step (n + 1) / (2 n)
+    rr.average.idle_s = 0.001;
+    r.ranks.push_back(rr);
+  }
+  return r;
+}
+
+PointRecords point(const std::string& label, double measured, double predicted, int ranks,
+                   bool over = false) {
+  PointRecords p;
+  p.point = label;
+  p.records["mpi"] = record("mpi", measured, ranks, over);
+  p.records["analytic"] = record("analytic", predicted, ranks);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("compare_points: errors, summaries and rankings by hand", "[core][compare]") {
+  // 2 ranks: measured 100, 200, 400 ms; predicted 110 (+10 %), 180 (-10 %), 420 (+5 %): same
+  // order. 4 ranks (oversubscribed): measured 100, 200; predicted 300 (+200 %), 150 (-25 %):
+  // order swapped.
+  const std::vector<PointRecords> points = {
+      point("strategy.name=a,mesh.dp_shard=2", 0.100, 0.110, 2),
+      point("strategy.name=b,mesh.dp_shard=2", 0.200, 0.180, 2),
+      point("strategy.name=c,mesh.dp_shard=2", 0.400, 0.420, 2),
+      point("strategy.name=a,mesh.dp_shard=4", 0.100, 0.300, 4, true),
+      point("strategy.name=b,mesh.dp_shard=4", 0.200, 0.150, 4, true),
+  };
+  const CompareReport r = compare_points(points);
+  REQUIRE(r.points.size() == 5);
+  CHECK(r.points[0].strategy == "a");
+  CHECK(r.points[0].measured.step_s == Approx(0.100));  // the median, not the average
+  CHECK(r.points[0].predicted.at(0).error_pct == Approx(10));
+  CHECK(r.points[1].predicted.at(0).error_pct == Approx(-10));
+  CHECK(r.points[2].predicted.at(0).error_pct == Approx(5));
+  CHECK(r.points[3].predicted.at(0).error_pct == Approx(200));
+  // Mean over ranks of compute: step (1 + 2) / (2 x 2) on 2 ranks.
+  CHECK(r.points[0].measured.phases.compute_s == Approx(0.100 * 3 / 4));
+  CHECK(r.points[0].measured.phases.idle_s == Approx(0.001));
+
+  REQUIRE(r.summaries.size() == 2);
+  const ErrorSummary& all = r.summaries[0];
+  const ErrorSummary& real = r.summaries[1];
+  CHECK(all.scope == "all points");
+  CHECK(all.points == 5);
+  CHECK(all.median_abs_pct == Approx(10));  // |errors| 5, 10, 10, 25, 200
+  CHECK(all.max_abs_pct == Approx(200));
+  CHECK(real.scope == "not oversubscribed");
+  CHECK(real.points == 3);
+  CHECK(real.median_abs_pct == Approx(10));  // 5, 10, 10
+  CHECK(real.max_abs_pct == Approx(10));
+  CHECK(real.mean_signed_pct == Approx(5.0 / 3));
+
+  REQUIRE(r.rankings.size() == 2);
+  CHECK(r.rankings[0].group == "mesh.dp_shard=2");  // the label without its strategy part
+  CHECK(r.rankings[0].tau == Approx(1));
+  CHECK(r.rankings[0].preserved);
+  CHECK(r.rankings[0].strategies == std::vector<std::string>{"a", "b", "c"});
+  CHECK(r.rankings[1].tau == Approx(-1));
+  CHECK_FALSE(r.rankings[1].preserved);
+  CHECK(r.rankings[1].oversubscribed);
+
+  const auto j = compare_json(r);
+  CHECK(j["points"].size() == 5);
+  CHECK(j["rankings"][1]["kendall_tau"] == Approx(-1));
+  CHECK_THAT(compare_table(r), Contains("DIFFERS"));
+}
+
+TEST_CASE("compare_points refuses points it cannot compare", "[core][compare]") {
+  PointRecords only_predicted;
+  only_predicted.point = "p";
+  only_predicted.records["analytic"] = record("analytic", 0.1, 2);
+  CHECK_THROWS_WITH(compare_points({only_predicted}), Contains("no point has a measured result"));
+  PointRecords only_measured;
+  only_measured.point = "p";
+  only_measured.records["mpi"] = record("mpi", 0.1, 2);
+  CHECK_THROWS_WITH(compare_points({only_measured}), Contains("no predicted one"));
+}
+
+namespace {
+
+const char* kExperiment = R"(name: cmp
+cluster: local-cpu
+mesh: {dims: {dp_shard: 2}}
+model: {preset: tiny-dense}
+strategy: {name: owner}
+backend: [mpi, analytic]
+sweep:
+  strategy.name: [sequential, owner]
+output: %OUT%
+)";
+
+std::string experiment_text(const std::string& out, const std::string& cluster = "local-cpu") {
+  std::string text = kExperiment;
+  text.replace(text.find("%OUT%"), 5, out);
+  if (cluster != "local-cpu") text.replace(text.find("local-cpu"), 9, cluster);
+  return text;
+}
+
+void write(const std::string& path, const std::string& text) {
+  write_file_atomically(path, text);
+}
+
+// Writes each point's analytic result, and an "mpi" record made from it (times x `scale`):
+// result files that compare reads exactly as it reads real ones.
+void write_results(const std::string& file, double scale) {
+  for (const Experiment& point : load_experiment(file)) {
+    PointRun run = run_point(point, "analytic");
+    write_point(point, run);
+    PointRun measured = run;
+    ResultRecord& m = measured.record;
+    m.backend = "mpi";
+    m.fidelity = "measured";
+    m.step.average_s *= scale;
+    m.step.measured.timed_steps = 3;
+    m.step.measured.median_s = m.step.average_s;
+    m.step.measured.min_s = m.step.average_s;
+    m.execution.library = "test";
+    write_point(point, measured);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("compare_experiment reads checked results and refuses wrong ones", "[core][compare]") {
+  testing::TempDir dir("compare");
+  const std::string file = dir / "cmp.yaml";
+  const std::string out = dir / "out";
+  write(file, experiment_text(out));
+
+  SECTION("missing results name the files and the fix") {
+    CHECK_THROWS_WITH(compare_experiment(file),
+                      Contains("missing") && Contains("mpi.json") && Contains("muonbed run"));
+  }
+  SECTION("measured beside predicted") {
+    write_results(file, 1.25);
+    const CompareReport r = compare_experiment(file);
+    REQUIRE(r.points.size() == 2);
+    for (const ComparedPoint& p : r.points) {
+      REQUIRE(p.predicted.size() == 1);
+      CHECK(p.predicted[0].backend == "analytic");
+      CHECK(p.predicted[0].error_pct == Approx(-20));  // 1 / 1.25 - 1
+    }
+    REQUIRE(r.rankings.size() == 1);
+    CHECK(r.rankings[0].preserved);
+  }
+  SECTION("results of another configuration are refused") {
+    write_results(file, 1.0);
+    write(file, experiment_text(out, "dgx-h100"));  // same points, another cluster
+    CHECK_THROWS_WITH(compare_experiment(file),
+                      Contains("another configuration") && Contains("muonbed run"));
+  }
+  SECTION("an edited result fails its checksum") {
+    write_results(file, 1.0);
+    const Experiment first = load_experiment(file).front();
+    const std::string path = result_path(first, "mpi");
+    std::ifstream in(path);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::size_t at = text.find("\"average_s\": ");
+    REQUIRE(at != std::string::npos);
+    text.insert(at + 14, "1");  // a different number, the checksum unchanged
+    write(path, text);
+    CHECK_THROWS_WITH(compare_experiment(file), Contains("mpi.json") && Contains("--force"));
+  }
+}

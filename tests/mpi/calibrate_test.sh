@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The measured side of issue 12 under mpirun (no timing assertions: this machine may be loaded).
+# Modes:
+#   bench      `muonbed bench collective --backend mpi`: nccl-tests' table with a checked #wrong
+#              column (0), JSON rows with op, size_bytes, gpus, time_us, algbw_GBps, busbw_GBps,
+#              backend; busbw = algbw x the bus factor
+#   calibrate  `muonbed calibrate --backend mpi` on a tiny experiment: the profile it writes is
+#              accepted by the loader (an experiment naming it by path validates and runs on the
+#              analytic backend), its provenance is there, its GEMM rate is within physical bounds
+#              (above 0.1 GFLOP/s, below 2 TFLOP/s for one CPU core in fp32), and every
+#              measurement it lists has the time of the bench row calibrate printed; --backend
+#              nccl is a clear "needs a GPU build" error
+# Usage: calibrate_test.sh MODE MUONBED_BINARY WORK_DIR. Exits 77 (skipped) without mpirun.
+set -uo pipefail
+mode=$1
+muonbed=$2
+work=$3
+if [ -z "${MUONBED_MPIRUN:-}" ] && ! command -v mpirun >/dev/null; then
+  echo "SKIP: mpirun not found (sudo apt-get install openmpi-bin): the mpi tests did not run"
+  exit 77
+fi
+rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+export TMPDIR=$work
+
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+
+case "$mode" in
+bench)
+  "$muonbed" bench collective --backend mpi --op all_gather --gpus 2 --sizes 1K:64K:8 \
+    --warmup 1 --iters 3 --json ag.json >bench.out 2>&1 || { cat bench.out; fail "bench collective --backend mpi failed"; }
+  cat bench.out
+  grep -q "#wrong" bench.out || fail "no #wrong column"
+  python3 - ag.json <<'EOF' || fail "bad JSON rows"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+rows = doc["rows"]
+assert len(rows) == 3, rows
+for r in rows:
+    for k in ("op", "size_bytes", "gpus", "time_us", "algbw_GBps", "busbw_GBps", "backend"):
+        assert k in r, k
+    assert r["backend"] == "mpi" and r["op"] == "all_gather" and r["gpus"] == 2, r
+    assert r["wrong"] == 0, r
+    assert r["time_us"] > 0, r
+    assert abs(r["algbw_GBps"] - r["size_bytes"] / (r["time_us"] * 1e-6) / 1e9) <= 1e-6 * r["algbw_GBps"], r
+    assert abs(r["busbw_GBps"] - r["algbw_GBps"] * 0.5) <= 1e-9 + 1e-9 * r["busbw_GBps"], r
+print("rows ok")
+EOF
+  # Every op, one size: each checks its data.
+  for op in reduce_scatter all_reduce all_to_all broadcast gather scatter sendrecv; do
+    "$muonbed" bench collective --backend mpi --op $op --gpus 2 --sizes 8K --warmup 0 --iters 1 \
+      --json $op.json >$op.out 2>&1 || { cat $op.out; fail "bench collective $op failed"; }
+    python3 -c "import json,sys; r=json.load(open('$op.json'))['rows'][0]; sys.exit(0 if r['wrong']==0 else 1)" ||
+      fail "$op: #wrong is not 0"
+  done
+  echo "PASS: bench collective --backend mpi: nccl-tests' table, #wrong 0 for every op, JSON rows"
+  ;;
+calibrate)
+  cat >tiny.yaml <<EOF
+name: tinycal
+cluster: local-cpu
+mesh: {dims: {dp_shard: 2}}
+model: {preset: tiny-dense}
+strategy: {name: owner}
+backend: [analytic]
+sweep:
+  strategy.name: [sequential, all_to_all]
+output: out
+EOF
+  "$muonbed" calibrate --backend nccl --out x.yaml >nccl.out 2>&1 && fail "--backend nccl succeeded"
+  grep -q "needs a GPU build" nccl.out || { cat nccl.out; fail "--backend nccl: no clear message"; }
+  "$muonbed" calibrate --backend mpi --experiment tiny.yaml --ranks 2 --out prof.yaml \
+    --warmup 0 --repeats 1 --iters 2 >cal.out 2>&1 || { cat cal.out; fail "calibrate failed"; }
+  cat cal.out
+  [ -f prof.yaml ] || fail "no profile written"
+  grep -q "^# command: muonbed calibrate --backend mpi" prof.yaml || fail "no command in the header"
+  grep -q "^  date: " prof.yaml || fail "no calibration date"
+  grep -q "ns_kernel: cpu-fp32" prof.yaml || fail "no measured NS table"
+  # The loader accepts it: an experiment naming it by path validates and runs.
+  sed "s|cluster: local-cpu|cluster: $work/prof.yaml|" tiny.yaml >onprof.yaml
+  "$muonbed" validate onprof.yaml >val.out 2>&1 || { cat val.out; fail "the profile does not load"; }
+  "$muonbed" run onprof.yaml --no-plots >run.out 2>&1 || { cat run.out; fail "run on the profile failed"; }
+  python3 - prof.yaml cal.out <<'EOF' || fail "profile numbers inconsistent"
+import re, sys
+prof = open(sys.argv[1]).read()
+out = open(sys.argv[2]).read()
+peak = float(re.search(r"peak_tflops: ([0-9.e+-]+)", prof).group(1))
+assert 1e-4 < peak < 2, f"GEMM peak {peak} TFLOP/s is outside what one CPU core does"
+# bench rows printed by calibrate: "size count type redop root time algbw busbw #wrong", per op
+printed = {}
+op = None
+for line in out.splitlines():
+    m = re.match(r"# (\w+) on mesh", line)
+    if m:
+        op = m.group(1)
+        continue
+    f = line.split()
+    if op and len(f) == 9 and f[0].isdigit():
+        printed[(op, int(f[0]))] = float(f[5])
+        assert f[8] == "0", line
+meas = re.findall(r"\{op: (\w+), gpus: (\d+), size_bytes: (\d+), busbw_GBps: [^,]+, time_us: ([0-9.e+-]+)", prof)
+assert meas, "no measurements in the profile"
+for op, gpus, size, t in meas:
+    want = printed[(op, int(size))]
+    assert abs(float(t) - want) <= max(0.01, 1e-3 * want), (op, size, t, want)
+print(f"peak {peak * 1e3:.1f} GFLOP/s; {len(meas)} measurements equal the printed bench rows")
+EOF
+  echo "PASS: calibrate writes a profile the loader accepts, consistent with its bench rows"
+  ;;
+*)
+  fail "unknown mode $mode"
+  ;;
+esac
