@@ -8,7 +8,8 @@
 //   workload       from an experiment's points: every Newton-Schulz call shape the plans make
 //                  ([batch,] rows x cols), the elementwise sizes, and every collective kind with
 //                  the mesh and group dims it runs over and the range of its sizes (nccl-tests' S)
-//   compute rows   per shape: the handler's Newton-Schulz time (-> gpu.ns_table, version
+//   compute rows   per shape (timed on the real backend's ranks: backends/mpi/measure.hpp's
+//                  compute_bench): the handler's Newton-Schulz time (-> gpu.ns_table, version
 //                  "cpu-fp32", interpolated in FLOPs by the model), momentum and apply_update
 //                  (-> gpu.hbm_GBps and launch_overhead_us.kernel: a least-squares fit of
 //                  t = kernel + model_bytes / hbm over all of them), an sgemm of the NS shape

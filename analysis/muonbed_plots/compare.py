@@ -28,7 +28,7 @@ def footer(fig, doc):
 
 def plot_scatter(p, doc):
     points = doc.get("points", [])
-    fig = p.new_figure(6.4, 5.2)
+    fig = p.new_figure(7.6, 5.6)
     ax = fig.add_subplot(1, 1, 1)
     values = []
     for backend in ("analytic", "sim"):
@@ -109,7 +109,7 @@ def plot_points(p, doc):
             ax.text(x, v, f"{pr['error_pct']:+.0f}%", ha="center", va="bottom", fontsize=5.5,
                     rotation=90)
     ax.set_xticks(range(n))
-    ax.set_xticklabels([f"{pt['strategy']} · {pt['ranks']}r · {pt['model']}" for pt in points],
+    ax.set_xticklabels([f"{pt['strategy']} · {pt.get('group') or pt['model']}" for pt in points],
                        rotation=60, ha="right", fontsize=6)
     ax.set_ylabel("step time (ms)")
     ax.set_ylim(0, top * 1.25)

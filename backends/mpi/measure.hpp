@@ -107,10 +107,13 @@ BlasInfo set_blas_threads(int threads);
 // Collective over `world`: the compute half of `muonbed calibrate`. Each plan is a
 // compute_bench_plan (core/calibration.hpp); every rank runs its momentum, newton_schulz and
 // apply_update ops with backends/cpu's handlers, an fp32 GEMM of the matrix's X X^T and the
-// packing of the matrix to bf16, each after a barrier so all ranks run it at once; `warmup`
-// untimed rounds, then `repeats` timed. Rank 0 gets per plan and kernel the median over repeats
-// of the slowest rank's time (other ranks an empty list).
+// packing of the matrix to bf16: `warmup` untimed calls, then `repeats` rounds of back-to-back
+// calls, each round after a barrier, the ranks taking turns (`concurrent` false: each has the
+// machine's cores to itself, as when ranks have cores of their own) or all at once (`concurrent`:
+// they share cores, caches and memory bandwidth). Rank 0 gets per plan and kernel the median over
+// rounds of the slowest rank's mean call (other ranks an empty list).
 std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, MPI_Comm world,
-                                           int warmup, int repeats, double timeout_s);
+                                           int warmup, int repeats, double timeout_s,
+                                           bool concurrent);
 
 }  // namespace muonbed::mpi

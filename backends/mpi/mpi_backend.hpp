@@ -65,9 +65,10 @@ void mpi_command_end();
 int run_mpi_worker(const std::string& job_file, const std::string& result_file);
 
 // `muonbed calibrate`: the compute benchmark (backends/mpi/measure.hpp's compute_bench) on every
-// rank of the world this process leads (rank 0 after mpi_command_begin); rows on rank 0.
+// rank of the world this process leads (rank 0 after mpi_command_begin), the ranks one at a time
+// or, `concurrent`, all at once; rows on rank 0.
 std::vector<ComputeBenchRow> run_compute_bench(const std::vector<StepPlan>& plans, int warmup,
-                                               int repeats);
+                                               int repeats, bool concurrent);
 // Starts this program under mpirun with `ranks` ranks (--oversubscribe beyond the cores,
 // --allow-run-as-root as root, --bind-to none) and `args`, its output passed through; returns
 // the exit code.

@@ -49,7 +49,8 @@ struct CalibrateOptions {
   int warmup = 2;
   int repeats = 7;
   int iters = 10;
-  int runs = 3;  // bench runs per collective size: the median one is kept
+  int runs = 3;             // bench runs per collective size: the median one is kept
+  bool concurrent = false;  // compute: all ranks at once (else one rank at a time)
 };
 
 ConfigError calibrate_error(const std::string& what, const std::string& fix) {
@@ -93,6 +94,7 @@ std::string command_line(const CalibrateOptions& o) {
   out += " --ranks " + std::to_string(o.ranks) + " --out " + o.out;
   if (!o.name.empty()) out += " --name " + o.name;
   if (!o.note.empty()) out += " --note '" + o.note + "'";
+  if (o.concurrent) out += " --concurrent";
   return out;
 }
 
@@ -105,6 +107,7 @@ std::vector<std::string> relaunch_args(const CalibrateOptions& o) {
   if (!o.name.empty()) args.insert(args.end(), {"--name", o.name});
   if (!o.note.empty()) args.insert(args.end(), {"--note", o.note});
   args.insert(args.end(), {"--runs", std::to_string(o.runs)});
+  if (o.concurrent) args.push_back("--concurrent");
   return args;
 }
 
@@ -143,9 +146,12 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
     plans.push_back(compute_bench_plan(mesh, s, w.optimizer));
   std::cout << "# compute: " << w.ns_shapes.size() << " Newton-Schulz shapes; per kernel "
             << o.warmup << " warm-up calls, then " << o.repeats
-            << " rounds of back-to-back calls (>= 30 ms) on all ranks at once: the median round "
+            << " rounds of back-to-back calls (>= 30 ms), "
+            << (o.concurrent ? "all ranks at once" : "one rank at a time")
+            << ": the median round "
                "of the slowest rank, per call (ms)\n";
-  const std::vector<ComputeBenchRow> compute = run_compute_bench(plans, o.warmup, o.repeats);
+  const std::vector<ComputeBenchRow> compute =
+      run_compute_bench(plans, o.warmup, o.repeats, o.concurrent);
   std::cout << fmt::format("# {:>16} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10}\n", "shape", "NS",
                            "momentum", "apply", "gemm XX^T", "pack bf16", "NS GFLOP/s");
   for (std::size_t i = 0; i + 5 <= compute.size(); i += 5) {
@@ -251,8 +257,9 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
       "it) at each shape",
       "                            the plans use: per call, the median of " +
           std::to_string(o.repeats) + " rounds of back-to-back calls (>= 30 ms),",
-      "                            slowest of " + std::to_string(o.ranks) +
-          " ranks running at once (so is every compute figure below)",
+      "                            slowest of " + std::to_string(o.ranks) + " ranks " +
+          (o.concurrent ? "running at once" : "taking turns (each with the machine to itself)") +
+          "; so is every compute figure below",
       "  gpu.peak_tflops           the fastest fp32 GEMM (X X^T at those shapes) of one rank",
       "  gpu.gemm_efficiency       each shape's GEMM rate over that peak, by its smallest dim",
       "  gpu.hbm_GBps, launch_overhead_us.kernel   least-squares fit of momentum and apply_update "
@@ -355,6 +362,8 @@ void add_calibrate_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--iters", o->iters, "timed iterations per collective size and run")
       ->capture_default_str();
+  cmd->add_flag("--concurrent", o->concurrent,
+                "time compute on all ranks at once (they share cores) instead of one at a time");
   cmd->add_option("--runs", o->runs, "runs per collective size (the median one is kept)")
       ->capture_default_str();
   cmd->footer(R"(Examples:

@@ -65,6 +65,7 @@ struct Job {
   // "plan" (measure `plan`) or "compute" (the compute benchmark of `muonbed calibrate` on
   // `compute_plans`, `warmup_steps` and `timed_steps` rounds).
   std::string kind = "plan";
+  bool concurrent = false;  // compute: every rank at once (else one at a time)
   nlohmann::json compute_plans = nlohmann::json::array();
 };
 
@@ -87,6 +88,7 @@ nlohmann::json to_json(const Job& j) {
           {"ns_version", j.ns_version},
           {"check_data", j.check_data},
           {"kind", j.kind},
+          {"concurrent", j.concurrent},
           {"compute_plans", j.compute_plans}};
 }
 
@@ -110,6 +112,7 @@ Job job_from_json(const nlohmann::json& v) {
   j.ns_version = v.value("ns_version", 2);
   j.check_data = v.value("check_data", false);
   j.kind = v.value("kind", std::string("plan"));
+  j.concurrent = v.value("concurrent", false);
   if (v.contains("compute_plans")) j.compute_plans = v.at("compute_plans");
   return j;
 }
@@ -184,7 +187,7 @@ std::vector<ComputeBenchRow> execute_compute_job(const Job& job) {
     std::vector<StepPlan> plans;
     for (const nlohmann::json& p : job.compute_plans) plans.push_back(plan_from_json(p));
     return mpi::compute_bench(plans, MPI_COMM_WORLD, job.warmup_steps, job.timed_steps,
-                              job.timeout_s);
+                              job.timeout_s, job.concurrent);
   } catch (const std::exception& e) {
     std::string message = e.what();
     if (message.rfind("rank ", 0) != 0) message = "rank " + std::to_string(rank) + ": " + message;
@@ -641,7 +644,7 @@ int run_mpi_worker(const std::string& job_file, const std::string& result_file) 
 }
 
 std::vector<ComputeBenchRow> run_compute_bench(const std::vector<StepPlan>& plans, int warmup,
-                                               int repeats) {
+                                               int repeats, bool concurrent) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized || (!g_leader && world_size() > 1))
@@ -653,6 +656,7 @@ std::vector<ComputeBenchRow> run_compute_bench(const std::vector<StepPlan>& plan
   for (const StepPlan& p : plans) job.compute_plans.push_back(plan_to_json(p));
   job.warmup_steps = warmup;
   job.timed_steps = repeats;
+  job.concurrent = concurrent;
   if (const char* v = env("MUONBED_BLAS_THREADS")) job.blas_threads = std::max(1, std::atoi(v));
   if (world_size() > 1) send_job(job);
   return execute_compute_job(job);

@@ -1,7 +1,7 @@
 // The compute half of `muonbed calibrate` on MPI ranks (backends/mpi/measure.hpp): every rank
 // runs the CPU handlers of backends/cpu (what the executor's compute threads run) on the
-// synthetic plan of core/calibration.hpp's compute_bench_plan, all ranks at once after a barrier
-// (so they share the machine's cores, caches and memory bandwidth as the ranks of a step do).
+// synthetic plan of core/calibration.hpp's compute_bench_plan, one rank at a time (the others
+// wait in a barrier, as a rank's idle threads wait in a step) or all ranks at once.
 // Per kernel and round the slowest rank's mean call counts; each row is the median over rounds.
 #include <algorithm>
 #include <chrono>
@@ -36,7 +36,8 @@ double median(std::vector<double> v) {
 }  // namespace
 
 std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, MPI_Comm world,
-                                           int warmup, int repeats, double timeout_s) {
+                                           int warmup, int repeats, double timeout_s,
+                                           bool concurrent) {
   int rank = 0, size = 1;
   MUONBED_MPI_CHECK(MPI_Comm_rank(world, &rank));
   MUONBED_MPI_CHECK(MPI_Comm_size(world, &size));
@@ -97,10 +98,15 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
       const int calls =
           agree(static_cast<int>(std::clamp(std::ceil(kRoundSeconds / first), 1.0, 10000.0)));
       for (int k = 0; k < repeats; ++k) {
-        barrier();
-        t0 = Clock::now();
-        for (int i = 0; i < calls; ++i) call(j);
-        times[static_cast<std::size_t>(j * repeats + k)] = since(t0) / calls;
+        // Concurrent: every rank at once. Alone: the ranks take turns, the others waiting in
+        // the barrier (sleeping), so each rank has a core to itself.
+        for (int turn = 0; turn < (concurrent ? 1 : size); ++turn) {
+          barrier();
+          if (!concurrent && turn != rank) continue;
+          t0 = Clock::now();
+          for (int i = 0; i < calls; ++i) call(j);
+          times[static_cast<std::size_t>(j * repeats + k)] = since(t0) / calls;
+        }
       }
     }
     mine.insert(mine.end(), times.begin(), times.end());
