@@ -122,10 +122,19 @@ class Executor {
   std::unique_ptr<Impl> impl_;
 };
 
-// Tests `request` until it completes, sleeping between tests (no busy core); throws
-// ExecutionError "`where`: no progress for T s in `what`" after `timeout_s`.
+// How `wait_for` and the step loop wait for MPI. Open MPI moves data only inside MPI calls (the
+// shared-memory transport's single copy runs in the receiver's MPI_Test), so a rank that sleeps
+// between tests delays every message by its sleep: `spin` keeps testing, for a rank whose core
+// has nothing else to do; `sleep` backs off, leaving the core to another rank or to compute.
+enum class WaitMode { sleep, spin };
+
+// Tests `request` until it completes; throws ExecutionError "`where`: no progress for T s in
+// `what`" after `timeout_s`.
 void wait_for(MPI_Request& request, double timeout_s, const std::string& where,
-              const std::string& what);
+              const std::string& what, WaitMode mode = WaitMode::sleep);
+
+// Cores this process may run on (its affinity mask).
+int available_cores();
 
 // Freed memory stays with the process (as the executor keeps it, so steps after the warm-up pay
 // no page faults): what the compute benchmark of `muonbed calibrate` runs under too.

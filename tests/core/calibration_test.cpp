@@ -131,7 +131,7 @@ TEST_CASE("fitting rows made by a known profile gives that profile back", "[core
   CalibrationInput in;
   in.name = "fitted";
   in.ranks = 2;
-  for (const std::string& op : {"all_gather", "all_to_all", "gather", "scatter", "broadcast"})
+  for (const char* op : {"all_gather", "all_to_all", "gather", "scatter", "broadcast"})
     for (std::int64_t size = 1024; size <= (16 << 20); size *= 4) {
       CollectiveBenchRow r = bench_row(op, 2, size);
       r.time_us = model_bench_seconds(truth, r) * 1e6;

@@ -5,7 +5,6 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <mpi.h>
-#include <sched.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -349,13 +348,6 @@ std::string find_mpirun() {
       "apt-get install openmpi-bin (or set MUONBED_MPIRUN to an mpirun)");
 }
 
-int available_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-}
-
 std::string read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream text;
@@ -393,7 +385,7 @@ std::string failure_excerpt(const std::string& log) {
 // mpirun's options for `ranks` ranks of this program on this machine.
 std::vector<std::string> mpirun_argv(const std::string& mpirun, int ranks) {
   std::vector<std::string> argv = {mpirun, "-np", std::to_string(ranks)};
-  if (ranks > available_cores()) argv.push_back("--oversubscribe");
+  if (ranks > mpi::available_cores()) argv.push_back("--oversubscribe");
   if (geteuid() == 0) argv.push_back("--allow-run-as-root");
   // Each rank runs compute threads beside its MPI thread: no binding to one core.
   argv.insert(argv.end(), {"--bind-to", "none"});

@@ -4,6 +4,7 @@
 #include "backends/mpi/executor.hpp"
 
 #include <malloc.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -207,7 +208,7 @@ void abort_world(const std::string& message, int code) {
 }
 
 void wait_for(MPI_Request& request, double timeout_s, const std::string& where,
-              const std::string& what) {
+              const std::string& what, WaitMode mode) {
   const auto start = Clock::now();
   int sleep_us = 0;
   while (true) {
@@ -219,9 +220,17 @@ void wait_for(MPI_Request& request, double timeout_s, const std::string& where,
       throw Located(where + ": no progress for " + std::to_string(static_cast<int>(waited)) +
                     " s in " + what + " (timeout " + std::to_string(timeout_s) +
                     " s): another rank stopped before it (its message names it)");
+    if (mode == WaitMode::spin) continue;
     sleep_us = std::min(std::max(2 * sleep_us, 10), 1000);
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
   }
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -285,13 +294,16 @@ class Executor::Impl final : public OpHandler {
         const auto now = Clock::now();
         if (progressed) {
           last_progress_ = now;
-          spin_until = now + std::chrono::microseconds(50);
+          // A compute thread of this rank needs the core: no spinning while it runs.
+          if (computing_ == 0) spin_until = now + std::chrono::microseconds(50);
           sleep_us = 0;
           continue;
         }
         check_watchdog(now);
         if (active_.empty()) {
           idle_wait(std::chrono::milliseconds(5));  // only a compute completion can come
+        } else if (computing_ == 0 && idle_mode_ == WaitMode::spin) {
+          continue;  // the core is this rank's and idle: MPI progresses only while we test
         } else if (now >= spin_until) {
           sleep_us = std::min(std::max(2 * sleep_us, 5), std::max(1, options_.max_poll_sleep_us));
           idle_wait(std::chrono::microseconds(sleep_us));
@@ -467,6 +479,10 @@ class Executor::Impl final : public OpHandler {
       host_of_[r] = static_cast<int>(it - hosts_.begin());
       if (it == hosts_.end()) hosts_.push_back(h);
     }
+    // A rank spins on MPI only when every rank of its host has a core: oversubscribed, a spinning
+    // rank would take the core of the peer it waits for.
+    const auto neighbours = std::count(host_of_.begin(), host_of_.end(), host_of_[rank_]);
+    idle_mode_ = neighbours <= available_cores() ? WaitMode::spin : WaitMode::sleep;
   }
 
   // One communicator per (stream, group dims) of the plan's collectives, split in one order on
@@ -542,7 +558,7 @@ class Executor::Impl final : public OpHandler {
   void barrier() {
     MPI_Request request = MPI_REQUEST_NULL;
     MUONBED_MPI_CHECK(MPI_Ibarrier(world_, &request));
-    wait_for(request, options_.timeout_s, where(-1), "the barrier before the step");
+    wait_for(request, options_.timeout_s, where(-1), "the barrier before the step", idle_mode_);
   }
 
   void idle_wait(Clock::duration d) {
@@ -855,6 +871,7 @@ class Executor::Impl final : public OpHandler {
   std::unique_ptr<cpu::RankStore> store_;
   std::unique_ptr<Engine> engine_;
   std::vector<int> host_of_;
+  WaitMode idle_mode_ = WaitMode::sleep;
   std::vector<std::string> hosts_;
   std::map<std::pair<int, std::uint32_t>, MPI_Comm> comms_;
   std::vector<MPI_Comm> comm_of_;  // per plan op (collectives)

@@ -3,7 +3,6 @@
 #include "backends/mpi/measure.hpp"
 
 #include <dlfcn.h>
-#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -21,13 +20,6 @@ namespace muonbed::mpi {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-int available_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-}
 
 // Flat form of a rank's timed steps, for one MPI_Gatherv of doubles.
 constexpr int kStepFields = 12;
