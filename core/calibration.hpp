@@ -15,6 +15,9 @@
 //                  t = kernel + model_bytes / hbm over all of them), an sgemm of the NS shape
 //                  (-> gpu.peak_tflops = the fastest, gpu.gemm_efficiency by min dim), and
 //                  message packing (reported, not fitted: collective rows include it)
+//   elementwise rows  momentum, apply_update and adamw over the numbers of elements the plans'
+//                  ops touch on one rank (-> gpu.elementwise_table): a step's elementwise ops
+//                  cover many parameters at once, out of the caches a per-shape row stays in
 //   collective rows  `bench collective` rows of the backend -> intra_node.bandwidth_GBps (the
 //                  best class's rate), latency_us, launch_overhead_us.collective and
 //                  efficiency.intra_node per collective class: the values that minimize the
@@ -55,8 +58,9 @@ struct CollectiveWorkload {
 struct CalibrationWorkload {
   int ranks = 2;
   int ns_steps = 5;
-  OptimizerConfig optimizer;           // of the first point (NS coefficients, dtypes)
-  std::vector<NsCallShape> ns_shapes;  // distinct, sorted
+  OptimizerConfig optimizer;                     // of the first point (NS coefficients, dtypes)
+  std::vector<NsCallShape> ns_shapes;            // distinct, sorted
+  std::vector<std::int64_t> elementwise_numels;  // sizes to time momentum, apply and adamw at
   std::vector<CollectiveWorkload> collectives;
 };
 
@@ -74,6 +78,10 @@ CalibrationWorkload default_calibration_workload(int ranks);
 // with the experiment's optimizer settings. Ops 0, 1, 2 in that order.
 StepPlan compute_bench_plan(const DeviceMesh& mesh, const NsCallShape& shape,
                             const OptimizerConfig& optimizer);
+// The synthetic plan of an elementwise row: a 1 x numel Muon matrix (momentum, newton_schulz,
+// apply_update: ops 0, 1, 2) and a numel-element AdamW vector (adamw: op 3), replicated.
+StepPlan elementwise_bench_plan(const DeviceMesh& mesh, std::int64_t numel,
+                                const OptimizerConfig& optimizer);
 
 // Measured compute: median seconds over repeats of the slowest rank (ranks run concurrently).
 struct ComputeBenchRow {
@@ -81,8 +89,9 @@ struct ComputeBenchRow {
   NsCallShape shape;   // gemm: rows x cols is the NS shape whose X X^T it times
   std::int64_t numel = 0;
   double seconds = 0;
-  double model_bytes = 0;  // momentum, apply_update: op_memory_bytes of the bench plan's op
-  double flops = 0;        // newton_schulz, gemm
+  double model_bytes = 0;   // momentum, apply_update: op_memory_bytes of the bench plan's op
+  double flops = 0;         // newton_schulz, gemm
+  bool step_sized = false;  // an elementwise row at a plan op's size (elementwise_bench_plan)
 };
 
 struct CalibrationInput {

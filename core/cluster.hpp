@@ -18,6 +18,12 @@
 //   gpu.ns_table          measured Newton-Schulz time per call by shape and kernel version,
 //                         interpolated in FLOPs; peak x gemm_efficiency (plus the kernel launch
 //                         overhead) only where the table has no entry for the chosen version
+//   gpu.elementwise_table measured time of one elementwise op (momentum, apply_update, adamw) by
+//                         the elements it touches, interpolated in elements; where the table has
+//                         no entry for an op kind, its bytes at hbm_GBps (plus launch overhead).
+//                         `muonbed calibrate` fills it at the sizes the plans' ops have: on CPU
+//                         ranks these ops run at a few GB/s (AdamW is compute-bound there), far
+//                         from the bandwidth a cache-resident microbenchmark shows
 //   measurements          measured (or published) collective figures with their sources: the
 //                         evidence a profile was calibrated from, checked by tests and by
 //                         `muonbed compare`
@@ -57,6 +63,15 @@ struct NsTiming {
   std::string source;
 };
 
+// One measured elementwise op: `kernel` (momentum, apply_update or adamw) over `numel` elements
+// of one rank, `ms` per call.
+struct ElementwiseTiming {
+  std::string kernel;
+  std::int64_t numel = 0;
+  double ms = 0;
+  std::string source;
+};
+
 struct GpuSpec {
   std::string name;
   double peak_tflops = 0;  // dense bf16
@@ -65,6 +80,7 @@ struct GpuSpec {
   std::vector<EfficiencyPoint> gemm_efficiency;  // empty = 1.0
   std::vector<NsTiming> ns_table;                // measured NS calls (see ns_call_seconds)
   std::string ns_kernel;  // the kernel version the model times NS with; "" = none chosen
+  std::vector<ElementwiseTiming> elementwise_table;  // see elementwise_seconds
   double efficiency(double dim) const;
   // Sustained FLOP/s for an op whose smallest matrix dim is `dim`.
   double sustained_flops(double dim) const { return peak_tflops * 1e12 * efficiency(dim); }
@@ -80,7 +96,14 @@ struct GpuSpec {
                          const std::string& version) const;
   // The versions ns_table has entries for, in the order they first appear.
   std::vector<std::string> ns_versions() const;
+  // Seconds of one `kernel` op over `numel` elements from elementwise_table: piecewise linear in
+  // elements between the kernel's entries, at the nearest entry's rate (seconds per element)
+  // outside them; negative when the table has no entry of that kernel.
+  double elementwise_seconds(std::string_view kernel, std::int64_t numel) const;
 };
+
+// The op kinds elementwise_table may time.
+const std::vector<std::string>& elementwise_table_kernels();
 
 enum class IntraNodeKind { nvswitch, pcie };
 

@@ -196,6 +196,8 @@ std::int64_t buffer_bytes(const StepPlan& plan, const Buffer& buffer, int rank);
 
 // FLOPs and memory traffic (bytes read + written) of a compute op on `rank`.
 double op_flops(const StepPlan& plan, const Op& op, int rank);
+// Elements an elementwise compute op (momentum, apply_update, adamw) touches on `rank`.
+std::int64_t elementwise_numel(const StepPlan& plan, const Op& op, int rank);
 double op_memory_bytes(const StepPlan& plan, const Op& op, int rank);
 
 // The NS work of a newton_schulz op on `rank`, one entry per matrix (stack): its FLOPs, its

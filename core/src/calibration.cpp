@@ -127,6 +127,7 @@ CalibrationWorkload calibration_workload(const std::vector<Experiment>& points, 
   CalibrationWorkload w;
   w.ranks = ranks;
   std::set<NsCallShape> shapes;
+  std::set<std::int64_t> numels;
   std::map<std::string, CollectiveWorkload> collectives;
   bool any = false;
   std::string sizes_seen;
@@ -145,6 +146,12 @@ CalibrationWorkload calibration_workload(const std::vector<Experiment>& points, 
     const StepPlan plan = plan_experiment(point);
     const DeviceMesh& mesh = plan.mesh();
     for (const Op& op : plan.ops) {
+      if (op.kind == OpKind::momentum || op.kind == OpKind::apply_update ||
+          op.kind == OpKind::adamw) {
+        for (int r : op.ranks.ranks(mesh))
+          if (const std::int64_t n = elementwise_numel(plan, op, r); n > 0) numels.insert(n);
+        continue;
+      }
       if (op.kind == OpKind::newton_schulz) {
         for (int r : op.ranks.ranks(mesh))
           for (const MatrixWork& m : ns_work(plan, op, r))
@@ -185,6 +192,12 @@ CalibrationWorkload calibration_workload(const std::vector<Experiment>& points, 
                           " ranks (its meshes have" + sizes_seen + "ranks)",
                       "calibrate with --ranks set to one of those sizes");
   w.ns_shapes.assign(shapes.begin(), shapes.end());
+  // The smallest and largest size and sizes between them at least 2x apart: the table is
+  // interpolated between its points.
+  for (const std::int64_t n : numels)
+    if (w.elementwise_numels.empty() || n >= 2 * w.elementwise_numels.back() ||
+        n == *numels.rbegin())
+      w.elementwise_numels.push_back(n);
   for (auto& [key, c] : collectives) {
     c.sizes = bench_sizes(c.min_bytes, c.max_bytes);
     w.collectives.push_back(std::move(c));
@@ -196,6 +209,7 @@ CalibrationWorkload default_calibration_workload(int ranks) {
   CalibrationWorkload w;
   w.ranks = ranks;
   w.ns_shapes = {{1, 256, 256}, {1, 256, 688}, {1, 512, 512}, {1, 1024, 1024}};
+  w.elementwise_numels = {1 << 16, 1 << 20, 1 << 22};
   const DeviceMesh mesh({{"g", ranks, DimRole::replicate}}, std::max(8, ranks));
   for (const std::string& op : collective_bench_ops()) {
     CollectiveWorkload c;
@@ -255,6 +269,35 @@ StepPlan compute_bench_plan(const DeviceMesh& mesh, const NsCallShape& shape,
   return b.finish("calibrate_compute", "{}");
 }
 
+StepPlan elementwise_bench_plan(const DeviceMesh& mesh, std::int64_t numel,
+                                const OptimizerConfig& optimizer) {
+  const StepPlan muon = compute_bench_plan(mesh, {1, 1, numel}, optimizer);
+  std::vector<DistributedParam> params = muon.model.params;
+  DistributedParam v;
+  v.name = "vector";
+  v.shape = {numel};
+  v.dtype = DType::bf16;
+  v.optimizer = OptimizerKind::adamw;
+  v.layout =
+      TensorLayout(mesh, v.shape, std::vector<Placement>(mesh.ndims(), Placement::replicate()));
+  params.push_back(std::move(v));
+  Assignment assignment;
+  assignment.owner = {0, 0};
+  PlanSettings settings = muon.settings;
+  PlanBuilder b(shard_explicitly(mesh, "calibrate", std::move(params)), std::move(assignment),
+                settings);
+  b.stream("compute");
+  for (Op op : muon.ops) b.emit(std::move(op));
+  Op adamw;
+  adamw.kind = OpKind::adamw;
+  adamw.stream = 0;
+  adamw.ranks = RankBox::everyone(b.mesh());
+  adamw.params = {1};
+  adamw.label = "adamw";
+  b.emit(std::move(adamw));
+  return b.finish("calibrate_elementwise", "{}");
+}
+
 double model_bench_seconds(const ClusterSpec& cluster, const CollectiveBenchRow& row) {
   const OpKind kind = bench_kind(row.op);
   const int n = kind == OpKind::send ? 2 : row.group_size;
@@ -301,6 +344,8 @@ ClusterSpec calibrated_profile(const CalibrationInput& in) {
       const double dim = static_cast<double>(std::min(r.shape.rows, r.shape.cols));
       gemm_rate[dim] = std::max(gemm_rate[dim], rate);
       peak = std::max(peak, rate);
+    } else if (r.step_sized) {
+      c.gpu.elementwise_table.push_back({r.kernel, r.numel, r.seconds * 1e3, ""});
     } else if (r.kernel == "momentum" || r.kernel == "apply_update") {
       bytes.push_back(r.model_bytes);
       secs.push_back(r.seconds);

@@ -121,6 +121,29 @@ double GpuSpec::ns_call_seconds(std::int64_t rows, std::int64_t cols, std::int64
   return b * interpolate_ns(distinct, ns_step_flops(m, n) * steps);
 }
 
+double GpuSpec::elementwise_seconds(std::string_view kernel, std::int64_t numel) const {
+  std::vector<std::pair<double, double>> points;  // (elements, seconds)
+  for (const ElementwiseTiming& t : elementwise_table)
+    if (t.kernel == kernel && t.numel > 0 && t.ms > 0)
+      points.emplace_back(static_cast<double>(t.numel), t.ms * 1e-3);
+  if (points.empty()) return -1;
+  std::sort(points.begin(), points.end());
+  const double n = static_cast<double>(std::max<std::int64_t>(0, numel));
+  if (n <= points.front().first) return points.front().second * n / points.front().first;
+  for (std::size_t i = 1; i < points.size(); ++i)
+    if (n <= points[i].first) {
+      const auto& [n0, t0] = points[i - 1];
+      const auto& [n1, t1] = points[i];
+      return n1 == n0 ? std::max(t0, t1) : t0 + (n - n0) / (n1 - n0) * (t1 - t0);
+    }
+  return points.back().second * n / points.back().first;
+}
+
+const std::vector<std::string>& elementwise_table_kernels() {
+  static const std::vector<std::string> kinds = {"momentum", "apply_update", "adamw"};
+  return kinds;
+}
+
 std::vector<std::string> GpuSpec::ns_versions() const {
   std::vector<std::string> out;
   for (const NsTiming& t : ns_table)
@@ -164,14 +187,16 @@ const std::vector<std::string> kClusterKeys = {
     "name",         "source",     "gpus_per_node", "nodes",      "gpu",
     "intra_node",   "nic",        "network",       "efficiency", "launch_overhead_us",
     "measurements", "calibration"};
-const std::vector<std::string> kGpuKeys = {
-    "name", "peak_tflops", "hbm_GBps", "memory_GiB", "gemm_efficiency", "ns_table", "ns_kernel"};
+const std::vector<std::string> kGpuKeys = {"name",       "peak_tflops",      "hbm_GBps",
+                                           "memory_GiB", "gemm_efficiency",  "ns_table",
+                                           "ns_kernel",  "elementwise_table"};
 const std::vector<std::string> kIntraKeys = {
     "kind", "bandwidth_GBps", "latency_us", "pcie_switch_GBps", "nvls", "nvls_latency_us"};
 const std::vector<std::string> kLinkClassKeys = {"intra_node", "network"};
 const std::vector<std::string> kCollectiveClassKeys = {"ring", "all_to_all", "p2p", "nvls"};
 const std::vector<std::string> kLaunchKeys = {"collective", "kernel"};
 const std::vector<std::string> kNsEntryKeys = {"version", "shape", "steps", "ms", "source"};
+const std::vector<std::string> kElementwiseEntryKeys = {"kernel", "numel", "ms", "source"};
 const std::vector<std::string> kMeasurementKeys = {
     "op", "gpus", "size_bytes", "busbw_GBps", "time_us", "algorithm", "source"};
 const std::vector<std::string> kMeasuredOps = {"all_gather", "reduce_scatter", "all_reduce",
@@ -196,7 +221,7 @@ constexpr double kMinMemoryGiB = 1e-3, kMaxMemoryGiB = 1e6;
 constexpr double kMinEfficiency = 1e-3;
 constexpr double kMaxEfficiencyDim = 16777216;  // the largest tensor dim (2^24)
 constexpr double kMaxOversubscription = 1000;
-constexpr double kMaxMeasuredMs = 1e7;       // a measured kernel or collective: under 3 hours
+constexpr double kMaxMeasuredMs = 1e7;        // a measured kernel or collective: under 3 hours
 constexpr double kMaxLaunchOverheadUs = 1e5;  // 0.1 s
 
 std::string sub(const std::string& path, const std::string& key) {
@@ -268,6 +293,26 @@ void read_ns_table(const Context& ctx, const Field& field, GpuSpec& gpu) {
   gpu.ns_table = std::move(table);
 }
 
+void read_elementwise_table(const Context& ctx, const Field& field, GpuSpec& gpu) {
+  const std::string example =
+      "elementwise_table: [{kernel: adamw, numel: 1048576, ms: 4.1}, {kernel: momentum, numel: "
+      "1048576, ms: 1.2}]";
+  std::vector<ElementwiseTiming> table;
+  for (const Field& item : list_items(ctx, field)) {
+    const MapReader e(ctx, item, kElementwiseEntryKeys);
+    e.require("kernel", example);
+    e.require("numel", example);
+    e.require("ms", example);
+    ElementwiseTiming t;
+    e.read_choice("kernel", t.kernel, elementwise_table_kernels());
+    e.read("numel", t.numel, 1, std::int64_t{1} << 40);
+    e.read("ms", t.ms, 0, kMaxMeasuredMs, true);
+    e.read("source", t.source);
+    table.push_back(std::move(t));
+  }
+  gpu.elementwise_table = std::move(table);
+}
+
 void read_measurements(const Context& ctx, const Field& field, ClusterSpec& spec) {
   const std::string example =
       "measurements: [{op: all_gather, gpus: 8, size_bytes: 1073741824, busbw_GBps: 350, "
@@ -330,6 +375,7 @@ void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::str
     if (const Field* e = gpu.find("gemm_efficiency")) read_gemm_efficiency(ctx, *e, spec.gpu);
     if (const Field* t = gpu.find("ns_table")) read_ns_table(ctx, *t, spec.gpu);
     gpu.read("ns_kernel", spec.gpu.ns_kernel);
+    if (const Field* t = gpu.find("elementwise_table")) read_elementwise_table(ctx, *t, spec.gpu);
   }
 
   if (const Field* f = top.find("intra_node")) {
@@ -550,6 +596,18 @@ void emit_cluster(YAML::Emitter& out, const ClusterSpec& spec) {
   }
   if (!spec.gpu.ns_kernel.empty())
     out << YAML::Key << "ns_kernel" << YAML::Value << spec.gpu.ns_kernel;
+  if (!spec.gpu.elementwise_table.empty()) {
+    out << YAML::Key << "elementwise_table" << YAML::Value << YAML::BeginSeq;
+    for (const ElementwiseTiming& t : spec.gpu.elementwise_table) {
+      out << YAML::Flow << YAML::BeginMap;
+      out << YAML::Key << "kernel" << YAML::Value << t.kernel;
+      out << YAML::Key << "numel" << YAML::Value << t.numel;
+      number("ms", t.ms);
+      if (!t.source.empty()) out << YAML::Key << "source" << YAML::Value << t.source;
+      out << YAML::EndMap;
+    }
+    out << YAML::EndSeq;
+  }
   out << YAML::EndMap;
 
   out << YAML::Key << "intra_node" << YAML::Value << YAML::BeginMap;

@@ -225,8 +225,9 @@ double ring_latency(long steps, int n, const LinkParams& link) {
 // Compute durations. Newton-Schulz runs each matrix (or stacked batch, one call) for the time
 // gpu.ns_table measured for the chosen kernel version, interpolated in FLOPs; without an entry of
 // that version, at the GPU's sustained GEMM rate for its smallest dimension plus one kernel
-// launch. Elementwise ops run their few FLOPs at peak, bounded below by their HBM traffic at HBM
-// bandwidth (hbm_GBps = 0: not modelled), plus one kernel launch per parameter they touch.
+// launch. Elementwise ops take gpu.elementwise_table's measured time for the elements they touch
+// when it has their kind; else they run their few FLOPs at peak, bounded below by their HBM
+// traffic at HBM bandwidth (hbm_GBps = 0: not modelled), plus one kernel launch per parameter.
 double compute_seconds(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster) {
   const GpuSpec& gpu = cluster.gpu;
   const double launch = cluster.launch_overhead.kernel_us * kMicro;
@@ -256,6 +257,11 @@ double compute_seconds(const StepPlan& plan, const Op& op, int rank, const Clust
     if (gpu.hbm_GBps > 0 && gpu.ns_kernel.empty())
       t = std::max(t, op_memory_bytes(plan, op, rank) / (gpu.hbm_GBps * kGB));
     return t;
+  }
+  if (op.kind == OpKind::momentum || op.kind == OpKind::apply_update || op.kind == OpKind::adamw) {
+    const double measured =
+        gpu.elementwise_seconds(to_string(op.kind), elementwise_numel(plan, op, rank));
+    if (measured >= 0) return measured;
   }
   const double flops = op_flops(plan, op, rank);
   if (flops > 0) {

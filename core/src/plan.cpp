@@ -421,9 +421,6 @@ std::vector<MatrixWork> ns_work(const StepPlan& plan, const Op& op, int rank) {
   return work;
 }
 
-namespace {
-
-// Elements an elementwise compute op touches on `rank`.
 std::int64_t elementwise_numel(const StepPlan& plan, const Op& op, int rank) {
   std::int64_t total = 0;
   for (int p : op.params) {
@@ -432,8 +429,6 @@ std::int64_t elementwise_numel(const StepPlan& plan, const Op& op, int rank) {
   }
   return total;
 }
-
-}  // namespace
 
 double op_flops(const StepPlan& plan, const Op& op, int rank) {
   switch (op.kind) {

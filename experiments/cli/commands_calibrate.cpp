@@ -144,6 +144,8 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
   std::vector<StepPlan> plans;
   for (const NsCallShape& s : w.ns_shapes)
     plans.push_back(compute_bench_plan(mesh, s, w.optimizer));
+  for (const std::int64_t n : w.elementwise_numels)
+    plans.push_back(elementwise_bench_plan(mesh, n, w.optimizer));
   std::cout << "# compute: " << w.ns_shapes.size() << " Newton-Schulz shapes; per kernel "
             << o.warmup << " warm-up calls, then " << o.repeats
             << " rounds of back-to-back calls (>= 30 ms), "
@@ -154,13 +156,27 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
       run_compute_bench(plans, o.warmup, o.repeats, o.concurrent);
   std::cout << fmt::format("# {:>16} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10}\n", "shape", "NS",
                            "momentum", "apply", "gemm XX^T", "pack bf16", "NS GFLOP/s");
-  for (std::size_t i = 0; i + 5 <= compute.size(); i += 5) {
+  std::size_t i = 0;
+  for (; i + 5 <= compute.size() && !compute[i].step_sized; i += 5) {
     const auto& m = compute[i];
     const auto& ns = compute[i + 1];
     std::cout << fmt::format(
         "  {:>16} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f} {:>10.2f}\n",
         shape_text(m.shape), ns.seconds * 1e3, m.seconds * 1e3, compute[i + 2].seconds * 1e3,
         compute[i + 3].seconds * 1e3, compute[i + 4].seconds * 1e3, ns.flops / ns.seconds / 1e9);
+  }
+  if (i < compute.size()) {
+    std::cout << "# elementwise ops at the sizes the plans' ops have on one rank (ms; GB/s of "
+                 "the model's bytes)\n"
+              << fmt::format("# {:>16} {:>12} {:>12} {:>12} {:>8} {:>8} {:>8}\n", "elements",
+                             "momentum", "apply", "adamw", "GB/s", "GB/s", "GB/s");
+    for (; i + 3 <= compute.size(); i += 3) {
+      const auto rate = [](const ComputeBenchRow& r) { return r.model_bytes / r.seconds / 1e9; };
+      std::cout << fmt::format(
+          "  {:>16} {:>12.3f} {:>12.3f} {:>12.3f} {:>8.2f} {:>8.2f} {:>8.2f}\n", compute[i].numel,
+          compute[i].seconds * 1e3, compute[i + 1].seconds * 1e3, compute[i + 2].seconds * 1e3,
+          rate(compute[i]), rate(compute[i + 1]), rate(compute[i + 2]));
+    }
   }
 
   // Collectives, through `bench collective`'s harness on the mpi backend.
@@ -264,7 +280,13 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
       "  gpu.gemm_efficiency       each shape's GEMM rate over that peak, by its smallest dim",
       "  gpu.hbm_GBps, launch_overhead_us.kernel   least-squares fit of momentum and apply_update "
       "times",
-      "                            to kernel + model bytes / hbm (core/plan.hpp's op_memory_bytes)",
+      "                            to kernel + model bytes / hbm (core/plan.hpp's "
+      "op_memory_bytes), "
+      "at the NS shapes",
+      "  gpu.elementwise_table     momentum, apply_update and adamw timed at the numbers of "
+      "elements the plans' ops",
+      "                            touch on one rank (the model uses these times, not hbm_GBps, "
+      "for those ops)",
       "  intra_node.*, efficiency.intra_node, launch_overhead_us.collective   fit of the model's",
       "                            closed form (cost_model.hpp collective_time) to the bench "
       "collective rows below",

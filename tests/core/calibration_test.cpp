@@ -180,3 +180,89 @@ TEST_CASE("fitting rows made by a known profile gives that profile back", "[core
   for (const CollectiveBenchRow& r : in.collectives)
     CHECK(model_bench_seconds(back, r) == Approx(model_bench_seconds(fit, r)).epsilon(1e-3));
 }
+
+TEST_CASE("the workload times elementwise ops at the sizes the plans' ops have",
+          "[core][calibrate][elementwise]") {
+  const std::vector<Experiment> points = parse_experiment(kExperiment, "cal.yaml");
+  const CalibrationWorkload w = calibration_workload(points, 2);
+  REQUIRE_FALSE(w.elementwise_numels.empty());
+  // Every momentum, apply and adamw op of every 2-rank plan touches a size between the first
+  // and the last benched one, and the sizes are the plans' own (the smallest and largest of them
+  // are benched exactly).
+  std::int64_t lo = 0, hi = 0;
+  for (const Experiment& point : points) {
+    if (point.mesh.world_size() != 2) continue;
+    const StepPlan plan = plan_experiment(point);
+    for (const Op& op : plan.ops) {
+      if (op.kind != OpKind::momentum && op.kind != OpKind::apply_update &&
+          op.kind != OpKind::adamw)
+        continue;
+      for (int r : op.ranks.ranks(plan.mesh())) {
+        const std::int64_t n = elementwise_numel(plan, op, r);
+        if (n == 0) continue;
+        lo = lo == 0 ? n : std::min(lo, n);
+        hi = std::max(hi, n);
+      }
+    }
+  }
+  CHECK(w.elementwise_numels.front() == lo);
+  CHECK(w.elementwise_numels.back() == hi);
+  for (std::size_t i = 1; i + 1 < w.elementwise_numels.size(); ++i)
+    CHECK(w.elementwise_numels[i] >= 2 * w.elementwise_numels[i - 1]);
+}
+
+TEST_CASE("the elementwise benchmark plan runs momentum, apply and adamw over numel elements",
+          "[core][calibrate][elementwise]") {
+  const DeviceMesh mesh({{"g", 2, DimRole::replicate}}, 8);
+  const StepPlan plan = elementwise_bench_plan(mesh, 5000, OptimizerConfig{});
+  REQUIRE(plan.ops.size() == 4);
+  CHECK(plan.ops[0].kind == OpKind::momentum);
+  CHECK(plan.ops[1].kind == OpKind::newton_schulz);
+  CHECK(plan.ops[2].kind == OpKind::apply_update);
+  CHECK(plan.ops[3].kind == OpKind::adamw);
+  for (int r = 0; r < 2; ++r)
+    for (int op : {0, 2, 3}) CHECK(elementwise_numel(plan, plan.ops[op], r) == 5000);
+}
+
+TEST_CASE(
+    "step-sized elementwise rows become the profile's elementwise table, which the model "
+    "uses for those ops",
+    "[core][calibrate][elementwise]") {
+  CalibrationInput in;
+  in.ranks = 2;
+  ComputeBenchRow ns;
+  ns.kernel = "newton_schulz";
+  ns.shape = {1, 64, 96};
+  ns.seconds = 1e-3;
+  ComputeBenchRow gemm;
+  gemm.kernel = "gemm";
+  gemm.shape = {1, 64, 96};
+  gemm.flops = 1e6;
+  gemm.seconds = 1e-4;
+  in.compute = {ns, gemm};
+  for (const auto& [kernel, ms] :
+       {std::pair{"momentum", 2.0}, {"apply_update", 0.5}, {"adamw", 4.0}}) {
+    ComputeBenchRow r;
+    r.kernel = kernel;
+    r.numel = 1000000;
+    r.seconds = ms * 1e-3;
+    r.step_sized = true;
+    in.compute.push_back(r);
+  }
+  const ClusterSpec fit = calibrated_profile(in);
+  REQUIRE(fit.gpu.elementwise_table.size() == 3);
+  CHECK(fit.gpu.elementwise_seconds("adamw", 1000000) == Approx(4e-3));
+  CHECK(fit.gpu.elementwise_seconds("adamw", 250000) == Approx(1e-3));  // its rate, below
+  // The profile round-trips through its YAML.
+  const ClusterSpec back =
+      parse_cluster(YAML::Load(calibrated_profile_yaml(fit, {"h"})), "fitted.yaml");
+  REQUIRE(back.gpu.elementwise_table.size() == 3);
+  CHECK(back.gpu.elementwise_seconds("momentum", 1000000) == Approx(2e-3));
+  // The model times a plan's elementwise ops from it: the bench plan's ops of a million elements
+  // take exactly the measured times.
+  const DeviceMesh mesh({{"g", 2, DimRole::replicate}}, 8);
+  const StepPlan plan = elementwise_bench_plan(mesh, 1000000, OptimizerConfig{});
+  CHECK(compute_time(plan, plan.ops[0], 1, back) == Approx(2e-3));
+  CHECK(compute_time(plan, plan.ops[2], 1, back) == Approx(0.5e-3));
+  CHECK(compute_time(plan, plan.ops[3], 1, back) == Approx(4e-3));
+}

@@ -315,3 +315,40 @@ TEST_CASE("calibration fields parse strictly and round-trip",
     CHECK_THAT(std::string(e.what()), Contains("neither busbw_GBps nor time_us"));
   }
 }
+
+TEST_CASE("the elementwise table parses strictly, round-trips and interpolates in elements",
+          "[experiments][cluster][calibration]") {
+  std::string text = std::string(kValid);
+  text.replace(text.find("memory_GiB: 16}"), 15,
+               "memory_GiB: 16, elementwise_table: [{kernel: adamw, numel: 1000, ms: 2}, "
+               "{kernel: adamw, numel: 3000, ms: 4}, {kernel: momentum, numel: 500, ms: 1, "
+               "source: bench}]}");
+  const ClusterSpec c = parse_cluster(YAML::Load(text), "c.yaml");
+  REQUIRE(c.gpu.elementwise_table.size() == 3);
+  // Hand-computed: linear between (1000, 2 ms) and (3000, 4 ms); outside, the nearest entry's
+  // seconds per element; no entry: negative.
+  CHECK(c.gpu.elementwise_seconds("adamw", 2000) == Approx(3e-3));
+  CHECK(c.gpu.elementwise_seconds("adamw", 500) == Approx(1e-3));
+  CHECK(c.gpu.elementwise_seconds("adamw", 6000) == Approx(8e-3));
+  CHECK(c.gpu.elementwise_seconds("momentum", 250) == Approx(0.5e-3));
+  CHECK(c.gpu.elementwise_seconds("apply_update", 250) < 0);
+  YAML::Emitter out;
+  yaml_util::emit_cluster(out, c);
+  const ClusterSpec back = parse_cluster(YAML::Load(out.c_str()), "back.yaml");
+  REQUIRE(back.gpu.elementwise_table.size() == 3);
+  CHECK(back.gpu.elementwise_table[2].source == "bench");
+  CHECK(back.gpu.elementwise_seconds("adamw", 2000) == Approx(3e-3));
+
+  SECTION("an unknown kernel, a zero size or a negative time is refused at its line") {
+    for (const auto& [from, to, says] :
+         {std::tuple{"kernel: momentum", "kernel: momentun", "did you mean 'momentum'?"},
+          {"numel: 500", "numel: 0", "numel"},
+          {"ms: 4}", "ms: -4}", "ms"}}) {
+      std::string bad = text;
+      bad.replace(bad.find(from), std::string(from).size(), to);
+      const ConfigError e = cluster_error(bad);
+      CHECK(e.where().line == 3);
+      CHECK_THAT(std::string(e.what()), Contains(says));
+    }
+  }
+}

@@ -58,6 +58,8 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
   };
   constexpr int kKernels = 5;  // momentum, newton_schulz, apply_update, gemm, pack
   const char* names[kKernels] = {"momentum", "newton_schulz", "apply_update", "gemm", "pack"};
+  constexpr int kElementwise = 3;  // momentum, apply_update, adamw
+  const char* elementwise_names[kElementwise] = {"momentum", "apply_update", "adamw"};
   // Each timed round calls a kernel back to back for at least kRoundSeconds and reports the mean
   // call: on a shared machine a lone short call is either undisturbed or pays a whole scheduler
   // slice of another task, while a step's many calls pay their share of the machine, which is
@@ -65,9 +67,15 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
   constexpr double kRoundSeconds = 0.03;
   // mine[plan][kernel][repeat]
   std::vector<double> mine;
+  // A plan of compute_bench_plan (3 ops) times the kernels above; one of elementwise_bench_plan
+  // (4 ops) times momentum, apply_update and adamw at a step's size.
+  const auto elementwise_plan = [](const StepPlan& plan) { return plan.ops.size() == 4; };
   for (const StepPlan& plan : plans) {
-    if (plan.ops.size() != 3)
-      throw ExecutionError("internal: a compute benchmark plan has 3 ops (compute_bench_plan)");
+    if (plan.ops.size() != 3 && !elementwise_plan(plan))
+      throw ExecutionError(
+          "internal: a compute benchmark plan has 3 ops (compute_bench_plan) or 4 "
+          "(elementwise_bench_plan)");
+    const bool elementwise = elementwise_plan(plan);
     const RankProgram program = lower_rank_program(plan, rank);
     cpu::RankStore store(program);
     cpu::fill_parameters(plan, program, store, 1);
@@ -80,7 +88,9 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
     std::vector<float> values(static_cast<std::size_t>(p.numel()), 0.25f);
     std::vector<std::byte> wire(static_cast<std::size_t>(p.numel() * 2));
     const auto call = [&](int kernel) {
-      if (kernel < 3)
+      if (elementwise)  // momentum, apply_update, adamw: ops 0, 2, 3
+        cpu::run_compute(*program.find(kernel == 0 ? 0 : kernel + 1), store, context);
+      else if (kernel < 3)
         cpu::run_compute(*program.find(kernel), store, context);
       else if (kernel == 3)
         cpu_gemm_abt(rows, rows, cols, x.data(), x.data(), c.data());
@@ -88,7 +98,7 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
         cpu::encode_into(values.data(), p.numel(), DType::bf16, wire.data());
     };
     std::vector<double> times(static_cast<std::size_t>(kKernels * repeats));
-    for (int j = 0; j < kKernels; ++j) {
+    for (int j = 0; j < (elementwise ? kElementwise : kKernels); ++j) {
       // Warm-up calls, the first of them timed to size the rounds.
       barrier();
       auto t0 = Clock::now();
@@ -122,6 +132,22 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
   for (const StepPlan& plan : plans) {
     const DistributedParam& p = plan.model.params.front();
     const NsCallShape shape{p.batch(), p.rows(), p.cols()};
+    if (elementwise_plan(plan)) {
+      for (int j = 0; j < kElementwise; ++j) {
+        const std::size_t first = at + static_cast<std::size_t>(j * repeats);
+        std::vector<double> v(slowest.begin() + static_cast<std::ptrdiff_t>(first),
+                              slowest.begin() + static_cast<std::ptrdiff_t>(first + repeats));
+        ComputeBenchRow r;
+        r.kernel = elementwise_names[j];
+        r.numel = p.numel();
+        r.seconds = median(v);
+        r.model_bytes = op_memory_bytes(plan, plan.ops[j == 0 ? 0 : j + 1], 0);
+        r.step_sized = true;
+        rows.push_back(r);
+      }
+      at += static_cast<std::size_t>(kKernels * repeats);  // the plan's slots (see `times`)
+      continue;
+    }
     for (int j = 0; j < kKernels; ++j) {
       std::vector<double> v(slowest.begin() + static_cast<std::ptrdiff_t>(at),
                             slowest.begin() + static_cast<std::ptrdiff_t>(at + repeats));
