@@ -56,7 +56,12 @@ struct StrategyOptions {
   // NS starts first and the small ones fill in behind it).
   std::string order = "plan";
   bool chunk_by_shape = false;  // all_to_all / owner_allgather chunks hold one matrix shape only
-  std::string preset;           // the preset these options started from (strategy_preset)
+  // How chunks are cut: "count" (chunk_size matrices each, in unit order) or "ns_cost" (by NS
+  // cost: chunk k holds every owner's k-th largest matrix, so every owner computes in every chunk
+  // and each chunk lasts about as long as its largest NS; chunks shrink as they go, the next
+  // chunk's exchange hiding behind the current chunk's NS).
+  std::string chunk_sizing = "count";
+  std::string preset;  // the preset these options started from (strategy_preset)
   GradSyncOptions grad_sync;
   std::string to_json_text() const;
 };

@@ -118,7 +118,8 @@ const std::vector<std::string> kStrategyKeys = {"name",
                                                 "preset",
                                                 "comm_lanes",
                                                 "order",
-                                                "chunk_by_shape"};
+                                                "chunk_by_shape",
+                                                "chunk_sizing"};
 const std::vector<std::string> kGradSyncKeys = {"enabled", "level_periods"};
 const std::vector<std::string> kSimKeys = {"fidelity"};
 const std::vector<std::string> kBackends = {"sim", "analytic", "mpi", "nccl"};
@@ -906,6 +907,7 @@ void read_strategy(const Context& ctx, const MapReader& top, const MeshSection& 
   st.read("comm_lanes", s.comm_lanes, 1, 4096);
   st.read_choice("order", s.order, {"plan", "lpt"});
   st.read("chunk_by_shape", s.chunk_by_shape);
+  st.read_choice("chunk_sizing", s.chunk_sizing, {"count", "ns_cost"});
   if (const Field* f = st.find("explicit_owners")) {
     if (s.assign != "explicit")
       fail(ctx, f->key,
@@ -1185,6 +1187,8 @@ std::string resolved_yaml(const Experiment& e, const MeshSection& ms, const Mode
   if (s.comm_lanes != 1) out << YAML::Key << "comm_lanes" << YAML::Value << s.comm_lanes;
   if (s.order != "plan") out << YAML::Key << "order" << YAML::Value << s.order;
   if (s.chunk_by_shape) out << YAML::Key << "chunk_by_shape" << YAML::Value << true;
+  if (s.chunk_sizing != "count")
+    out << YAML::Key << "chunk_sizing" << YAML::Value << s.chunk_sizing;
   out << YAML::Key << "grad_sync" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "enabled" << YAML::Value << s.grad_sync.enabled;
   out << YAML::Key << "level_periods" << YAML::Value << YAML::Flow << s.grad_sync.level_periods;

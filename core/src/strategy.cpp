@@ -726,6 +726,7 @@ std::string StrategyOptions::to_json_text() const {
   if (comm_lanes != 1) j["comm_lanes"] = comm_lanes;
   if (order != "plan") j["order"] = order;
   if (chunk_by_shape) j["chunk_by_shape"] = true;
+  if (chunk_sizing != "count") j["chunk_sizing"] = chunk_sizing;
   if (!preset.empty()) j["preset"] = preset;
   j["grad_sync"] = {{"enabled", grad_sync.enabled}, {"level_periods", grad_sync.level_periods}};
   return j.dump();
@@ -1025,14 +1026,13 @@ std::vector<int> group_key(const PlanBuilder& b, int p) {
 }
 
 std::vector<Unit> make_units(const PlanBuilder& b, std::vector<int> params, const Composition& c,
-                             int chunk_size, bool lpt, bool chunk_by_shape) {
+                             int chunk_size, bool lpt, bool chunk_by_shape, bool ns_cost_chunks) {
   std::vector<Unit> units;
+  const auto flops = [&](int p) {
+    const auto& dp = b.param(p);
+    return newton_schulz_flops(dp.rows(), dp.cols(), 1, dp.batch());
+  };
   if (lpt) {  // largest Newton-Schulz first (stable: equal matrices keep parameter order)
-    const int steps = b.model().params.empty() ? 0 : 1;
-    auto flops = [&](int p) {
-      const auto& dp = b.param(p);
-      return newton_schulz_flops(dp.rows(), dp.cols(), steps, dp.batch());
-    };
     std::stable_sort(params.begin(), params.end(),
                      [&](int x, int y) { return flops(x) > flops(y); });
   }
@@ -1067,9 +1067,31 @@ std::vector<Unit> make_units(const PlanBuilder& b, std::vector<int> params, cons
   }
   for (const auto& key : order) {
     const auto& ps = groups[key];
-    for (std::size_t i = 0; i < ps.size(); i += chunk_size) {
+    if (!ns_cost_chunks) {
+      for (std::size_t i = 0; i < ps.size(); i += chunk_size) {
+        Unit u;
+        u.params.assign(ps.begin() + i, ps.begin() + std::min(ps.size(), i + chunk_size));
+        u.lane_key = key;
+        units.push_back(std::move(u));
+      }
+      continue;
+    }
+    // Rounds: chunk k holds every owner's k-th largest matrix, so each chunk keeps every owner
+    // of the group computing and lasts about as long as its largest NS (with order lpt the
+    // rounds shrink: the next, smaller exchange hides behind the current round's NS).
+    std::map<int, std::vector<int>> by_owner;
+    std::vector<int> owners;
+    for (int p : ps) {
+      if (!by_owner.count(b.owner(p))) owners.push_back(b.owner(p));
+      by_owner[b.owner(p)].push_back(p);
+    }
+    for (auto& [owner, mine] : by_owner)
+      std::stable_sort(mine.begin(), mine.end(), [&](int x, int y) { return flops(x) > flops(y); });
+    for (std::size_t round = 0;; ++round) {
       Unit u;
-      u.params.assign(ps.begin() + i, ps.begin() + std::min(ps.size(), i + chunk_size));
+      for (int owner : owners)
+        if (round < by_owner[owner].size()) u.params.push_back(by_owner[owner][round]);
+      if (u.params.empty()) break;
       u.lane_key = key;
       units.push_back(std::move(u));
     }
@@ -1118,6 +1140,8 @@ void check_options(const StrategyOptions& o) {
     throw PlanError("strategy.prefetch_count must be >= 0 (0 disables prefetching)");
   if (o.chunk_size < 1) throw PlanError("strategy.chunk_size must be >= 1");
   if (o.max_chunks_in_flight < 1) throw PlanError("strategy.max_chunks_in_flight must be >= 1");
+  if (o.chunk_sizing != "count" && o.chunk_sizing != "ns_cost")
+    throw PlanError("strategy.chunk_sizing '" + o.chunk_sizing + "': use count or ns_cost");
   if (o.small_param_threshold < 0) throw PlanError("strategy.small_param_threshold must be >= 0");
   if (o.comm_lanes < 1) throw PlanError("strategy.comm_lanes must be >= 1 (1: one comm stream)");
   if (o.order != "plan" && o.order != "lpt")
@@ -1322,15 +1346,16 @@ StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
     r.name = "replicated";
     Composition small_path = compose(r);
     Scheduler scheduler(b, small_path, settings.ns_steps());
-    auto done = scheduler.run(make_units(b, small, small_path, options.chunk_size,
-                                         options.order == "lpt", options.chunk_by_shape),
-                              start);
+    auto done =
+        scheduler.run(make_units(b, small, small_path, options.chunk_size, options.order == "lpt",
+                                 options.chunk_by_shape, options.chunk_sizing == "ns_cost"),
+                      start);
     finished.insert(finished.end(), done.begin(), done.end());
   }
   if (!large.empty()) {
     Scheduler scheduler(b, main, settings.ns_steps());
     auto done = scheduler.run(make_units(b, large, main, options.chunk_size, options.order == "lpt",
-                                         options.chunk_by_shape),
+                                         options.chunk_by_shape, options.chunk_sizing == "ns_cost"),
                               start);
     finished.insert(finished.end(), done.begin(), done.end());
   }

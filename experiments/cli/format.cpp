@@ -96,6 +96,7 @@ std::string strategy_text(const StrategyOptions& s) {
     text += fmt::format(", chunks of {}", s.chunk_size);
   if (s.name == "all_to_all") text += fmt::format(", {} in flight", s.max_chunks_in_flight);
   if (s.chunk_by_shape) text += ", one shape per chunk";
+  if (s.chunk_sizing == "ns_cost") text += ", chunks by NS cost (one matrix per owner)";
   if (s.comm_lanes != 1) text += fmt::format(", {} comm lanes", s.comm_lanes);
   if (s.order != "plan") text += ", order " + s.order;
   if (s.small_param_threshold > 0)

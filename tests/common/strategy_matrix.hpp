@@ -89,6 +89,11 @@ inline std::vector<StrategyOptions> strategies() {
     o.chunk_by_shape = true;
     o.order = "lpt";
   });
+  add("all_to_all", [](StrategyOptions& o) {  // the pipelined all-to-all: chunks by NS cost
+    o.chunk_sizing = "ns_cost";
+    o.order = "lpt";
+    o.max_chunks_in_flight = 2;
+  });
   return list;
 }
 

@@ -167,3 +167,40 @@ TEST_CASE("muonbed's preset moves at least 30% fewer inter-node bytes than round
   o.assign = "round_robin";
   CHECK(inter_node_bytes(build_plan(model, o, PlanSettings{})) == best_bytes);
 }
+
+TEST_CASE("chunk_sizing ns_cost: chunk k holds every owner's k-th largest matrix",
+          "[strategy][chunks]") {
+  const ShardedModel model = llama_fsdp_tp(2);
+  StrategyOptions o;
+  o.name = "all_to_all";
+  o.order = "lpt";
+  o.chunk_sizing = "ns_cost";
+  const StepPlan plan = build_plan(model, o, PlanSettings{});
+  std::map<int, std::vector<double>> per_owner;  // owner -> its matrices' NS work, chunk order
+  std::multiset<int> seen;
+  int chunks = 0;
+  for (const Op& op : plan.ops) {
+    if (op.kind != OpKind::all_to_all || op.label.find("to owners") == std::string::npos) continue;
+    ++chunks;
+    std::set<int> owners;
+    for (int p : op.params) {
+      const int owner = plan.assignment.owner[p];
+      CHECK(owners.insert(owner).second);  // at most one matrix per owner in a chunk
+      per_owner[owner].push_back(ns_flops_of(plan, p));
+      seen.insert(p);
+    }
+  }
+  // Every Muon matrix in exactly one chunk; each owner's matrices largest first, one per chunk
+  // from the first, so the chunks are as many as the busiest owner has matrices.
+  const auto muon = plan.model.muon_params();
+  CHECK(seen == std::multiset<int>(muon.begin(), muon.end()));
+  std::size_t most = 0;
+  for (const auto& [owner, work] : per_owner) {
+    INFO("owner " << owner);
+    CHECK(std::is_sorted(work.rbegin(), work.rend()));
+    most = std::max(most, work.size());
+  }
+  CHECK(static_cast<std::size_t>(chunks) == most);
+  o.chunk_sizing = "equal";
+  CHECK_THROWS_WITH(build_plan(model, o, PlanSettings{}), Catch::Contains("count or ns_cost"));
+}
