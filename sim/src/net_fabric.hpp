@@ -17,8 +17,12 @@
 //                 max-min allocation of the k transfers whenever they run at one rate, which
 //                 holds while the root's links are their bottleneck (the root moves k pieces,
 //                 every member one); a member held back by its own NIC holds the pooled flow
-//                 back. Transfers between switches are not charged to pooled flows (the root's
-//                 links are). tests/sim compares it with one SimGrid flow per member.
+//                 back, where separate flows would let the others finish and free the root's
+//                 links sooner (on the seeds' one-stream plan at 16,384 GPUs some small gathers
+//                 overlapping a large one at a member take several times longer, the step
+//                 +0.8 %: experiments/BENCHMARKS.md). Switch links count every member on the
+//                 links all sampled members' routes share. tests/sim compares it with one
+//                 SimGrid flow per member.
 //
 // A pool's NIC links that no plain flow uses this instant are identical (same capacity, same
 // pooled load), so the progressive filling treats them as one entry: a solve costs the plain
