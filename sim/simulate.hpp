@@ -10,7 +10,9 @@
 //         (broadcast keeps its chunked chain, linear in size); intra-node links are shared by an
 //         exact per-node max-min model instead of SimGrid activities (sim/src/node_fabric.hpp
 //         explains why; not on multi-node PCIe clusters, whose GPU links also carry NIC
-//         traffic). For scale.
+//         traffic), and so are the links between nodes (sim/src/net_fabric.hpp, with
+//         flow_net_fabric), where a gather or scatter with more than flow_pooled_members remote
+//         members is one pooled flow. For scale.
 //   auto  step up to `auto_step_max_ranks` ranks (256), flow above.
 // Step and flow agree within 3% on tests/sim's matrix of collectives, group sizes and layouts
 // (PCIe nodes included), except a smaller (64 MB) ring all-reduce mixing NVLink and NIC edges
@@ -52,7 +54,19 @@ struct SimOptions {
   // record says so.
   int flow_all_to_all_rounds = 64;
   long flow_all_to_all_transfers = 65536;
-  int flow_rooted_bundles = 64;  // flow: cross-node senders to a root in at most this many flows
+  // flow: cross-node members of a gather or scatter move in at most this many flows to / from
+  // the root; with flow_net_fabric, more than flow_pooled_members of them move as one pooled
+  // flow instead (see below).
+  int flow_rooted_bundles = 64;
+  int flow_pooled_members = 8;
+  // flow: flows between nodes share the platform's links in muonbed's max-min model
+  // (sim/src/net_fabric.hpp: the routes SimGrid computes, equal shares as CM02 without link
+  // latencies, re-shared once per simulated instant) instead of one SimGrid communication each,
+  // and a gather or scatter with more than flow_pooled_members remote members is one pooled
+  // flow (weight = members on the root's links, one share on each member's NIC link). Off:
+  // SimGrid communications and bundles (the reference the tests compare with). Not used with
+  // latency_weighted_sharing or on multi-node PCIe clusters.
+  bool flow_net_fabric = true;
   // Network model (SimGrid configuration). CM02 with no cross traffic and a huge TCP-gamma makes a
   // transfer cost exactly latency + size / bandwidth when alone, shared max-min fairly otherwise;
   // SimGrid's default LV08 is a TCP model (latency x13, bandwidth x0.97), wrong for NVLink/RDMA.
@@ -72,9 +86,10 @@ struct SimulationStats {
   double wall_s = 0;                   // the simulation itself (child process), platform included
   double peak_rss_bytes = 0;           // of the process that simulated
   std::int64_t simgrid_transfers = 0;  // SimGrid communications (every transfer at step fidelity)
-  std::int64_t node_flows = 0;         // flows on the per-node fabric model (flow fidelity)
-  std::int64_t timers = 0;             // latency-only messages and analytic delays
-  std::int64_t computes = 0;           // compute ops executed
+  std::int64_t node_flows = 0;  // flows on muonbed's fabric models (flow fidelity: inside nodes,
+                                // and between nodes with flow_net_fabric)
+  std::int64_t timers = 0;      // latency-only messages and analytic delays
+  std::int64_t computes = 0;    // compute ops executed
 };
 
 struct SimulationResult {

@@ -617,6 +617,24 @@ class Rooted final : public CollectiveAlgorithm {
         else
           remote.push_back({spec_.members[i], spec_.pieces[i]});
       }
+      if (!options_.step_fidelity && options_.pooled_rooted &&
+          static_cast<int>(remote.size()) > std::max(1, options_.pooled_members)) {
+        // One pooled flow for every remote member (collectives.hpp, net_fabric.hpp).
+        std::vector<int> ranks;
+        ranks.reserve(remote.size());
+        double bytes = 0;
+        for (const Part& p : remote) {
+          ranks.push_back(p.rank);
+          bytes += p.bytes;
+        }
+        // Every remote member is on another node: the network's efficiency applies to all.
+        const double wire = wire_bytes(topo, ranks[0], root_rank, bytes, CollectiveClass::p2p);
+        if (host_.pooled_transfer(root_rank, spec_.members, ranks, to_root, wire,
+                                  pack(0, 0, parts.size()))) {
+          pooled_ = 1;
+          remote.clear();
+        }
+      }
       const int bundles = options_.step_fidelity ? static_cast<int>(remote.size())
                                                  : std::min(static_cast<int>(remote.size()),
                                                             std::max(1, options_.rooted_bundles));
@@ -628,8 +646,8 @@ class Rooted final : public CollectiveAlgorithm {
         parts.push_back(p);
       }
     }
-    if (parts.empty()) return host_.finished();
-    outstanding_ = static_cast<long>(parts.size());
+    if (parts.empty() && pooled_ == 0) return host_.finished();
+    outstanding_ = static_cast<long>(parts.size()) + pooled_;
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const bool send_from_root = !to_root;
       const int src = send_from_root ? root_rank : parts[i].rank;
@@ -649,6 +667,7 @@ class Rooted final : public CollectiveAlgorithm {
   CollectiveHost& host_;
   LoweringOptions options_;
   long outstanding_ = 0;
+  long pooled_ = 0;  // 1 when the remote members move as one pooled flow
 };
 
 }  // namespace

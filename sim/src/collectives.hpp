@@ -69,6 +69,11 @@ struct LoweringOptions {
   long a2a_transfers = 65536;               // ... and flow_all_to_all_transfers
   int a2a_window = kAllToAllPeersInFlight;  // all-to-all rounds a member keeps in flight
   int rooted_bundles = 64;
+  // Flow fidelity: a gather or scatter with more than pooled_members members on other nodes
+  // than the root moves their pieces as one pooled flow (CollectiveHost::pooled_transfer)
+  // instead of bundles, where the host supports it (pooled_rooted).
+  bool pooled_rooted = false;
+  int pooled_members = 8;
 };
 
 // What an algorithm may ask of the simulator.
@@ -79,6 +84,15 @@ class CollectiveHost {
   // At flow fidelity one transfer may stand in for several messages, so transfers are not
   // counted as traffic: algorithms report the messages NCCL would send through account().
   virtual void transfer(int src, int dst, double bytes, std::uint64_t tag) = 0;
+  // Flow fidelity, LoweringOptions::pooled_rooted: the transfers between `root` and each of
+  // `remote` (ranks on other nodes than the root's; `group`: the collective's members), `bytes`
+  // in all, to the root or from it, as one pooled flow (sim/src/net_fabric.hpp). Returns false
+  // when the host cannot pool them (the caller then posts the transfers itself).
+  virtual bool pooled_transfer(int /*root*/, const std::vector<int>& /*group*/,
+                               const std::vector<int>& /*remote*/, bool /*to_root*/,
+                               double /*bytes*/, std::uint64_t /*tag*/) {
+    return false;
+  }
   virtual void account(int src, int dst, double bytes) = 0;
   virtual void delay(double seconds, std::uint64_t tag) = 0;
   virtual const Topology& topology() const = 0;

@@ -25,7 +25,10 @@ class Harness final : public CompletionSink, public CollectiveHost {
       : topology_(topology),
         specs_(specs),
         options_(options),
-        network_(topology, hosts, options.step_fidelity, latency_in_links, *this) {}
+        network_(topology, hosts, options.step_fidelity, latency_in_links, *this,
+                 /*net_fabric=*/true) {
+    options_.pooled_rooted = network_.can_pool();
+  }
 
   void start_next() {
     while (next_ < specs_.size()) {
@@ -47,6 +50,10 @@ class Harness final : public CompletionSink, public CollectiveHost {
   }
   void transfer(int src, int dst, double bytes, std::uint64_t tag) override {
     network_.transfer(src, dst, bytes, 0, tag);
+  }
+  bool pooled_transfer(int root, const std::vector<int>& group, const std::vector<int>& remote,
+                       bool to_root, double bytes, std::uint64_t tag) override {
+    return network_.pooled_transfer(root, group, remote, to_root, bytes, 0, tag);
   }
   void account(int src, int dst, double bytes) override { network_.account(src, dst, bytes); }
   void delay(double seconds, std::uint64_t tag) override { network_.delay(seconds, 0, tag); }

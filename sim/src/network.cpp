@@ -40,7 +40,7 @@ struct Network::Proc {
 };
 
 Network::Network(const Topology& topology, std::vector<sg4::Host*> hosts, bool step_fidelity,
-                 bool latency_in_links, CompletionSink& sink)
+                 bool latency_in_links, CompletionSink& sink, bool net_fabric)
     : topology_(topology),
       hosts_(std::move(hosts)),
       step_fidelity_(step_fidelity),
@@ -59,6 +59,10 @@ Network::Network(const Topology& topology, std::vector<sg4::Host*> hosts, bool s
           std::make_unique<NodeFabric>(gpn, topology.intra_link_Bps(), topology.bridge_Bps()));
     fabric_timers_.assign(topology.nodes(), nullptr);
     fabric_timer_dates_.assign(topology.nodes(), -1);
+    // Links carrying latency (latency-weighted sharing) share unequally in SimGrid: keep those
+    // flows there.
+    if (net_fabric && topology.nodes() > 1 && !latency_in_links_)
+      net_fabric_ = std::make_unique<NetFabric>();
   }
   if (!step_fidelity_) procs_.resize(topology.world_size());
   sg4::Activity::on_completion_cb([this](const sg4::Activity& a) { on_activity(a); });
@@ -130,6 +134,15 @@ void Network::transfer(int src, int dst, double bytes, std::uint32_t owner, std:
     ++timers_;
     Timer::set(now() + path.latency_s, [this, src_node, src_local, dst_local, bytes, owner, tag] {
       fabric_add(src_node, src_local, dst_local, bytes, owner, tag);
+    });
+    return;
+  }
+  if (net_fabric_) {
+    ++node_flows_;
+    ++timers_;
+    Timer::set(now() + path.latency_s, [this, src, dst, bytes, owner, tag] {
+      const auto [links, count] = net_route(src, dst);
+      net_add(links, count, bytes, 1, -1, owner, tag);
     });
     return;
   }
@@ -222,8 +235,7 @@ void Network::proc_fire(int rank) {
 // ---- Node fabrics (flow fidelity)
 // ----------------------------------------------------------------
 
-void Network::fabric_add(int node, int src_local, int dst_local, double bytes, std::uint32_t owner,
-                         std::uint64_t tag) {
+std::uint32_t Network::take_token(std::uint32_t owner, std::uint64_t tag) {
   std::uint32_t token;
   if (!free_fabric_tokens_.empty()) {
     token = free_fabric_tokens_.back();
@@ -233,6 +245,12 @@ void Network::fabric_add(int node, int src_local, int dst_local, double bytes, s
     token = static_cast<std::uint32_t>(fabric_tokens_.size());
     fabric_tokens_.push_back({owner, tag});
   }
+  return token;
+}
+
+void Network::fabric_add(int node, int src_local, int dst_local, double bytes, std::uint32_t owner,
+                         std::uint64_t tag) {
+  const std::uint32_t token = take_token(owner, tag);
   fabrics_[node]->add(now(), src_local, dst_local, bytes, token);
   fabric_reschedule(node);
 }
@@ -258,6 +276,141 @@ void Network::fabric_fire(int node) {
   // Deliver after the fabric is consistent: a completion may start new flows on this node.
   const std::vector<std::uint64_t> done = finished_scratch_;
   for (std::uint64_t token : done) {
+    const FabricToken t = fabric_tokens_[token];
+    free_fabric_tokens_.push_back(static_cast<std::uint32_t>(token));
+    sink_.completed(t.owner, t.tag);
+  }
+}
+
+// ---- Inter-node fabric (flow fidelity) -----------------------------------------------------
+
+std::pair<const int*, int> Network::net_route(int src, int dst) {
+  const std::uint64_t key =
+      static_cast<std::uint64_t>(src) * static_cast<std::uint64_t>(topology_.world_size()) +
+      static_cast<std::uint64_t>(dst);
+  auto it = net_routes_.find(key);
+  if (it == net_routes_.end()) {
+    // The platform's own route, so the fabric shares exactly the links SimGrid would.
+    std::vector<sg4::Link*> links;
+    double latency = 0;
+    hosts_[src]->route_to(hosts_[dst], links, &latency);
+    const auto first = static_cast<std::uint32_t>(net_route_links_.size());
+    for (const sg4::Link* link : links) net_route_links_.push_back(net_link(link));
+    it = net_routes_.emplace(key, std::make_pair(first, static_cast<std::uint32_t>(links.size())))
+             .first;
+  }
+  return {net_route_links_.data() + it->second.first, static_cast<int>(it->second.second)};
+}
+
+int Network::net_link(const sg4::Link* link) {
+  auto [at, added] = net_link_index_.try_emplace(link, 0);
+  if (added) at->second = net_fabric_->add_link(link->get_bandwidth());
+  return at->second;
+}
+
+int Network::member_link(int rank, bool up) {
+  std::vector<int>& known = up ? member_up_ : member_down_;
+  if (known.empty()) known.assign(topology_.world_size(), -1);
+  if (known[rank] < 0) {
+    // The first link toward (the last link from) a GPU on another node: the rank's NIC link.
+    const int other = (rank + topology_.gpus_per_node()) % topology_.world_size();
+    std::vector<sg4::Link*> links;
+    double latency = 0;
+    if (up)
+      hosts_[rank]->route_to(hosts_[other], links, &latency);
+    else
+      hosts_[other]->route_to(hosts_[rank], links, &latency);
+    if (links.empty()) throw Error("internal: no route between ranks on different nodes");
+    known[rank] = net_link(up ? links.front() : links.back());
+  }
+  return known[rank];
+}
+
+bool Network::pooled_transfer(int root, const std::vector<int>& group,
+                              const std::vector<int>& remote, bool to_root, double bytes,
+                              std::uint32_t owner, std::uint64_t tag) {
+  if (!net_fabric_ || remote.size() < 2) return false;
+  // The pool: the NIC links of the whole group, whatever the root (members send to a root on
+  // them, or receive); the root's node's own links then carry one share more each, which is
+  // small beside the many members pooling is for.
+  std::uint64_t key = 1469598103934665603ull ^ (to_root ? 1 : 2);
+  for (int r : group) key = (key ^ static_cast<std::uint64_t>(r)) * 1099511628211ull;
+  key ^= static_cast<std::uint64_t>(group.size()) << 40;
+  auto it = net_pools_.find(key);
+  if (it == net_pools_.end()) {
+    std::vector<int> links;
+    links.reserve(group.size());
+    for (int r : group) links.push_back(member_link(r, to_root));
+    std::vector<int> sorted = links;
+    std::sort(sorted.begin(), sorted.end());
+    const bool distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+    it = net_pools_.emplace(key, distinct ? net_fabric_->add_pool(links) : -1).first;
+  }
+  if (it->second < 0) return false;
+  // The root's side: the links every member's route crosses (sampled at three members).
+  std::vector<int> common;
+  double latency = 0;
+  const std::size_t m = remote.size();
+  for (const std::size_t at : {std::size_t{0}, m / 2, m - 1}) {
+    const int member = remote[at];
+    const auto [links, count] = to_root ? net_route(member, root) : net_route(root, member);
+    if (at == 0) {
+      common.assign(links, links + count);
+    } else {
+      std::vector<int> kept;
+      for (int l : common)
+        if (std::find(links, links + count, l) != links + count) kept.push_back(l);
+      common.swap(kept);
+    }
+  }
+  for (int r : remote) latency = std::max(latency, topology_.path(r, root).latency_s);
+  ++node_flows_;
+  ++timers_;
+  const int pool = it->second;
+  const double weight = static_cast<double>(m);
+  Timer::set(now() + latency, [this, common, bytes, weight, pool, owner, tag] {
+    net_add(common.data(), static_cast<int>(common.size()), bytes, weight, pool, owner, tag);
+  });
+  return true;
+}
+
+void Network::net_add(const int* links, int nlinks, double bytes, double weight, int pool,
+                      std::uint32_t owner, std::uint64_t tag) {
+  net_fabric_->add(now(), links, nlinks, bytes, weight, pool, take_token(owner, tag));
+  net_share_soon();
+}
+
+// Re-shares once for everything that starts or ends in this instant: a timer at the current
+// date runs before simulated time advances.
+void Network::net_share_soon() {
+  if (net_share_pending_) return;
+  net_share_pending_ = true;
+  Timer::set(now(), [this] {
+    net_share_pending_ = false;
+    net_fabric_->share();
+    net_reschedule();
+  });
+}
+
+void Network::net_reschedule() {
+  const double next = net_fabric_->next_completion();
+  if (net_timer_ != nullptr && net_timer_date_ == next) return;
+  if (net_timer_ != nullptr) {
+    net_timer_->remove();
+    net_timer_ = nullptr;
+  }
+  if (next < 0) return;
+  net_timer_date_ = next;
+  net_timer_ = Timer::set(next, [this] { net_fire(); });
+}
+
+void Network::net_fire() {
+  net_timer_ = nullptr;
+  finished_scratch_.clear();
+  net_fabric_->advance(now(), finished_scratch_);
+  net_share_soon();
+  net_done_.swap(finished_scratch_);
+  for (std::uint64_t token : net_done_) {
     const FabricToken t = fabric_tokens_[token];
     free_fabric_tokens_.push_back(static_cast<std::uint32_t>(token));
     sink_.completed(t.owner, t.tag);

@@ -7,7 +7,11 @@
 //              a SimGrid communication (Comm::sendto) between the two GPU hosts, except at flow
 //              fidelity inside a node, where the node's NodeFabric shares the links after the
 //              path latency has elapsed (not on multi-node PCIe clusters, whose GPU links also
-//              carry NIC traffic); zero bytes cost the path latency (a kernel timer).
+//              carry NIC traffic), and between nodes with `net_fabric`, where the NetFabric
+//              shares the platform's routes the same way; zero bytes cost the path latency (a
+//              kernel timer).
+//   pooled     flow fidelity with `net_fabric`: a root's transfers with many members on other
+//              nodes as one pooled NetFabric flow, after the longest of their path latencies.
 //   compute    step fidelity: an Exec on the GPU host (concurrent Execs share the GPU's speed);
 //              flow fidelity: the same processor sharing computed here with kernel timers,
 //              because SimGrid 3.32 pays a scan over all pending maestro-owned activities on
@@ -20,14 +24,18 @@
 
 #include <cstdint>
 #include <memory>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
+#include "sim/src/net_fabric.hpp"
 #include "sim/src/node_fabric.hpp"
 #include "sim/src/platform.hpp"
 
 namespace simgrid::s4u {
 class Activity;
-}
+class Link;
+}  // namespace simgrid::s4u
 namespace simgrid::kernel::timer {
 class Timer;
 }
@@ -51,13 +59,20 @@ class Network {
  public:
   // `latency_in_links`: the platform's links carry the path latencies (NetworkConfig::
   // latency_weighted_sharing); otherwise each transfer waits out its path latency with a timer.
+  // `net_fabric` (flow fidelity only, where the node fabrics are used): flows between nodes
+  // share the links in a NetFabric instead of SimGrid communications.
   Network(const Topology& topology, std::vector<simgrid::s4u::Host*> hosts, bool step_fidelity,
-          bool latency_in_links, CompletionSink& sink);
+          bool latency_in_links, CompletionSink& sink, bool net_fabric = false);
   ~Network();
   Network(const Network&) = delete;
   Network& operator=(const Network&) = delete;
 
   void transfer(int src, int dst, double bytes, std::uint32_t owner, std::uint64_t tag);
+  // CollectiveHost::pooled_transfer; false (nothing posted) without the NetFabric or when the
+  // members do not have NIC links of their own (GPUs sharing a NIC).
+  bool pooled_transfer(int root, const std::vector<int>& group, const std::vector<int>& remote,
+                       bool to_root, double bytes, std::uint32_t owner, std::uint64_t tag);
+  bool can_pool() const { return net_fabric_ != nullptr; }
   // Counts `bytes` of logical traffic from src to dst (transfers are not counted by themselves).
   void account(int src, int dst, double bytes);
   void compute(int rank, double seconds, std::uint32_t owner, std::uint64_t tag);
@@ -83,6 +98,17 @@ class Network {
                   std::uint64_t tag);
   void fabric_reschedule(int node);
   void fabric_fire(int node);
+  std::uint32_t take_token(std::uint32_t owner, std::uint64_t tag);
+  // The NetFabric's link indices of the route from src to dst (cached per pair).
+  std::pair<const int*, int> net_route(int src, int dst);
+  int net_link(const simgrid::s4u::Link* link);
+  // A member's own NIC link: toward the network (`up`) or from it.
+  int member_link(int rank, bool up);
+  void net_add(const int* links, int nlinks, double bytes, double weight, int pool,
+               std::uint32_t owner, std::uint64_t tag);
+  void net_share_soon();
+  void net_reschedule();
+  void net_fire();
   void proc_reschedule(int rank);
   void proc_fire(int rank);
   void proc_progress(Proc& p, double now);
@@ -111,6 +137,19 @@ class Network {
   std::vector<std::uint32_t> free_fabric_tokens_;
   std::vector<std::uint64_t> finished_scratch_;
   std::vector<Proc> procs_;
+
+  // Flow fidelity between nodes: the NetFabric, routes by (src, dst) rank pair as link indices,
+  // and its one pending timer; `net_share_pending_` batches the re-sharing of one instant.
+  std::unique_ptr<NetFabric> net_fabric_;
+  std::unordered_map<const simgrid::s4u::Link*, int> net_link_index_;
+  std::unordered_map<std::uint64_t, std::pair<std::uint32_t, std::uint32_t>> net_routes_;
+  std::vector<int> net_route_links_;
+  simgrid::kernel::timer::Timer* net_timer_ = nullptr;
+  double net_timer_date_ = -1;
+  bool net_share_pending_ = false;
+  std::vector<std::uint64_t> net_done_;
+  std::vector<int> member_up_, member_down_;          // per rank, -1: not yet known
+  std::unordered_map<std::uint64_t, int> net_pools_;  // group hash -> pool, -1: cannot pool
 
   std::int64_t simgrid_transfers_ = 0;
   std::int64_t node_flows_ = 0;

@@ -33,6 +33,8 @@ class InstanceHost final : public CollectiveHost {
  public:
   InstanceHost(Replay& replay, std::uint32_t index) : replay_(replay), index_(index) {}
   void transfer(int src, int dst, double bytes, std::uint64_t tag) override;
+  bool pooled_transfer(int root, const std::vector<int>& group, const std::vector<int>& remote,
+                       bool to_root, double bytes, std::uint64_t tag) override;
   void account(int src, int dst, double bytes) override;
   void delay(double seconds, std::uint64_t tag) override;
   const Topology& topology() const override;
@@ -69,13 +71,15 @@ class Replay final : public OpHandler, public CompletionSink {
         cluster_(cluster),
         topo_(topology),
         options_(options),
-        network_(topology, hosts, options.step_fidelity, options.latency_in_links, *this),
+        network_(topology, hosts, options.step_fidelity, options.latency_in_links, *this,
+                 options.net_fabric),
         index_(plan),
         engine_(index_, *this, index_.all_ranks()),
         timeline_(index_.world_size(), index_.num_ops(), options.trace_max_ranks),
         patterns_(step_patterns(plan)) {
     traced_ = std::min(index_.world_size(), std::max(0, options.trace_max_ranks));
     compute_started_.assign(static_cast<std::size_t>(traced_) * index_.num_streams(), 0.0);
+    options_.lowering.pooled_rooted = network_.can_pool();
   }
 
   void begin() { begin_pattern(0); }
@@ -316,6 +320,11 @@ class Replay final : public OpHandler, public CompletionSink {
 
 void InstanceHost::transfer(int src, int dst, double bytes, std::uint64_t tag) {
   replay_.network().transfer(src, dst, bytes, index_, tag);
+}
+bool InstanceHost::pooled_transfer(int root, const std::vector<int>& group,
+                                   const std::vector<int>& remote, bool to_root, double bytes,
+                                   std::uint64_t tag) {
+  return replay_.network().pooled_transfer(root, group, remote, to_root, bytes, index_, tag);
 }
 void InstanceHost::account(int src, int dst, double bytes) {
   replay_.network().account(src, dst, bytes);

@@ -32,6 +32,7 @@ namespace muonbed::sim {
 struct ReplayOptions {
   bool step_fidelity = true;
   bool latency_in_links = false;  // NetworkConfig::latency_weighted_sharing
+  bool net_fabric = true;         // SimOptions::flow_net_fabric
   int trace_max_ranks = 64;
   LoweringOptions lowering;
 };

@@ -99,12 +99,14 @@ SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
   sim::ReplayOptions replay;
   replay.step_fidelity = fidelity == "step";
   replay.latency_in_links = options.latency_weighted_sharing;
+  replay.net_fabric = options.flow_net_fabric;
   replay.trace_max_ranks = options.trace_max_ranks;
   replay.lowering.step_fidelity = replay.step_fidelity;
   replay.lowering.broadcast_chunk_bytes = options.broadcast_chunk_bytes;
   replay.lowering.broadcast_max_chunks = options.broadcast_max_chunks;
   replay.lowering.a2a_rounds = options.flow_all_to_all_rounds;
   replay.lowering.rooted_bundles = options.flow_rooted_bundles;
+  replay.lowering.pooled_members = options.flow_pooled_members;
 
   SimulationResult result;
   result.stats.fidelity = fidelity;
@@ -132,7 +134,12 @@ SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
                      std::to_string(options.flow_all_to_all_transfers) +
                      " / members merged rounds, skipped latencies added analytically, broadcast in "
                      "chunks; "
-                     "intra-node links shared by a per-node max-min model");
+                     "intra-node links shared by a per-node max-min model" +
+                     (options.flow_net_fabric && !options.latency_weighted_sharing
+                          ? std::string(", links between nodes by a max-min model over the "
+                                        "platform's routes, a gather or scatter with more "
+                                        "remote members as one pooled flow")
+                          : std::string()));
   record.notes.push_back(note.str());
   if (fidelity == "flow") {
     int largest_merged = 0, rounds = 0;

@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "core/cost_model.hpp"
 #include "core/experiment.hpp"
@@ -105,6 +107,79 @@ strategy: {name: owner, prefetch_count: 1}
   CHECK(flow.record.step.average_s == Approx(step.record.step.average_s).epsilon(0.03));
   CHECK(flow.record.traffic.network_bytes.average ==
         Approx(step.record.traffic.network_bytes.average).epsilon(1e-9));
+}
+
+namespace {
+
+// muonbed's preset (topology owners, rails gathers, communication lanes, LPT order) on `nodes`
+// DGX nodes: many rooted gathers and scatters over every node in flight at once.
+StepPlan lanes_plan(int nodes, int lanes, Experiment& e) {
+  e = point(R"(
+name: lanes
+cluster: dgx-h100
+mesh: {dims: [{name: dp_shard, size: )" +
+            std::to_string(nodes) + R"(}, {name: tp, size: 8}]}
+model: {dense: {hidden: 8192, layers: 2, heads: 64, kv_heads: 8, ffn: 28672, vocab: 8192}}
+strategy: {preset: muonbed, comm_lanes: )" +
+            std::to_string(lanes) + R"(}
+)");
+  return plan_experiment(e);
+}
+
+// Flow fidelity with one flow per remote member of a gather or scatter (no bundles, no pools).
+SimOptions fine_flow_options(bool net_fabric) {
+  SimOptions o = with_fidelity("flow");
+  o.flow_net_fabric = net_fabric;
+  o.flow_rooted_bundles = 1 << 20;
+  o.flow_pooled_members = 1 << 20;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("the inter-node fabric shares links as SimGrid does", "[sim][replay][fidelity]") {
+  // No bundles (one flow per remote member) and equal weights: the NetFabric's max-min rates
+  // over the platform's routes must reproduce SimGrid's CM02 sharing of the same links, up to
+  // SimGrid's solver precision (maxmin/precision 1e-5).
+  Experiment e;
+  const StepPlan plan = lanes_plan(4, 16, e);
+  const SimulationResult simgrid = simulate(plan, e.cluster, fine_flow_options(false));
+  const SimulationResult fabric = simulate(plan, e.cluster, fine_flow_options(true));
+  INFO("SimGrid " << simgrid.record.step.average_s << " s, fabric " << fabric.record.step.average_s
+                  << " s");
+  CHECK(simgrid.stats.simgrid_transfers > 0);
+  CHECK(fabric.stats.simgrid_transfers == 0);
+  CHECK(fabric.record.step.average_s == Approx(simgrid.record.step.average_s).epsilon(1e-4));
+  for (std::size_t r = 0; r < fabric.record.ranks.size(); ++r)
+    CHECK(fabric.record.ranks[r].average.communication_s ==
+          Approx(simgrid.record.ranks[r].average.communication_s).epsilon(1e-3));
+  CHECK(fabric.record.traffic.network_bytes.average ==
+        simgrid.record.traffic.network_bytes.average);
+}
+
+TEST_CASE("pooled rooted collectives keep the fine model's step", "[sim][replay][fidelity]") {
+  // The coarse model (a gather or scatter with more than flow_pooled_members remote members as
+  // one pooled flow, sim/src/net_fabric.hpp) against the fine one (one SimGrid flow per remote
+  // member), on schedules that keep many gathers and scatters over every node in flight, with
+  // NS or the network setting the step: within 1 % (0.2 % measured).
+  for (const auto& [nodes, lanes, nic_GBps] :
+       {std::tuple{16, 32, 50.0}, std::tuple{32, 128, 50.0}, std::tuple{16, 32, 5.0},
+        std::tuple{32, 128, 5.0}, std::tuple{32, 8, 5.0}}) {
+    Experiment e;
+    const StepPlan plan = lanes_plan(nodes, lanes, e);
+    e.cluster.nic.bandwidth_GBps = nic_GBps;  // 5: the network, not NS, sets the step
+    const SimulationResult fine = simulate(plan, e.cluster, fine_flow_options(false));
+    const SimulationResult coarse = simulate(plan, e.cluster, with_fidelity("flow"));
+    INFO(nodes << " nodes, " << lanes << " lanes, NIC " << nic_GBps << " GB/s: fine "
+               << fine.record.step.average_s << " s, coarse " << coarse.record.step.average_s
+               << " s; comm " << fine.record.throughput.comm_time_s.average << " / "
+               << coarse.record.throughput.comm_time_s.average << " s; flows "
+               << fine.stats.simgrid_transfers << " / " << coarse.stats.node_flows);
+    CHECK(coarse.stats.node_flows < fine.stats.simgrid_transfers);
+    CHECK(coarse.record.step.average_s == Approx(fine.record.step.average_s).epsilon(0.01));
+    CHECK(coarse.record.traffic.network_bytes.average ==
+          Approx(fine.record.traffic.network_bytes.average).epsilon(1e-12));
+  }
 }
 
 TEST_CASE(

@@ -1,0 +1,236 @@
+// Weighted max-min sharing of the inter-node links by progressive filling, with pooled flows
+// (see net_fabric.hpp).
+#include "sim/src/net_fabric.hpp"
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+
+namespace muonbed::sim {
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// As NodeFabric: a flow whose remaining bytes fall below this share of its size (or one byte)
+// is done, since progress in floating point does not reach exact zeros.
+constexpr double kRelativeDone = 1e-9;
+constexpr std::uint32_t kPoolBit = 0x80000000u;
+}  // namespace
+
+int NetFabric::add_link(double capacity_Bps) {
+  capacity_.push_back(capacity_Bps);
+  pools_of_link_.emplace_back();
+  return static_cast<int>(capacity_.size() - 1);
+}
+
+int NetFabric::add_pool(const std::vector<int>& links) {
+  const int id = static_cast<int>(pools_.size());
+  Pool p;
+  p.links = links;
+  p.min_capacity = kInf;
+  for (int l : links) {
+    p.min_capacity = std::min(p.min_capacity, capacity_[l]);
+    std::vector<int>& of = pools_of_link_[l];
+    if (of.size() == 1) pools_[of[0]].shared.push_back(l);  // shared from now on
+    if (!of.empty()) p.shared.push_back(l);
+    of.push_back(id);
+  }
+  pools_.push_back(std::move(p));
+  return id;
+}
+
+void NetFabric::add(double now, const int* links, int nlinks, double bytes, double weight, int pool,
+                    std::uint64_t token) {
+  progress(now);
+  Flow f{};
+  f.first = static_cast<std::uint32_t>(link_pool_.size());
+  f.count = static_cast<std::uint32_t>(nlinks);
+  link_pool_.insert(link_pool_.end(), links, links + nlinks);
+  f.pool = pool;
+  f.remaining = bytes;
+  f.size = bytes;
+  f.weight = std::max(1.0, weight);
+  f.rate = 0;
+  f.token = token;
+  flows_.push_back(f);
+}
+
+void NetFabric::progress(double now) {
+  const double dt = now - last_;
+  if (dt > 0)
+    for (Flow& f : flows_) f.remaining -= f.rate * dt;
+  last_ = std::max(last_, now);
+}
+
+void NetFabric::advance(double now, std::vector<std::uint64_t>& done) {
+  progress(now);
+  std::size_t keep = 0;
+  for (std::size_t i = 0; i < flows_.size(); ++i) {
+    const Flow& f = flows_[i];
+    if (f.remaining <= std::max(1.0, kRelativeDone * f.size))
+      done.push_back(f.token);
+    else
+      flows_[keep++] = f;
+  }
+  flows_.resize(keep);
+  if (link_pool_.size() > 4096 && link_pool_.size() > 16 * flows_.size()) compact_pool();
+}
+
+void NetFabric::compact_pool() {
+  std::vector<int> pool;
+  pool.reserve(link_pool_.size() / 2);
+  for (Flow& f : flows_) {
+    const auto first = static_cast<std::uint32_t>(pool.size());
+    pool.insert(pool.end(), link_pool_.begin() + f.first, link_pool_.begin() + f.first + f.count);
+    f.first = first;
+  }
+  link_pool_ = std::move(pool);
+}
+
+// Share per unit of weight that active link `a` would give its unfrozen flows now.
+double NetFabric::link_level(std::uint32_t a) const {
+  double residual = residual_[a], weight = weights_[a];
+  for (int p : pools_of_link_[active_[a]]) {
+    const Pool& pool = pools_[p];
+    if (pool.stamp != stamp_) continue;
+    residual -= pool.frozen_rate;
+    weight += pool.unfrozen;
+  }
+  return weight > 0.5 ? std::max(0.0, residual) / weight : kInf;  // weights count flows
+}
+
+void NetFabric::freeze(std::uint32_t i, double level) {
+  frozen_[i] = 1;
+  Flow& f = flows_[i];
+  f.rate = f.weight * level;
+  for (std::uint32_t k = 0; k < f.count; ++k) {
+    const std::uint32_t b = local_[link_pool_[f.first + k]];
+    residual_[b] -= f.rate;
+    weights_[b] -= f.weight;
+  }
+  if (f.pool >= 0) {
+    Pool& p = pools_[f.pool];
+    p.unfrozen -= 1;
+    p.frozen_rate += level;
+  }
+}
+
+// Progressive filling: the link with the smallest share per unit of weight among its unfrozen
+// flows saturates first; its flows (and the pooled flows of its pools) get that share times their
+// weight and leave the other links. Every link's share only grows as flows freeze, so the heap
+// keeps lower bounds and re-evaluates an entry when it reaches the top (lazy keys).
+void NetFabric::share() {
+  if (++stamp_ == 0) {  // wrapped: forget every stamp
+    std::fill(link_stamp_.begin(), link_stamp_.end(), 0);
+    for (Pool& p : pools_) p.stamp = 0;
+    stamp_ = 1;
+  }
+  link_stamp_.resize(capacity_.size(), 0);
+  local_.resize(capacity_.size());
+  active_.clear();
+  active_pools_.clear();
+  const auto activate = [this](int l) {
+    if (link_stamp_[l] == stamp_) return;
+    link_stamp_[l] = stamp_;
+    local_[l] = static_cast<std::uint32_t>(active_.size());
+    active_.push_back(l);
+  };
+  for (std::size_t i = 0; i < flows_.size(); ++i) {
+    const Flow& f = flows_[i];
+    for (std::uint32_t k = 0; k < f.count; ++k) activate(link_pool_[f.first + k]);
+    if (f.pool < 0) continue;
+    Pool& p = pools_[f.pool];
+    if (p.stamp != stamp_) {
+      p.stamp = stamp_;
+      p.unfrozen = 0;
+      p.frozen_rate = 0;
+      p.special = 0;
+      p.flows.clear();
+      active_pools_.push_back(f.pool);
+    }
+    p.unfrozen += 1;
+    p.flows.push_back(static_cast<std::uint32_t>(i));
+  }
+  // A pool's links used by plain flows or by other pools need their own entry.
+  for (int p : active_pools_)
+    for (int l : pools_[p].shared) activate(l);
+  const std::size_t n = active_.size();
+  residual_.resize(n);
+  weights_.assign(n, 0);
+  by_link_start_.assign(n + 1, 0);
+  for (std::size_t a = 0; a < n; ++a) {
+    residual_[a] = capacity_[active_[a]];
+    for (int p : pools_of_link_[active_[a]])
+      if (pools_[p].stamp == stamp_) ++pools_[p].special;
+  }
+  for (const Flow& f : flows_)
+    for (std::uint32_t k = 0; k < f.count; ++k) {
+      const std::uint32_t a = local_[link_pool_[f.first + k]];
+      ++by_link_start_[a + 1];
+      weights_[a] += f.weight;
+    }
+  for (std::size_t a = 0; a < n; ++a) by_link_start_[a + 1] += by_link_start_[a];
+  by_link_.resize(by_link_start_[n]);
+  cursor_.assign(by_link_start_.begin(), by_link_start_.end() - 1);
+  for (std::size_t i = 0; i < flows_.size(); ++i) {
+    const Flow& f = flows_[i];
+    for (std::uint32_t k = 0; k < f.count; ++k)
+      by_link_[cursor_[local_[link_pool_[f.first + k]]]++] = static_cast<std::uint32_t>(i);
+  }
+  frozen_.assign(flows_.size(), 0);
+
+  std::vector<HeapEntry>& heap = heap_;
+  heap.clear();
+  for (std::size_t a = 0; a < n; ++a) {
+    const double level = link_level(static_cast<std::uint32_t>(a));
+    if (level < kInf) heap.push_back({level, static_cast<std::uint32_t>(a)});
+  }
+  for (int p : active_pools_) {
+    const Pool& pool = pools_[p];
+    if (pool.special < pool.links.size())  // it has plain links: one entry for all of them
+      heap.push_back({pool.min_capacity / pool.unfrozen, static_cast<std::uint32_t>(p) | kPoolBit});
+  }
+  std::make_heap(heap.begin(), heap.end(), std::greater<>());
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    const HeapEntry e = heap.back();
+    heap.pop_back();
+    const bool is_pool = (e.id & kPoolBit) != 0;
+    const std::uint32_t id = e.id & ~kPoolBit;
+    double level;
+    if (is_pool) {
+      const Pool& pool = pools_[id];
+      if (pool.unfrozen < 0.5) continue;
+      level = std::max(0.0, pool.min_capacity - pool.frozen_rate) / pool.unfrozen;
+    } else {
+      level = link_level(id);
+      if (level == kInf) continue;
+    }
+    if (level > e.level * (1 + 1e-12)) {  // grew since it was keyed: not the minimum yet
+      heap.push_back({level, e.id});
+      std::push_heap(heap.begin(), heap.end(), std::greater<>());
+      continue;
+    }
+    const auto freeze_pool = [this, level](Pool& pool) {
+      if (pool.unfrozen < 0.5) return;
+      for (std::uint32_t i : pool.flows)
+        if (!frozen_[i]) freeze(i, level);
+    };
+    if (is_pool) {
+      freeze_pool(pools_[id]);
+      continue;
+    }
+    for (std::uint32_t k = by_link_start_[id]; k < by_link_start_[id + 1]; ++k)
+      if (!frozen_[by_link_[k]]) freeze(by_link_[k], level);
+    for (int p : pools_of_link_[active_[id]])
+      if (pools_[p].stamp == stamp_) freeze_pool(pools_[p]);
+  }
+  next_ = -1;
+  double best = kInf;
+  for (const Flow& f : flows_) {
+    const double t = f.rate > 0 ? last_ + std::max(0.0, f.remaining) / f.rate : kInf;
+    best = std::min(best, t);
+  }
+  if (best < kInf) next_ = best;
+}
+
+}  // namespace muonbed::sim

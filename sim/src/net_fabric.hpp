@@ -1,0 +1,109 @@
+// Flow-fidelity model of the links between nodes: NIC links, node uplinks and the switch fabric,
+// with the routes SimGrid's platform gives (Host::route_to), shared max-min fairly, as SimGrid's
+// CM02 model shares them when links carry no latency (Network waits out path latencies).
+//
+// Why: SimGrid 3.32 re-solves its max-min system and scans its pending activities on every
+// completion; with muonbed's preset (rooted gathers and scatters over every node on 128
+// communication lanes) ~10^5 flows are in flight and a 1,024-GPU step took minutes (perf: 95 %
+// of the time in SimGrid's solver and activity bookkeeping). Here the links are re-shared once
+// per simulated instant with changes, and a rooted collective over many nodes is one pooled
+// flow instead of one flow per member:
+//
+//   plain flow    a route's links, each shared with weight 1 (one transfer).
+//   pooled flow   k members' transfers to or from one root, all at one rate per member: weight
+//                 k on the root's links (its NIC, its node's links: every member's transfer
+//                 crosses them) and weight 1 on each member's own NIC link, where the pool (the
+//                 NIC links of the collective's whole group, keyed once) carries it. This is the
+//                 max-min allocation of the k transfers whenever they run at one rate, which
+//                 holds while the root's links are their bottleneck (the root moves k pieces,
+//                 every member one); a member held back by its own NIC holds the pooled flow
+//                 back, where separate flows would let the others finish and free the root's
+//                 links sooner (on the seeds' one-stream plan at 16,384 GPUs some small gathers
+//                 overlapping a large one at a member take several times longer, the step
+//                 +0.8 %: experiments/BENCHMARKS.md). Switch links count every member on the
+//                 links all sampled members' routes share. tests/sim compares it with one
+//                 SimGrid flow per member.
+//
+// A pool's NIC links that no plain flow uses this instant are identical (same capacity, same
+// pooled load), so the progressive filling treats them as one entry: a solve costs the plain
+// flows' links plus one entry per active pool, whatever the number of members.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace muonbed::sim {
+
+class NetFabric {
+ public:
+  // A link of `capacity_Bps` bytes/s (one direction); returns its index.
+  int add_link(double capacity_Bps);
+  // A pool of distinct member links (see above); returns its index.
+  int add_pool(const std::vector<int>& links);
+  // A flow of `bytes` over `links` starts at `now`, with `weight` shares of each (>= 1); with
+  // `pool` >= 0 it is a pooled flow of `weight` members, using one share of each pool link.
+  // The rates are recomputed by share(), which the caller runs before simulated time advances.
+  void add(double now, const int* links, int nlinks, double bytes, double weight, int pool,
+           std::uint64_t token);
+  // Recomputes the rates (weighted max-min by progressive filling) and the next completion.
+  void share();
+  // Absolute time of the next completion, or a negative value when no flow is active.
+  double next_completion() const { return next_; }
+  // Progresses every flow to `now` and appends the tokens of completed flows to `done` (in the
+  // order the flows were added); share() then re-shares the links.
+  void advance(double now, std::vector<std::uint64_t>& done);
+  bool empty() const { return flows_.empty(); }
+
+ private:
+  struct Flow {
+    std::uint32_t first;  // links: link_pool_[first, first + count)
+    std::uint32_t count;
+    int pool;
+    double remaining;
+    double size;
+    double weight;
+    double rate;  // of the whole flow (weight x the per-share rate)
+    std::uint64_t token;
+  };
+  struct Pool {
+    std::vector<int> links;
+    std::vector<int> shared;  // its links that are in other pools too
+    double min_capacity = 0;
+    // per share()
+    std::uint32_t stamp = 0;
+    double unfrozen = 0;        // pooled flows not yet frozen
+    double frozen_rate = 0;     // their per-member rates, summed, once frozen
+    std::uint32_t special = 0;  // its links with their own heap entry
+    std::vector<std::uint32_t> flows;
+  };
+  struct HeapEntry {
+    double level;
+    std::uint32_t id;  // active link (local index), or pool | kPoolBit
+    bool operator>(const HeapEntry& o) const {
+      return level != o.level ? level > o.level : id > o.id;
+    }
+  };
+  void progress(double now);
+  void compact_pool();
+  double link_level(std::uint32_t a) const;
+  void freeze(std::uint32_t flow, double level);
+
+  double last_ = 0;
+  double next_ = -1;
+  std::vector<Flow> flows_;
+  std::vector<int> link_pool_;
+  std::vector<double> capacity_;
+  std::vector<std::vector<int>> pools_of_link_;
+  std::vector<Pool> pools_;
+  // scratch for share(): the links with their own entry (active_, local_ maps back)
+  std::vector<int> active_;
+  std::vector<std::uint32_t> local_, link_stamp_;
+  std::uint32_t stamp_ = 0;
+  std::vector<int> active_pools_;
+  std::vector<double> residual_, weights_;
+  std::vector<std::uint32_t> by_link_start_, by_link_, cursor_;
+  std::vector<char> frozen_;
+  std::vector<HeapEntry> heap_;
+};
+
+}  // namespace muonbed::sim
