@@ -191,6 +191,18 @@ struct NewtonSchulzTask {
   View data;
   bool operator==(const NewtonSchulzTask&) const = default;
 };
+// One member's part of a split_newton_schulz op (core/split_ns.hpp), in place: its slice of the
+// update becomes its slice of the result. The slice is row-major [part, gram] (a slice of rows)
+// or [gram, part] (a slice of columns); its partial Gram (gram x gram, row-major) sits at
+// gram_offset of the op's workspace, its squared norm at element norm_offset.
+struct SplitNsTask {
+  int param = -1;
+  bool rows = false;
+  std::int64_t gram = 0, part = 0;
+  std::int64_t norm_offset = 0, gram_offset = 0;
+  View data;
+  bool operator==(const SplitNsTask&) const = default;
+};
 // MuonClip on the rows this rank holds of an attn_q / attn_k matrix (after its update).
 struct QkClipRows {
   bool enabled = false;
@@ -227,6 +239,7 @@ struct RankOp {
   std::vector<NewtonSchulzTask> newton_schulz;
   std::vector<ApplyTask> apply;
   std::vector<AdamwTask> adamw;
+  std::vector<SplitNsTask> split_ns;
   std::vector<LocalCopy> copies;  // pack, unpack
   // collectives
   int communicator = -1;
@@ -234,7 +247,11 @@ struct RankOp {
   bool bystander = false;  // send/recv: a member that is neither side
   DType wire_dtype = DType::fp32;
   std::vector<ExchangePhase> phases;
-  // alloc, release
+  // alloc, release; split_newton_schulz: its workspace, a transient tensor the op allocates and
+  // frees itself (the norms, then the Grams), outside rank_memory like NS's own scratch. Its
+  // phases are two all-reduces over the workspace (plan.hpp's all_reduce: a reduce-scatter of
+  // torch.chunk parts, then an all-gather): phases 0-1 the norms in fp32, once; phases 2-3 the
+  // Grams in wire_dtype, once per NS step.
   int tensor = -1;
   // Copies the op makes after its main work: results it leaves in a transient buffer that
   // apply_update reads after the buffer's release.

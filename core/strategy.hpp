@@ -36,6 +36,22 @@ struct GradSyncOptions {
   std::vector<int> level_periods = {1};
 };
 
+// Split Newton-Schulz (issue 13; core/split_ns.hpp): the largest matrices are orthogonalized by a
+// group of ranks instead of one owner. A matrix splits when its NS on one GPU exceeds `threshold`
+// times the balanced per-rank NS (the total NS work over the ranks that hold Muon matrices, so it
+// splits when ranks outnumber matrices or one matrix dominates), and a group can split it: some of
+// its sharding mesh dims, innermost (e.g. tp) first, whose pieces are slices along its long dim,
+// whole along the short one once the other sharding dims are gathered (split_ns_problem). The
+// group is the smallest such prefix, of at most `max_members` ranks, whose per-member share
+// (1/k of the matrix) is within the balanced share; else the largest one. Its members gather
+// only the other sharding dims (the owner's coordinates there), run split_newton_schulz, and
+// scatter the result back over those dims. Staged gathers only (strategies owner, sequential).
+struct SplitNsOptions {
+  bool enabled = false;
+  int max_members = 8;     // the largest split group (8: a DGX node's TP group over NVLink)
+  double threshold = 1.0;  // 0: split every matrix that can split
+};
+
 struct StrategyOptions {
   std::string name = "owner";
   std::string assign = "flop_balanced";
@@ -61,7 +77,8 @@ struct StrategyOptions {
   // and each chunk lasts about as long as its largest NS; chunks shrink as they go, the next
   // chunk's exchange hiding behind the current chunk's NS).
   std::string chunk_sizing = "count";
-  std::string preset;  // the preset these options started from (strategy_preset)
+  std::string preset;           // the preset these options started from (strategy_preset)
+  SplitNsOptions split_ns;
   GradSyncOptions grad_sync;
   std::string to_json_text() const;
 };

@@ -85,6 +85,17 @@ void newton_schulz(const double* in, double* out, const MatrixShape& shape, cons
 void newton_schulz(const float* in, float* out, const MatrixShape& shape, const NsConfig& config,
                    NsPrecision precision = NsPrecision::fp32);
 
+// Split Newton-Schulz (core/split_ns.hpp): one member's part of the iteration in fp32, on its
+// slice in the wide orientation X_r [m, n] (m: the Gram size; a slice of rows is transposed
+// first). The caller all-reduces what split_ns_gram returns; split_ns_step then runs one step with
+// the reduced Gram, exactly the products of the fp32 newton_schulz above (B = c A A + b A,
+// X = B X + a X), so the iteration differs from it only by the order of the Gram's sum.
+// a = X_r X_r^T [m, m] (zero when n == 0).
+void split_ns_gram(const float* x, std::int64_t m, std::int64_t n, float* a);
+// X_r <- a X_r + (b A + c A A) X_r in place, with A the reduced Gram [m, m].
+void split_ns_step(float* x, std::int64_t m, std::int64_t n, const float* gram,
+                   const NsStepCoefficients& step);
+
 // "OpenBLAS cblas_sgemm" or "blocked loops": what the fp32 CPU path multiplies with.
 std::string cpu_gemm_backend();
 // C = A B^T in fp32 with that GEMM (row-major A [m, k], B [n, k], C [m, n]): the X X^T product

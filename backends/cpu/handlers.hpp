@@ -74,6 +74,30 @@ void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire,
                   const std::vector<float>& own,
                   const std::vector<std::span<const std::byte>>& received);
 
+// split_newton_schulz (core/program.hpp's SplitNsTask): the member's compute between the
+// all-reduces of its phases, which the executor runs over its own transport like any collective's:
+//
+//   state = split_ns_begin(...)          allocates the workspace, reads the slices, writes the
+//                                        squared norms (fp64 sums, as newton_schulz's norm)
+//   for round r in 0 .. split_ns_rounds(context) - 1:
+//     phases split_ns_phase(r, 0) and split_ns_phase(r, 1) in wire dtype split_ns_wire(op, r)
+//     split_ns_after_round(state, r, ...) round 0 scales by the reduced norm; every round then
+//                                        writes the next partial Gram, or after the last step the
+//                                        result (rounded to the comm dtype), frees the workspace
+//                                        and runs the op's keep copies.
+// The reduced Gram is rounded to the wire dtype on every member (the chunk each member summed
+// stays fp32 otherwise, while the others receive it in the wire dtype), so all members iterate
+// with the same Gram.
+struct SplitNsState {
+  std::vector<std::vector<float>> x;  // per task: the slice in the wide orientation [gram, part]
+};
+int split_ns_rounds(const StepContext& context);
+std::size_t split_ns_phase(int round, int index);
+DType split_ns_wire(const RankOp& op, int round);
+SplitNsState split_ns_begin(const RankOp& op, RankStore& store, const StepContext& context);
+void split_ns_after_round(SplitNsState& state, int round, const RankOp& op, RankStore& store,
+                          const StepContext& context);
+
 // Wire format: fp32 as is, bf16 as the high 16 bits (kernels/bf16.hpp's rounding).
 std::vector<std::byte> encode(const float* values, std::int64_t count, DType wire);
 void encode_into(const float* values, std::int64_t count, DType wire, std::byte* out);

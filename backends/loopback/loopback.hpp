@@ -34,6 +34,9 @@ struct LoopbackOptions {
   // state once (default: cpu::fill_parameters).
   std::function<void(const RankProgram&, cpu::RankStore&, int step)> inputs;
   std::function<void(const RankProgram&, cpu::RankStore&)> initial;
+  // Negative controls: edits each lowered program before anything runs (e.g. drops the messages
+  // of a split Newton-Schulz's Gram all-reduce), so a test can prove the check catches the fault.
+  std::function<void(RankProgram&)> edit_program;
 };
 
 class LoopbackExecutor {

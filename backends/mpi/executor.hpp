@@ -27,6 +27,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +65,8 @@ struct ExecutorOptions {
   bool inline_compute = false;
   int max_poll_sleep_us = 200;  // longest sleep between MPI tests while requests are outstanding
   LowerOptions lower;
+  // Negative controls: edits the lowered program before anything runs (LoopbackOptions' hook).
+  std::function<void(RankProgram&)> edit_program;
 };
 
 // One op of a step as this rank ran it, in seconds on the rank's monotonic clock from the step's

@@ -119,8 +119,10 @@ const std::vector<std::string> kStrategyKeys = {"name",
                                                 "comm_lanes",
                                                 "order",
                                                 "chunk_by_shape",
-                                                "chunk_sizing"};
+                                                "chunk_sizing",
+                                                "split_ns"};
 const std::vector<std::string> kGradSyncKeys = {"enabled", "level_periods"};
+const std::vector<std::string> kSplitNsKeys = {"enabled", "max_members", "threshold"};
 const std::vector<std::string> kSimKeys = {"fidelity"};
 const std::vector<std::string> kBackends = {"sim", "analytic", "mpi", "nccl"};
 const std::vector<std::string> kFidelities = {"step", "flow", "auto"};
@@ -149,6 +151,7 @@ std::vector<std::string> schema_paths() {
   for (const std::string& k : kQkClipKeys) paths.push_back("optimizer.qk_clip." + k);
   for (const std::string& k : kStrategyKeys) paths.push_back("strategy." + k);
   for (const std::string& k : kGradSyncKeys) paths.push_back("strategy.grad_sync." + k);
+  for (const std::string& k : kSplitNsKeys) paths.push_back("strategy.split_ns." + k);
   for (const std::string& k : kSimKeys) paths.push_back("sim." + k);
   return paths;
 }
@@ -908,6 +911,28 @@ void read_strategy(const Context& ctx, const MapReader& top, const MeshSection& 
   st.read_choice("order", s.order, {"plan", "lpt"});
   st.read("chunk_by_shape", s.chunk_by_shape);
   st.read_choice("chunk_sizing", s.chunk_sizing, {"count", "ns_cost"});
+  if (const Field* f = st.find("split_ns")) {
+    // split_ns: true | false, or a map (its presence enables it unless enabled: false).
+    if (f->value.IsScalar()) {
+      s.split_ns.enabled = to_bool(ctx, *f);
+    } else {
+      const MapReader sn(ctx, *f, kSplitNsKeys);
+      s.split_ns.enabled = true;
+      sn.read("enabled", s.split_ns.enabled);
+      sn.read("max_members", s.split_ns.max_members, 2, 16384);
+      sn.read("threshold", s.split_ns.threshold, 0.0, 1e9);
+    }
+    if (s.split_ns.enabled && s.name != "owner" && s.name != "sequential")
+      fail(ctx, f->key,
+           "'strategy.split_ns' needs strategy owner or sequential (their staged gathers leave "
+           "each member of a split group its slice), not '" +
+               s.name + "'",
+           "set strategy.name: owner, or remove split_ns");
+    if (s.split_ns.enabled && s.gather != "hierarchical" && s.gather != "rails" &&
+        s.gather != "flat")
+      fail(ctx, f->key, "'strategy.split_ns' needs a staged gather, not '" + s.gather + "'",
+           "set strategy.gather: hierarchical, rails or flat, or remove split_ns");
+  }
   if (const Field* f = st.find("explicit_owners")) {
     if (s.assign != "explicit")
       fail(ctx, f->key,

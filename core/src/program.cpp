@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "core/errors.hpp"
+#include "core/split_ns.hpp"
 
 namespace muonbed {
 
@@ -556,6 +557,8 @@ class Lowering {
         return pack(op, rop);
       case OpKind::unpack:
         return unpack(op, rop);
+      case OpKind::split_newton_schulz:
+        return split_newton_schulz(op, rop);
       default:
         return collective(op, rop);
     }
@@ -909,6 +912,12 @@ class Lowering {
       auto it = find_entry(role, p, piece(p, rank_, op.gathered));
       if (it != entries_[p].rend()) it->producer = op.id;
     }
+    all_reduce_phases(v, total, g, rop);
+  }
+
+  // The two phases of an all-reduce of the `total` elements of v (in place).
+  static void all_reduce_phases(const View& v, std::int64_t total, const GroupInfo& g,
+                                RankOp& rop) {
     const std::int64_t chunk = (total + g.n - 1) / g.n;
     auto part = [&](int i) {
       const std::int64_t b = std::min(total, chunk * i);
@@ -932,6 +941,48 @@ class Lowering {
     number(gather);
     rop.phases.push_back(std::move(scatter));
     rop.phases.push_back(std::move(gather));
+  }
+
+  // split_newton_schulz (core/split_ns.hpp): each member's slice stays where the gather left it
+  // and becomes its slice of the result in place; the norms and Grams are all-reduced through
+  // the op's workspace (RankOp::tensor).
+  void split_newton_schulz(const Op& op, RankOp& rop) {
+    const GroupInfo g = group_of(op);
+    rop.communicator = communicator(op, g);
+    rop.group_index = g.me;
+    rop.wire_dtype = plan_.settings.comm_dtype();
+    std::int64_t grams = 0;
+    const int params = static_cast<int>(op.params.size());
+    for (int k = 0; k < params; ++k) {
+      const int p = op.params[k];
+      if (!holds(p)) fail("splits the NS of " + param_name(p) + ", which this rank does not hold");
+      const SplitNsSlice s = split_ns_slice(plan_.model, p, rank_, op.gathered);
+      const ShardIndexSet set = piece(p, rank_, op.gathered);
+      SplitNsTask task;
+      task.param = p;
+      task.rows = s.rows;
+      task.gram = s.gram;
+      task.part = s.part;
+      task.norm_offset = k;
+      task.gram_offset = grams;
+      grams += s.gram * s.gram;
+      task.data = read(PieceRole::update, p, set);
+      if (set.numel() > 0) {
+        if (task.data.segments.size() != 1 || task.data.segments[0].runs.size() != 1)
+          fail("internal: the slice of " + param_name(p) + " is not contiguous");
+        const Run& r = task.data.segments[0].runs[0];
+        const int tensor = task.data.segments[0].tensor;
+        forget_overlaps(p, tensor, r.tensor, set.numel());
+        entries_[p].push_back({PieceRole::result, tensor, r.tensor, set, op.id});
+      }
+      rop.split_ns.push_back(std::move(task));
+    }
+    const int ws = add_tensor("split NS workspace of plan op " + std::to_string(op.id),
+                              PieceRole::staging, DType::fp32, -1, -1, true);
+    prog_.tensors[ws].numel = std::max<std::int64_t>(params, grams);
+    rop.tensor = ws;
+    all_reduce_phases(contiguous_view(ws, 0, params), params, g, rop);
+    all_reduce_phases(contiguous_view(ws, 0, grams), grams, g, rop);
   }
 
   static void number(ExchangePhase& phase) {

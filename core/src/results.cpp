@@ -277,8 +277,11 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
     c.time_s = safe_div(m.time_sum, m.instances);
     c.max_time_s = m.time_max;
     c.algbw_GBps = safe_div(c.bytes, c.time_s) / 1e9;
-    c.busbw_GBps =
-        m.group_size >= 1 ? c.algbw_GBps * bus_factor(op.kind, std::max(1, m.group_size)) : 0;
+    // A split Newton-Schulz's time is mostly compute: its row says how long it took and what it
+    // all-reduced, without a bus bandwidth.
+    c.busbw_GBps = m.group_size >= 1 && op.kind != OpKind::split_newton_schulz
+                       ? c.algbw_GBps * bus_factor(op.kind, std::max(1, m.group_size))
+                       : 0;
     c.crosses_nodes = m.crosses_nodes;
     record.collectives.push_back(std::move(c));
   }

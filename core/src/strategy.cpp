@@ -23,6 +23,7 @@
 
 #include "core/assignment.hpp"
 #include "core/errors.hpp"
+#include "core/split_ns.hpp"
 
 namespace muonbed {
 
@@ -114,14 +115,24 @@ std::vector<int> shard_dims_inner_first(const DeviceMesh& mesh, const TensorLayo
 // all at once ("flat"). Redistribution runs the stages in reverse.
 enum class StageOrder { inner_first, outer_first, flat };
 
-std::vector<DimSet> gather_stages(const PlanBuilder& b, int p, StageOrder order) {
+DimSet minus(DimSet a, DimSet b) {
+  return DimSet{a.bits & ~b.bits};
+}
+
+// `split`: the dims of a split Newton-Schulz group, which are not gathered (their members keep
+// their slices; SplitNsOptions).
+std::vector<DimSet> gather_stages(const PlanBuilder& b, int p, StageOrder order,
+                                  DimSet split = {}) {
   const auto& layout = b.param(p).layout;
+  const DimSet shard = minus(layout.shard_dims(), split);
   std::vector<DimSet> stages;
   if (order == StageOrder::flat) {
-    if (!layout.shard_dims().empty()) stages.push_back(layout.shard_dims());
+    if (!shard.empty()) stages.push_back(shard);
     return stages;
   }
-  std::vector<int> dims = shard_dims_inner_first(b.mesh(), layout);
+  std::vector<int> dims;
+  for (int d : shard_dims_inner_first(b.mesh(), layout))
+    if (shard.contains(d)) dims.push_back(d);
   if (order == StageOrder::outer_first) std::reverse(dims.begin(), dims.end());
   for (int d : dims) stages.push_back(DimSet::of({d}));
   return stages;
@@ -172,9 +183,12 @@ std::string stage_label(const PlanBuilder& b, const std::vector<int>& params) {
   return std::to_string(params.size()) + " matrices from " + b.param(params[0]).name;
 }
 
+// With `split` dims (split Newton-Schulz), the stages over them are left out: the gather ends with
+// every member of the split group holding its slice, gathered over the other sharding dims.
 class StagedGather final : public GatherPolicy {
  public:
-  StagedGather(std::string name, StageOrder order) : name_(std::move(name)), order_(order) {}
+  StagedGather(std::string name, StageOrder order, DimSet split = {})
+      : name_(std::move(name)), order_(order), split_(split) {}
   std::string name() const override { return name_; }
 
   std::vector<int> emit(PlanBuilder& b, std::span<const int> params, int stream,
@@ -183,11 +197,11 @@ class StagedGather final : public GatherPolicy {
     // stages; a matrix without them (nothing sharded) is already whole at its owner.
     std::vector<int> staged;
     for (int p : params)
-      if (!gather_stages(b, p, order_).empty()) staged.push_back(p);
+      if (!gather_stages(b, p, order_, split_).empty()) staged.push_back(p);
     if (staged.empty()) return deps;
-    const std::vector<DimSet> stages = gather_stages(b, staged[0], order_);
+    const std::vector<DimSet> stages = gather_stages(b, staged[0], order_, split_);
     for (int p : staged)
-      if (gather_stages(b, p, order_) != stages)
+      if (gather_stages(b, p, order_, split_) != stages)
         throw PlanError("internal: one gather of matrices with different sharding dims");
     std::map<int, DimSet> gathered;
     std::map<int, std::vector<int>> after;  // param -> ops whose completion it waits for
@@ -278,13 +292,15 @@ class StagedGather final : public GatherPolicy {
  private:
   std::string name_;
   StageOrder order_;
+  DimSet split_;
 };
 
 // The reverse of StagedGather, then one broadcast of each piece along the replicate dims from the
 // owner's replica.
 class StagedRedistribute final : public RedistributePolicy {
  public:
-  StagedRedistribute(std::string name, StageOrder order) : name_(std::move(name)), order_(order) {}
+  StagedRedistribute(std::string name, StageOrder order, DimSet split = {})
+      : name_(std::move(name)), order_(order), split_(split) {}
   std::string name() const override { return name_; }
 
   std::vector<int> emit(PlanBuilder& b, std::span<const int> params, int stream,
@@ -292,11 +308,11 @@ class StagedRedistribute final : public RedistributePolicy {
     std::vector<int> done;
     std::vector<int> staged;
     for (int p : params)
-      if (!gather_stages(b, p, order_).empty()) staged.push_back(p);
+      if (!gather_stages(b, p, order_, split_).empty()) staged.push_back(p);
     std::map<int, std::vector<int>> after;  // param -> its latest op
     for (int p : params) after[p] = deps;
     if (!staged.empty()) {
-      std::vector<DimSet> stages = gather_stages(b, staged[0], order_);
+      std::vector<DimSet> stages = gather_stages(b, staged[0], order_, split_);
       std::reverse(stages.begin(), stages.end());
       std::map<int, DimSet> remaining;  // param -> dims its pieces are still gathered over
       std::map<int, int> holder;
@@ -307,7 +323,7 @@ class StagedRedistribute final : public RedistributePolicy {
         int left = 0;
       };
       std::map<int, Live> live;
-      for (int p : staged) remaining[p] = b.param(p).layout.shard_dims();
+      for (int p : staged) remaining[p] = minus(b.param(p).layout.shard_dims(), split_);
       for (std::size_t s = 0; s < stages.size(); ++s) {
         const DimSet group = stages[s];
         const bool last = s + 1 == stages.size();
@@ -422,7 +438,21 @@ class StagedRedistribute final : public RedistributePolicy {
  private:
   std::string name_;
   StageOrder order_;
+  DimSet split_;
 };
+
+// The stage order of a staged gather policy's name; false for other policies.
+bool staged_order(const std::string& name, StageOrder& order) {
+  if (name == "hierarchical")
+    order = StageOrder::inner_first;
+  else if (name == "rails")
+    order = StageOrder::outer_first;
+  else if (name == "flat")
+    order = StageOrder::flat;
+  else
+    return false;
+  return true;
+}
 
 // Alloc and release of an all_to_all staging buffer, emitted right next to their first and last
 // user, on its stream and with its deps: zero-time ops that delay nothing, so timing is unchanged
@@ -727,6 +757,8 @@ std::string StrategyOptions::to_json_text() const {
   if (order != "plan") j["order"] = order;
   if (chunk_by_shape) j["chunk_by_shape"] = true;
   if (chunk_sizing != "count") j["chunk_sizing"] = chunk_sizing;
+  if (split_ns.enabled)
+    j["split_ns"] = {{"max_members", split_ns.max_members}, {"threshold", split_ns.threshold}};
   if (!preset.empty()) j["preset"] = preset;
   j["grad_sync"] = {{"enabled", grad_sync.enabled}, {"level_periods", grad_sync.level_periods}};
   return j.dump();
@@ -743,17 +775,19 @@ struct Composition {
   std::unique_ptr<GatherPolicy> gather;
   std::unique_ptr<RedistributePolicy> redistribute;
   NsPlacement ns = NsPlacement::owner;
-  bool chunked = false;           // units are chunks of same-group matrices
-  bool lane_per_owner = true;     // otherwise one lane per group
-  bool barrier_per_unit = false;  // sequential
-  bool barrier_per_lane = false;  // owner without async_gpu_parallelism
-  int depth = 0;                  // rounds of lookahead (prefetch)
-  int lanes = 1;                  // communication lanes (StrategyOptions::comm_lanes)
+  bool chunked = false;                        // units are chunks of same-group matrices
+  bool lane_per_owner = true;                  // otherwise one lane per group
+  bool barrier_per_unit = false;               // sequential
+  bool barrier_per_lane = false;               // owner without async_gpu_parallelism
+  int depth = 0;                               // rounds of lookahead (prefetch)
+  int lanes = 1;                               // communication lanes (StrategyOptions::comm_lanes)
+  StageOrder order = StageOrder::inner_first;  // of split units' gathers (a staged gather)
 };
 
 struct Unit {
   std::vector<int> params;
   std::vector<int> lane_key;
+  DimSet split;  // non-empty: one matrix whose NS is split over these dims (SplitNsOptions)
 };
 
 class Scheduler {
@@ -840,6 +874,9 @@ class Scheduler {
   // Where a unit's full updates live while it is processed.
   RankBox result_box(const Unit& u) const {
     const int p0 = u.params[0];
+    if (!u.split.empty())  // the split group of the owner: its slices gathered over the rest
+      return b_.box_through(p0, b_.owner(p0),
+                            b_.param(p0).layout.replicate_dims() | split_gathered(u));
     switch (c_.ns) {
       case NsPlacement::owner:
         return RankBox::single(b_.mesh(), b_.owner(p0));
@@ -862,8 +899,12 @@ class Scheduler {
     // NS, or results all-gathered from their owners).
     const bool owned_only =
         c_.ns != NsPlacement::every_holder && c_.redistribute->name() != "all_gather_owned";
-    f.buffer = b_.add_buffer("full updates " + param_label(b_, u.params), u.params,
-                             DimSet::all(b_.mesh().ndims()), owned_only);
+    if (u.split.empty())
+      f.buffer = b_.add_buffer("full updates " + param_label(b_, u.params), u.params,
+                               DimSet::all(b_.mesh().ndims()), owned_only);
+    else  // every member holds its slice
+      f.buffer = b_.add_buffer("split slices " + param_label(b_, u.params), u.params,
+                               split_gathered(u), false);
     // Each class of ranks inside the box waits for the release of its own unit `depth`+1 back:
     // the unit at position k of the class (in the order its units start, which is the order they
     // finish) waits for the release of unit k - depth - 1, so at most depth + 1 units of a class
@@ -884,13 +925,36 @@ class Scheduler {
     alloc.label = "alloc full updates " + param_label(b_, u.params);
     const int alloc_id = b_.emit(std::move(alloc));
     deps.push_back(alloc_id);
-    f.gathered = c_.gather->emit(b_, u.params, gather_streams_[lane_stream_.at(u.lane_key)], deps);
+    const int stream = gather_streams_[lane_stream_.at(u.lane_key)];
+    if (u.split.empty())
+      f.gathered = c_.gather->emit(b_, u.params, stream, deps);
+    else
+      f.gathered =
+          StagedGather(c_.gather->name(), c_.order, u.split).emit(b_, u.params, stream, deps);
     return f;
+  }
+
+  // The dims a split unit's slices are gathered over: its sharding dims outside the split group.
+  DimSet split_gathered(const Unit& u) const {
+    return minus(b_.param(u.params[0]).layout.shard_dims(), u.split);
   }
 
   std::vector<int> orthogonalize(const InFlight& f) {
     const Unit& u = *f.unit;
     std::vector<int> ids;
+    if (!u.split.empty()) {
+      Op op;
+      op.kind = OpKind::split_newton_schulz;
+      op.stream = compute_;
+      op.ranks = result_box(u);
+      op.group = u.split;
+      op.params = u.params;
+      op.gathered = split_gathered(u);
+      op.ns_steps = ns_steps_;
+      op.deps = f.gathered;
+      op.label = "split NS " + b_.param(u.params[0]).name;
+      return {b_.emit(std::move(op))};
+    }
     if (c_.ns == NsPlacement::owner) {
       for (int p : u.params) {
         Op op;
@@ -924,7 +988,10 @@ class Scheduler {
     const int scatter_stream = scatter_streams_[lane_stream_.at(f.unit->lane_key)];
     std::vector<int> deps = ns_ids;
     deps.insert(deps.end(), start_deps_.begin(), start_deps_.end());
-    auto done = c_.redistribute->emit(b_, f.unit->params, scatter_stream, deps);
+    auto done = f.unit->split.empty()
+                    ? c_.redistribute->emit(b_, f.unit->params, scatter_stream, deps)
+                    : StagedRedistribute(c_.redistribute->name(), c_.order, f.unit->split)
+                          .emit(b_, f.unit->params, scatter_stream, deps);
     Op release;
     release.kind = OpKind::release;
     release.stream = scatter_stream;
@@ -1026,7 +1093,8 @@ std::vector<int> group_key(const PlanBuilder& b, int p) {
 }
 
 std::vector<Unit> make_units(const PlanBuilder& b, std::vector<int> params, const Composition& c,
-                             int chunk_size, bool lpt, bool chunk_by_shape, bool ns_cost_chunks) {
+                             int chunk_size, bool lpt, bool chunk_by_shape, bool ns_cost_chunks,
+                             const std::map<int, DimSet>& split = {}) {
   std::vector<Unit> units;
   const auto flops = [&](int p) {
     const auto& dp = b.param(p);
@@ -1040,6 +1108,7 @@ std::vector<Unit> make_units(const PlanBuilder& b, std::vector<int> params, cons
     for (int p : params) {
       Unit u;
       u.params = {p};
+      if (const auto it = split.find(p); it != split.end()) u.split = it->second;
       if (c.barrier_per_unit) {
         u.lane_key = {0};
       } else if (c.ns == NsPlacement::every_holder) {
@@ -1108,6 +1177,7 @@ Composition compose(const StrategyOptions& o) {
     c.redistribute = make_redistribute_policy(o.gather);
     c.barrier_per_unit = true;
     c.depth = 0;
+    staged_order(o.gather, c.order);
   } else if (o.name == "replicated") {
     c.gather = make_gather_policy("all_gather");
     c.redistribute = make_redistribute_policy("none");
@@ -1116,6 +1186,7 @@ Composition compose(const StrategyOptions& o) {
     c.gather = make_gather_policy(o.gather);
     c.redistribute = make_redistribute_policy(o.gather);
     c.barrier_per_lane = !o.async_gpu_parallelism;
+    staged_order(o.gather, c.order);
   } else if (o.name == "all_to_all") {
     c.gather = make_gather_policy("all_to_all");
     c.redistribute = make_redistribute_policy("all_to_all");
@@ -1146,6 +1217,22 @@ void check_options(const StrategyOptions& o) {
   if (o.comm_lanes < 1) throw PlanError("strategy.comm_lanes must be >= 1 (1: one comm stream)");
   if (o.order != "plan" && o.order != "lpt")
     throw PlanError("unknown strategy.order '" + o.order + "'; use plan or lpt");
+  if (o.split_ns.enabled) {
+    StageOrder order;
+    if (o.name != "owner" && o.name != "sequential")
+      throw PlanError(
+          "strategy.split_ns needs a strategy whose owners gather matrices in stages "
+          "(owner or sequential), not '" +
+          o.name + "'; fix: set strategy.name: owner, or remove split_ns");
+    if (!staged_order(o.gather, order))
+      throw PlanError(
+          "strategy.split_ns needs a staged gather (hierarchical, rails or flat), not '" +
+          o.gather + "'; fix: set strategy.gather, or remove split_ns");
+    if (o.split_ns.max_members < 2)
+      throw PlanError("strategy.split_ns.max_members must be >= 2 (a group splits a matrix)");
+    if (!(o.split_ns.threshold >= 0))
+      throw PlanError("strategy.split_ns.threshold must be >= 0 (0: split every matrix it can)");
+  }
   if (o.grad_sync.level_periods.empty())
     throw PlanError("strategy.grad_sync.level_periods needs at least one period (e.g. [1])");
   for (int period : o.grad_sync.level_periods)
@@ -1221,6 +1308,105 @@ std::vector<int> emit_grad_sync(PlanBuilder& b, const StrategyOptions& o) {
   return done;
 }
 
+// SplitNsOptions: the split group of each matrix that splits. The per-rank share is the NS work
+// of every Muon matrix on one GPU over the ranks that hold Muon matrices (what a perfect balance
+// gives each); a matrix above threshold x share splits over the smallest candidate group whose
+// member's part (core/split_ns.hpp's FLOPs: 4 g^2 |S_r| + 2 g^3 per step, the largest member's)
+// is within the share, else over the candidate with the smallest part. Candidates: the
+// inner-first prefixes of the matrix's sharding dims, of 2 .. max_members ranks, that
+// split_ns_problem accepts at the owner.
+//
+// A split matrix occupies every member of its group, which the assign policy (one matrix, one
+// owner) did not plan for, so unless the owners are explicit its group is placed again: largest
+// member part first, on the group instance (the owner's choice of coordinates outside the split
+// dims) whose busiest member has the least NS work so far, counting the other matrices at their
+// assigned owners (LPT over groups). The owner becomes that instance's first member holding a
+// piece.
+std::map<int, DimSet> choose_split_groups(const ShardedModel& model, Assignment& assignment,
+                                          const std::vector<int>& params, const SplitNsOptions& o,
+                                          int steps, bool place) {
+  std::map<int, DimSet> groups;
+  if (!o.enabled || params.empty()) return groups;
+  const DeviceMesh& mesh = model.mesh;
+  auto work = [&](int p) {
+    const auto& dp = model.params.at(p);
+    return newton_schulz_flops(dp.rows(), dp.cols(), steps, dp.batch());
+  };
+  auto holders = [&](int p) {
+    RankBox box = RankBox::everyone(mesh);
+    const auto& layout = model.params.at(p).layout;
+    for (int d = 0; d < mesh.ndims(); ++d)
+      if (layout.independent_dims().contains(d)) box.coord[d] = layout.placements()[d].coord;
+    return box.ranks(mesh);
+  };
+  double total = 0;
+  std::vector<char> holds(static_cast<std::size_t>(mesh.world_size()), 0);
+  for (int p : model.muon_params()) {
+    total += work(p);
+    for (int r : holders(p)) holds[r] = 1;
+  }
+  const double share =
+      total / std::max<double>(1, static_cast<double>(std::count(holds.begin(), holds.end(), 1)));
+  std::map<int, double> part_of;  // split param -> its largest member's FLOPs
+  for (int p : params) {
+    const auto& dp = model.params.at(p);
+    if (dp.shape.size() != 2 || !(work(p) > o.threshold * share)) continue;
+    const int owner = assignment.owner.at(p);
+    const DimSet shard = dp.layout.shard_dims();
+    DimSet group, best;
+    double best_part = work(p);
+    for (int d : shard_dims_inner_first(mesh, dp.layout)) {
+      group = group.with(d);
+      const int k = mesh.group_size(group);
+      if (k > o.max_members) break;
+      if (k < 2 || !split_ns_problem(model, p, owner, minus(shard, group), group).empty()) continue;
+      const SplitNsSlice slice = split_ns_slice(model, p, owner, minus(shard, group));
+      const double g = static_cast<double>(slice.gram);
+      const double part = static_cast<double>((slice.split + k - 1) / k);  // torch.chunk's first
+      const double member = steps * (4.0 * g * g * part + 2.0 * g * g * g);
+      if (member < best_part) {
+        best = group;
+        best_part = member;
+      }
+      if (member <= share) break;
+    }
+    if (!best.empty()) {
+      groups[p] = best;
+      part_of[p] = best_part;
+    }
+  }
+  if (!place || groups.empty()) return groups;
+  std::vector<double> load(static_cast<std::size_t>(mesh.world_size()), 0.0);
+  for (int p : model.muon_params())
+    if (!groups.count(p) && assignment.owner.at(p) >= 0) load[assignment.owner.at(p)] += work(p);
+  std::vector<int> order;
+  for (const auto& [p, g] : groups) order.push_back(p);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int x, int y) { return part_of[x] > part_of[y]; });
+  for (int p : order) {
+    const DimSet g = groups[p];
+    const DimSet gathered = minus(model.params.at(p).layout.shard_dims(), g);
+    std::vector<std::pair<double, int>> options;  // (busiest member's load, leader)
+    for (int h : holders(p)) {
+      if (mesh.group_index(h, g) != 0) continue;
+      double busiest = 0;
+      for (int m : mesh.group_members(h, g)) busiest = std::max(busiest, load[m]);
+      options.emplace_back(busiest, h);
+    }
+    std::stable_sort(options.begin(), options.end());
+    for (const auto& [busiest, leader] : options) {
+      int owner = -1;
+      for (int m : mesh.group_members(leader, g))
+        if (owner < 0 && model.params.at(p).layout.shard_numel(mesh, m) > 0) owner = m;
+      if (owner < 0 || !split_ns_problem(model, p, owner, gathered, g).empty()) continue;
+      assignment.owner[p] = owner;
+      for (int m : mesh.group_members(leader, g)) load[m] += part_of[p];
+      break;
+    }
+  }
+  return groups;
+}
+
 }  // namespace
 
 std::vector<std::string> strategy_preset_names() {
@@ -1268,13 +1454,20 @@ StrategyOptions strategy_preset(const std::string& name, int world_size) {
   } else if (name == "muonbed") {
     // muonbed's best (issue 13, experiments/scale_strategies.yaml): owners spread over nodes and
     // rails, cross-node stage on every rail at once, 128 communication lanes (at 1,024 GPUs and
-    // up the 240 largest gathers then queue at most 2 deep), largest NS first.
+    // up the 240 largest gathers then queue at most 2 deep), largest NS first, and split
+    // Newton-Schulz of the matrices whose NS exceeds 3x the balanced per-rank share (llama-70B:
+    // the MLP matrices from 1,024 GPUs, the attention projections too from 4,096, over their
+    // node's TP group). Threshold 3, not 1: a TP-8 group repeats the g^3 product A.A on every
+    // member, so a matrix just above the share packs better whole (1,024 GPUs, analytic: 79.8 ms
+    // splitting the attention projections too, 62.0 ms with 3, 65.5 ms without split NS).
     o.name = "owner";
     o.assign = "topology";
     o.gather = "rails";
     o.prefetch_count = 1;
     o.comm_lanes = 128;
     o.order = "lpt";
+    o.split_ns.enabled = true;
+    o.split_ns.threshold = 3;
   } else {
     std::string known;
     for (const auto& n : strategy_preset_names()) known += (known.empty() ? "" : ", ") + n;
@@ -1296,6 +1489,19 @@ StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
                       ? make_explicit_assign_policy(options.explicit_owners)
                       : make_assign_policy(options.assign);
     assignment = policy->assign(model, settings.ns_steps());
+    validate_assignment(model, assignment);
+  }
+  // Split Newton-Schulz of the large matrices (the others take the small-matrix path below);
+  // their groups may move the owners (choose_split_groups).
+  std::map<int, DimSet> split;
+  if (options.split_ns.enabled) {
+    std::vector<int> large;
+    for (int p : model.muon_params())
+      if (!(options.small_param_threshold > 0 &&
+            model.params[p].numel() < options.small_param_threshold))
+        large.push_back(p);
+    split = choose_split_groups(model, assignment, large, options.split_ns, settings.ns_steps(),
+                                options.assign != "explicit");
     validate_assignment(model, assignment);
   }
   summarize(model, settings.ns_steps(), assignment);
@@ -1355,7 +1561,8 @@ StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
   if (!large.empty()) {
     Scheduler scheduler(b, main, settings.ns_steps());
     auto done = scheduler.run(make_units(b, large, main, options.chunk_size, options.order == "lpt",
-                                         options.chunk_by_shape, options.chunk_sizing == "ns_cost"),
+                                         options.chunk_by_shape, options.chunk_sizing == "ns_cost",
+                                         split),
                               start);
     finished.insert(finished.end(), done.begin(), done.end());
   }

@@ -259,6 +259,25 @@ void newton_schulz(const float* in, float* out, const MatrixShape& shape, const 
   ns_batch(in, out, shape, config, precision == NsPrecision::bf16);
 }
 
+void split_ns_gram(const float* x, std::int64_t m, std::int64_t n, float* a) {
+  if (n == 0) {
+    std::fill(a, a + m * m, 0.0f);
+    return;
+  }
+  gemm(true, m, m, n, 1.0f, x, n, x, n, 0.0f, a, m);
+}
+
+void split_ns_step(float* x, std::int64_t m, std::int64_t n, const float* gram,
+                   const NsStepCoefficients& step) {
+  if (n == 0) return;
+  std::vector<float> b(gram, gram + m * m);
+  gemm(false, m, m, m, static_cast<float>(step.c), gram, m, gram, m, static_cast<float>(step.b),
+       b.data(), m);
+  std::vector<float> x_next(x, x + m * n);
+  gemm(false, m, n, m, 1.0f, b.data(), m, x, n, static_cast<float>(step.a), x_next.data(), n);
+  std::copy(x_next.begin(), x_next.end(), x);
+}
+
 void cpu_gemm_abt(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, const float* b,
                   float* c) {
   detail::sgemm(true, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n);

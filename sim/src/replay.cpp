@@ -15,6 +15,7 @@
 #include "core/cost_model.hpp"
 #include "core/engine.hpp"
 #include "core/errors.hpp"
+#include "core/split_ns.hpp"
 #include "core/timeline.hpp"
 #include "sim/src/network.hpp"
 
@@ -25,6 +26,11 @@ namespace muonbed::sim {
 namespace {
 
 constexpr std::uint32_t kComputeOwner = 0x80000000u;
+// Tags of a split Newton-Schulz instance's compute: this pattern in the top 16 bits, the member in
+// the rest. The algorithms' tags differ there: kDelayTag and kLaunchTag are all ones, and pack()
+// puts the ring channel (far below 0x5A5 = 1445) in the top 12 bits.
+constexpr std::uint64_t kSplitComputeTag = 0x5A5Aull << 48;
+constexpr std::uint64_t kTagPatternMask = 0xFFFFull << 48;
 
 class Replay;
 
@@ -59,6 +65,11 @@ struct Instance {
   CollectiveSpec spec;
   std::unique_ptr<InstanceHost> host;
   std::unique_ptr<CollectiveAlgorithm> algorithm;
+  // split_newton_schulz: the all-reduces run so far (0: the norms; k: the Gram of step k), the
+  // members' compute still running, and each member's compute per step.
+  int split_round = -1;
+  int split_pending = 0;
+  std::vector<double> split_compute_s;
 };
 
 // The engine's OpHandler on SimGrid: compute ops and collective algorithms started on the
@@ -141,6 +152,8 @@ class Replay final : public OpHandler, public CompletionSink {
       arrivals_.erase(it);
     }
     const Op& o = plan_.ops[instance.op];
+    inst.split_round = -1;
+    if (o.kind == OpKind::split_newton_schulz) return start_split(inst, id, instance);
     CollectiveSpec& spec = inst.spec;
     spec = CollectiveSpec{};
     spec.kind = o.kind;
@@ -204,8 +217,12 @@ class Replay final : public OpHandler, public CompletionSink {
       compute_done(static_cast<int>(owner & ~kComputeOwner), static_cast<int>(tag));
     } else {
       Instance& inst = *instances_[owner];
-      inst.algorithm->done(tag);
-      if (inst.host->is_finished()) complete_instance(owner);
+      if (inst.split_round >= 0 && (tag & kTagPatternMask) == kSplitComputeTag) {
+        if (--inst.split_pending == 0) start_split_all_reduce(inst, owner);
+      } else {
+        inst.algorithm->done(tag);
+        if (inst.host->is_finished()) after_all_reduce(owner);
+      }
     }
     if (pattern_active_ && engine_.step_done()) end_pattern();
   }
@@ -235,6 +252,54 @@ class Replay final : public OpHandler, public CompletionSink {
     engine_.finish_compute(rank, op);
   }
 
+  // split_newton_schulz (core/split_ns.hpp): the norm all-reduce, then per NS step the members'
+  // compute (split_ns_cost's, an equal share per step, each on its GPU) and the all-reduce of the
+  // Grams, on the same all_reduce algorithm as plan all_reduce ops. Its time counts as compute,
+  // as in the analytic model.
+  void start_split(Instance& inst, std::uint32_t id, const CollectiveInstance& instance) {
+    const Op& o = plan_.ops[instance.op];
+    inst.spec = CollectiveSpec{};
+    inst.spec.kind = OpKind::all_reduce;
+    inst.spec.members = instance.participants;
+    inst.bytes = static_cast<double>(collective_bytes(plan_, o, instance.leader));
+    inst.split_compute_s.clear();
+    for (int m : inst.spec.members) {
+      double seconds = 0;
+      for (int p : o.params) seconds += split_ns_cost(plan_, o, p, m, cluster_).compute_s;
+      inst.split_compute_s.push_back(seconds / std::max(1, o.ns_steps));
+      timeline_.add_flops(op_flops(plan_, o, m));
+    }
+    inst.start = rel_now();
+    for (int m : inst.spec.members) timeline_.begin(m, Activity::compute, inst.start);
+    inst.split_round = 0;
+    start_split_all_reduce(inst, id);
+  }
+
+  void start_split_all_reduce(Instance& inst, std::uint32_t id) {
+    const Op& o = plan_.ops[inst.op];
+    const SplitNsExchange x = split_ns_exchange(plan_, o, inst.spec.members.front());
+    const double bytes =
+        inst.split_round == 0
+            ? static_cast<double>(x.norm_elements * bytes_of(DType::fp32))
+            : static_cast<double>(x.gram_elements * bytes_of(plan_.settings.comm_dtype()));
+    inst.spec.pieces.assign(inst.spec.members.size(), bytes);
+    inst.host->reset();
+    inst.algorithm = make_algorithm(inst.spec, *inst.host, options_.lowering);
+    inst.algorithm->start();
+    if (inst.host->is_finished()) after_all_reduce(id);
+  }
+
+  void after_all_reduce(std::uint32_t id) {
+    Instance& inst = *instances_[id];
+    if (inst.split_round < 0 || inst.split_round == plan_.ops[inst.op].ns_steps)
+      return complete_instance(id);
+    ++inst.split_round;
+    inst.split_pending = static_cast<int>(inst.spec.members.size());
+    for (std::size_t i = 0; i < inst.spec.members.size(); ++i)
+      network_.compute(inst.spec.members[i], inst.split_compute_s[i], id,
+                       kSplitComputeTag | static_cast<std::uint64_t>(i));
+  }
+
   void complete_instance(std::uint32_t id) {
     Instance& inst = *instances_[id];
     const int stream = index_.stream(inst.op);
@@ -247,10 +312,12 @@ class Replay final : public OpHandler, public CompletionSink {
         timeline_.trace({r, stream, inst.op, TraceKind::wait, arrived, inst.start});
       timeline_.trace({r, stream, inst.op, TraceKind::collective, inst.start, now});
     }
+    const Activity activity = inst.split_round >= 0 ? Activity::compute : Activity::communication;
     for (int r : inst.spec.members) {
-      timeline_.end(r, Activity::communication, now);
+      timeline_.end(r, activity, now);
       timeline_.touch_finish(r, now);
     }
+    inst.split_round = -1;
     inst.algorithm.reset();
     engine_.finish_collective(static_cast<int>(id));
   }

@@ -4,7 +4,8 @@
 //     each element of the own part once and adds each peer's part into it at most once), and
 //     per-peer counts are plan.hpp's bytes_sent / bytes_received for every op, rank and peer;
 //   * identity: the plan runs on the loopback executor with numerics replaced by data movement
-//     (the update is the gradient, NS the identity, the parameter becomes the result) and
+//     (the update is the gradient, NS the identity, split NS too: its members keep their slices,
+//     the parameter becomes the result) and
 //     gradients that encode their element's full index, so every element that travels to an
 //     owner and back (gather then scatter, all_to_all there and back, all-gathers, reductions)
 //     must come home to the right place: each parameter piece equals the encoding of its own
@@ -172,9 +173,11 @@ TEST_CASE("element maps bring every element home on random meshes and layouts", 
           const RankOp* rop = program.find(op.id);
           if (rop == nullptr || !is_collective(op.kind)) continue;
           std::vector<std::int64_t> sent(c.mesh.group_size(op.group), 0), received = sent;
-          for (const auto& phase : rop->phases) {
-            for (const auto& t : phase.sends) sent[t.peer] += t.count * 4;
-            for (const auto& t : phase.recvs) received[t.peer] += t.count * 4;
+          for (std::size_t ph = 0; ph < rop->phases.size(); ++ph) {
+            // Split NS: its Gram all-reduce (phases 2-3) runs once per NS step.
+            const int times = op.kind == OpKind::split_newton_schulz && ph >= 2 ? op.ns_steps : 1;
+            for (const auto& t : rop->phases[ph].sends) sent[t.peer] += times * t.count * 4;
+            for (const auto& t : rop->phases[ph].recvs) received[t.peer] += times * t.count * 4;
           }
           CHECK(sent == bytes_sent(plan, op, r));
           CHECK(received == bytes_received(plan, op, r));
@@ -182,6 +185,14 @@ TEST_CASE("element maps bring every element home on random meshes and layouts", 
       }
       LoopbackOptions options_run;
       options_run.compute = move_only;
+      options_run.edit_program = [](RankProgram& p) {  // split NS as the identity: no exchange
+        for (RankOp& op : p.ops)
+          if (op.kind == OpKind::split_newton_schulz) {
+            op.kind = OpKind::barrier;
+            op.phases.clear();
+            op.split_ns.clear();
+          }
+      };
       options_run.initial = [](const RankProgram&, cpu::RankStore&) {};
       options_run.inputs = [&plan](const RankProgram& p, cpu::RankStore& s, int) {
         fill_encoded(plan, p, s);

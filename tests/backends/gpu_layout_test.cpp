@@ -268,6 +268,7 @@ TEST_CASE("GPU layout: pools, pool runs, wire layouts and splits over the invari
     const Model model = *find_preset(topology.model);
     const ShardedModel sharded = testing::make_model(topology);
     for (const auto& options : testing::strategies()) {
+      if (!testing::gpu_runs(options)) continue;
       INFO("topology " << topology.name << ", strategy " << options.to_json_text());
       const StepPlan plan =
           build_plan(sharded, options, testing::settings_of(testing::kVariants[0], model));
@@ -287,6 +288,7 @@ TEST_CASE("GPU layout: uneven splits and empty shards", "[gpu-layout]") {
     const ShardedModel sharded = parallelize(model, DeviceMesh(dims, 8), ParallelRules{});
     for (const auto& variant : testing::kVariants)
       for (const auto& options : testing::strategies()) {
+        if (!testing::gpu_runs(options)) continue;
         INFO(DeviceMesh(dims, 8).describe() << ", strategy " << options.to_json_text());
         check_plan(build_plan(sharded, options, testing::settings_of(variant, model)));
       }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/plan.hpp"
+#include "core/program.hpp"
 
 namespace muonbed::testing {
 
@@ -36,6 +37,30 @@ inline PlanSettings settings_of(const Variant& v, const Model& model) {
   o.qk_clip.tau = 50.0;  // logits are uniform on [0, 100): about half of the heads clip
   o.qk_clip.head_dim = model.head_dim;
   return s;
+}
+
+// How far a plan with split Newton-Schulz may be from the reference (absolute, on parameters and
+// state after the steps of a test): its Grams are sums in another order than the single-device
+// product, all-reduced in the comm dtype (bf16: 8 bits of mantissa), so the orthogonalized update
+// differs in its last bf16 bits, times lr 0.02 and Muon's shape scale per step. A Gram missing
+// the other members' parts (the negative controls) moves the update by O(1) instead.
+inline constexpr double kSplitNsTolerance = 2e-3;
+
+inline bool splits_ns(const StepPlan& plan) {
+  return std::any_of(plan.ops.begin(), plan.ops.end(),
+                     [](const Op& op) { return op.kind == OpKind::split_newton_schulz; });
+}
+
+// Negative control of split Newton-Schulz: each member keeps its own partial Gram (the Gram
+// all-reduce's messages dropped), as if the all-reduce were skipped.
+inline void drop_gram_all_reduce(RankProgram& program) {
+  for (RankOp& op : program.ops) {
+    if (op.kind != OpKind::split_newton_schulz) continue;
+    for (std::size_t ph = 2; ph < op.phases.size(); ++ph) {
+      op.phases[ph].sends.clear();
+      op.phases[ph].recvs.clear();
+    }
+  }
 }
 
 // Shapes that split unevenly (torch.chunk leaves trailing shards smaller or empty), 1xN and Nx1

@@ -1,5 +1,5 @@
 // The invariant matrix shared by the plan tests (tests/core) and the execution tests
-// (tests/backends): nine topologies (every parallelism and a 4-D hybrid, small models) and thirteen
+// (tests/backends): nine topologies (every parallelism and a 4-D hybrid, small models) and fifteen
 // strategy variants (every built-in strategy with the options that change its plan's shape).
 #pragma once
 
@@ -89,12 +89,34 @@ inline std::vector<StrategyOptions> strategies() {
     o.chunk_by_shape = true;
     o.order = "lpt";
   });
+  // Split Newton-Schulz of every matrix a group can split (threshold 0: each over the smallest
+  // group that can split it), on hierarchical gathers, and on flat gathers with groups of at most
+  // 2, two lanes and largest first. Their results equal the reference within kSplitNsTolerance
+  // (tests/common/equivalence_cases.hpp), not bit for bit.
+  add("owner", [](StrategyOptions& o) {
+    o.split_ns.enabled = true;
+    o.split_ns.threshold = 0;
+    o.split_ns.max_members = 64;
+  });
+  add("owner", [](StrategyOptions& o) {
+    o.gather = "flat";
+    o.comm_lanes = 2;
+    o.order = "lpt";
+    o.split_ns.enabled = true;
+    o.split_ns.threshold = 0;
+    o.split_ns.max_members = 2;
+  });
   add("all_to_all", [](StrategyOptions& o) {  // the pipelined all-to-all: chunks by NS cost
     o.chunk_sizing = "ns_cost";
     o.order = "lpt";
     o.max_chunks_in_flight = 2;
   });
   return list;
+}
+
+// The GPU executors do not run split Newton-Schulz yet (backends/gpu refuses it).
+inline bool gpu_runs(const StrategyOptions& o) {
+  return !o.split_ns.enabled;
 }
 
 inline ShardedModel make_model(const Topology& t, const ParallelRules& rules = {}) {

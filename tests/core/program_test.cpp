@@ -36,10 +36,18 @@ IndexList random_subset(std::mt19937& rng, const IndexList& list) {
 }
 
 // Per peer, elements moved by all phases of a lowered collective, in bytes.
-std::vector<std::int64_t> moved(const RankOp& op, int n, bool sends, std::int64_t width) {
+// Bytes of the program's messages per peer. A split Newton-Schulz runs its phases 0-1 (the norms,
+// fp32) once and 2-3 (the Grams, comm dtype) once per NS step (`steps`).
+std::vector<std::int64_t> moved(const RankOp& op, int n, bool sends, std::int64_t width,
+                                int steps = 1) {
   std::vector<std::int64_t> bytes(n, 0);
-  for (const auto& phase : op.phases)
-    for (const auto& t : sends ? phase.sends : phase.recvs) bytes.at(t.peer) += t.count * width;
+  const bool split = op.kind == OpKind::split_newton_schulz;
+  for (std::size_t ph = 0; ph < op.phases.size(); ++ph) {
+    const std::int64_t w = split && ph < 2 ? bytes_of(DType::fp32) : width;
+    const int times = split && ph >= 2 ? steps : 1;
+    for (const auto& t : sends ? op.phases[ph].sends : op.phases[ph].recvs)
+      bytes.at(t.peer) += times * t.count * w;
+  }
   return bytes;
 }
 
@@ -131,8 +139,8 @@ TEST_CASE("programs move what plan.hpp counts and use what rank_memory counts", 
             const auto& comm_members = program.communicators.at(rop->communicator).members;
             CHECK(comm_members == model.mesh.group_members(r, op.group));
             CHECK(program.communicators.at(rop->communicator).stream == op.stream);
-            CHECK(moved(*rop, n, true, width) == bytes_sent(plan, op, r));
-            CHECK(moved(*rop, n, false, width) == bytes_received(plan, op, r));
+            CHECK(moved(*rop, n, true, width, op.ns_steps) == bytes_sent(plan, op, r));
+            CHECK(moved(*rop, n, false, width, op.ns_steps) == bytes_received(plan, op, r));
             for (const auto& phase : rop->phases) {
               std::int64_t d = 0;
               for (const auto& t : phase.sends) {

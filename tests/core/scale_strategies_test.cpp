@@ -204,3 +204,60 @@ TEST_CASE("chunk_sizing ns_cost: chunk k holds every owner's k-th largest matrix
   o.chunk_sizing = "equal";
   CHECK_THROWS_WITH(build_plan(model, o, PlanSettings{}), Catch::Contains("count or ns_cost"));
 }
+
+TEST_CASE("split NS: the largest matrices split over the TP group once ranks outnumber them",
+          "[strategy][split_ns]") {
+  // llama-70B FSDP x TP 8: 3x the balanced share of NS work per rank falls below one 8192 x 28672
+  // MLP matrix between 256 and 1,024 GPUs; from there the muonbed preset splits exactly the
+  // matrices above it, over their node's TP group (8 members, whole along the short dim 8192
+  // once dp_shard is gathered), and nothing below it.
+  for (int nodes : {4, 128}) {
+    const ShardedModel model = llama_fsdp_tp(nodes);
+    const int world = nodes * 8;
+    const StepPlan plan = build_plan(model, strategy_preset("muonbed", world), PlanSettings{});
+    double total = 0;
+    for (int p : model.muon_params()) total += ns_flops_of(plan, p);
+    // The preset's threshold (3x the share: split only where TP-8 groups pack better).
+    const double share = strategy_preset("muonbed", world).split_ns.threshold * total / world;
+    std::set<int> split;
+    for (const Op& op : plan.ops) {
+      if (op.kind != OpKind::split_newton_schulz) continue;
+      CHECK(op.group == DimSet::of({1}));  // tp
+      CHECK(op.gathered == DimSet::of({0}));
+      for (int p : op.params) split.insert(p);
+    }
+    INFO(world << " GPUs, share " << share << " FLOP, " << split.size() << " split");
+    for (int p : model.muon_params()) {
+      INFO(model.params[p].name);
+      CHECK((split.count(p) == 1) == (ns_flops_of(plan, p) > share));
+    }
+    if (nodes == 4) CHECK(split.empty());
+    if (nodes == 128) CHECK(split.size() == 240);  // the 3 MLP matrices of 80 layers
+  }
+}
+
+TEST_CASE("split NS: options are checked, and only staged gathers split", "[strategy][split_ns]") {
+  const ShardedModel model = testing::make_model(testing::topologies()[4]);  // FSDP + TP
+  StrategyOptions o;
+  o.split_ns.enabled = true;
+  o.split_ns.threshold = 0;
+  o.name = "all_to_all";
+  CHECK_THROWS_WITH(build_plan(model, o, PlanSettings{}),
+                    Catch::Contains("split_ns") && Catch::Contains("owner or sequential"));
+  o.name = "owner";
+  o.split_ns.max_members = 1;
+  CHECK_THROWS_WITH(build_plan(model, o, PlanSettings{}), Catch::Contains("max_members"));
+  // Groups stay within max_members, and a matrix that cannot split keeps its owner's NS.
+  o.split_ns.max_members = 2;
+  const StepPlan plan = build_plan(model, o, PlanSettings{});
+  int split = 0, whole = 0;
+  for (const Op& op : plan.ops) {
+    if (op.kind == OpKind::split_newton_schulz) {
+      ++split;
+      CHECK(plan.mesh().group_size(op.group) <= 2);
+    }
+    whole += op.kind == OpKind::newton_schulz ? 1 : 0;
+  }
+  CHECK(split > 0);
+  CHECK(whole > 0);  // e.g. attn.k [kv, hidden]: TP shards its short rows
+}

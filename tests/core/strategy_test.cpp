@@ -81,7 +81,8 @@ std::vector<int> replay_data_flow(const StepPlan& plan) {
   for (const Op& op : plan.ops) {
     const bool data_op = op.kind == OpKind::gather || op.kind == OpKind::scatter ||
                          op.kind == OpKind::broadcast || op.kind == OpKind::all_gather ||
-                         op.kind == OpKind::all_to_all || op.kind == OpKind::newton_schulz;
+                         op.kind == OpKind::all_to_all || op.kind == OpKind::newton_schulz ||
+                         op.kind == OpKind::split_newton_schulz;
     if (!data_op) continue;
     for (int p : op.params) {
       if (params[p].optimizer != OptimizerKind::muon) continue;
@@ -99,6 +100,24 @@ std::vector<int> replay_data_flow(const StepPlan& plan) {
           INFO("NS of " << params[p].name << " on rank " << r << ", op " << op.label);
           REQUIRE(full(momentum[p][r]));
           std::fill(update[p][r].begin(), update[p][r].end(), 1);
+          ++ns_count[p];
+        }
+        continue;
+      }
+      if (op.kind == OpKind::split_newton_schulz) {
+        // Each group instance orthogonalizes the matrix once: its members hold slices of the
+        // momentum that cover it together, and each ends with its slice of the result.
+        std::set<int> leaders;
+        for (int r : op.ranks.ranks(mesh)) leaders.insert(mesh.group_leader(r, op.group));
+        for (int leader : leaders) {
+          ElementSet together(params[p].numel(), 0);
+          for (int m : mesh.group_members(leader, op.group)) {
+            INFO("split NS of " << params[p].name << " on rank " << m << ", op " << op.label);
+            REQUIRE(subset(piece(p, m, op.gathered), momentum[p][m]));
+            unite(together, piece(p, m, op.gathered));
+            unite(update[p][m], piece(p, m, op.gathered));
+          }
+          REQUIRE(full(together));
           ++ns_count[p];
         }
         continue;
@@ -345,7 +364,8 @@ class EagerGathers final : public OpHandler {
   }
   void memory(int rank, int op) override {
     const Op& o = plan_.ops[op];
-    if (plan_.buffers[o.buffer].name.rfind("full updates", 0) != 0) return;
+    const std::string& name = plan_.buffers[o.buffer].name;  // a unit's buffer: whole or split
+    if (name.rfind("full updates", 0) != 0 && name.rfind("split slices", 0) != 0) return;
     live_[rank] += o.kind == OpKind::alloc ? 1 : -1;
     peak_[rank] = std::max(peak_[rank], live_[rank]);
   }

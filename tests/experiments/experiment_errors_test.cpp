@@ -461,3 +461,19 @@ TEST_CASE("tab indentation is named as the cause", "[experiments][errors]") {
 TEST_CASE("a file that is not a map", "[experiments][errors]") {
   expect_error("- mesh\n- model\n", 1, 1, {"the file must be a map, got a list [mesh, model]"});
 }
+
+TEST_CASE("split_ns: a strategy without staged gathers, an unknown key, a bad group size",
+          "[experiments][errors][split_ns]") {
+  expect_error(kBase + "strategy:\n  name: all_to_all\n  split_ns: true\n", 9, 3,
+               {"'strategy.split_ns' needs strategy owner or sequential", "all_to_all"});
+  expect_error(kBase + "strategy:\n  split_ns: {members: 4}\n", 8, 0,
+               {"unknown key 'members' in strategy.split_ns", "max_members"});
+  expect_error(kBase + "strategy:\n  split_ns: {max_members: 1}\n", 8, 0, {"max_members"});
+  // The map form enables it; the scalar form too; the plan then splits.
+  const auto points = parse_experiment(
+      kBase + "strategy:\n  split_ns: {threshold: 0, max_members: 4}\n", "good.yaml");
+  REQUIRE(points.size() == 1);
+  CHECK(points[0].strategy.split_ns.enabled);
+  CHECK(points[0].strategy.split_ns.max_members == 4);
+  CHECK(points[0].strategy.split_ns.threshold == 0);
+}

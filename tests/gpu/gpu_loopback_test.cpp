@@ -104,6 +104,7 @@ TEST_CASE("CUDA loopback: data movement equals the CPU loopback bit for bit", "[
     const ShardedModel sharded = testing::make_model(topology);
     for (const auto& variant : testing::kVariants)
       for (const auto& options : testing::strategies()) {
+        if (!testing::gpu_runs(options)) continue;
         const StepPlan plan = build_plan(sharded, options, testing::settings_of(variant, model));
         INFO("topology " << topology.name << ", " << variant.name << ", strategy "
                          << options.to_json_text());
@@ -125,6 +126,7 @@ TEST_CASE("CUDA loopback: uneven splits and empty shards move data bit for bit",
     const ShardedModel sharded = parallelize(model, DeviceMesh(dims, 8), ParallelRules{});
     for (const auto& variant : testing::kVariants)
       for (const auto& options : testing::strategies()) {
+        if (!testing::gpu_runs(options)) continue;
         const StepPlan plan = build_plan(sharded, options, testing::settings_of(variant, model));
         INFO(DeviceMesh(dims, 8).describe()
              << ", " << variant.name << ", strategy " << options.to_json_text());
@@ -141,6 +143,7 @@ TEST_CASE("CUDA loopback: every strategy within 1e-3 of the single-device refere
     const ShardedModel sharded = testing::make_model(topology);
     for (const auto& variant : testing::kVariants)
       for (const auto& options : testing::strategies()) {
+        if (!testing::gpu_runs(options)) continue;
         const StepPlan plan = build_plan(sharded, options, testing::settings_of(variant, model));
         INFO("topology " << topology.name << ", " << variant.name << ", strategy "
                          << options.to_json_text());

@@ -92,6 +92,32 @@ strategy: {name: sequential}
   }
 }
 
+TEST_CASE("split Newton-Schulz: the analytic model and the simulator agree when nothing contends",
+          "[sim][replay][analytic][split_ns]") {
+  // One matrix at a time; each split NS is the members' compute plus an all-reduce of the norms
+  // and one of the Grams per NS step over the TP group (the simulator runs them on its all_reduce
+  // algorithm, the analytic model adds its all-reduce times).
+  Experiment e = point(R"(
+name: quiet_split
+cluster: dgx-h100
+mesh: {dims: [{name: dp_shard, size: 2}, {name: tp, size: 8}]}
+model: {dense: {hidden: 1024, layers: 2, heads: 8, kv_heads: 8, ffn: 4096, vocab: 4096}}
+strategy: {name: sequential, split_ns: {threshold: 0}}
+)");
+  e.cluster = quiet(e.cluster);
+  const StepPlan plan = plan_experiment(e);
+  int split = 0;
+  for (const Op& op : plan.ops) split += op.kind == OpKind::split_newton_schulz ? 1 : 0;
+  REQUIRE(split > 0);
+  const ResultRecord analytic = analytic_record(plan, e.cluster);
+  const SimulationResult sim = simulate(plan, e.cluster, with_fidelity("step"));
+  INFO(split << " split NS ops: analytic " << analytic.step.average_s << " s, sim "
+             << sim.record.step.average_s << " s");
+  CHECK(sim.record.step.average_s == Approx(analytic.step.average_s).epsilon(0.01));
+  CHECK(sim.record.throughput.compute_time_s.average ==
+        Approx(analytic.throughput.compute_time_s.average).epsilon(0.01));
+}
+
 TEST_CASE("step and flow fidelity agree on whole plans", "[sim][replay][fidelity]") {
   Experiment e = point(R"(
 name: fsdp_tp_small

@@ -2,6 +2,7 @@
 #include "backends/cpu/handlers.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -130,6 +131,105 @@ void run_compute(const RankOp& op, RankStore& store, const StepContext& context)
   run_keep(op, store);
 }
 
+int split_ns_rounds(const StepContext& context) {
+  return context.ns.num_steps() + 1;
+}
+
+std::size_t split_ns_phase(int round, int index) {
+  return static_cast<std::size_t>((round == 0 ? 0 : 2) + index);
+}
+
+DType split_ns_wire(const RankOp& op, int round) {
+  return round == 0 ? DType::fp32 : op.wire_dtype;  // norms in fp32, Grams in the comm dtype
+}
+
+namespace {
+
+// The slice [part, gram] of rows <-> its wide orientation [gram, part].
+void transpose_into(const float* in, float* out, std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) out[j * rows + i] = in[i * cols + j];
+}
+
+void write_partial_grams(const SplitNsState& state, const RankOp& op, RankStore& store) {
+  float* ws = store.data(op.tensor);
+  for (std::size_t k = 0; k < op.split_ns.size(); ++k) {
+    const SplitNsTask& t = op.split_ns[k];
+    split_ns_gram(state.x[k].data(), t.gram, t.part, ws + t.gram_offset);
+  }
+}
+
+}  // namespace
+
+SplitNsState split_ns_begin(const RankOp& op, RankStore& store, const StepContext& context) {
+  if (op.kind != OpKind::split_newton_schulz || op.tensor < 0)
+    fail(store, op, &context, "is not a lowered split Newton-Schulz op");
+  if (context.ns.num_steps() != context.plan->ops.at(op.op).ns_steps)
+    fail(store, op, &context,
+         "the plan op runs " + std::to_string(context.plan->ops.at(op.op).ns_steps) +
+             " NS steps but the optimizer " + std::to_string(context.ns.num_steps()));
+  store.allocate(op.tensor);
+  float* ws = store.data(op.tensor);
+  SplitNsState state;
+  for (const SplitNsTask& t : op.split_ns) {
+    const std::vector<float> slice = store.read(t.data);
+    if (static_cast<std::int64_t>(slice.size()) != t.gram * t.part)
+      fail(store, op, &context,
+           "split slice of " + std::to_string(slice.size()) + " elements, expected " +
+               std::to_string(t.gram) + " x " + std::to_string(t.part));
+    std::vector<float> x(slice.size());
+    if (t.rows)
+      transpose_into(slice.data(), x.data(), t.part, t.gram);
+    else
+      x = slice;
+    double sum_squares = 0.0;  // fp64, as newton_schulz accumulates the norm
+    for (float v : x) sum_squares += static_cast<double>(v) * static_cast<double>(v);
+    ws[t.norm_offset] = static_cast<float>(sum_squares);
+    state.x.push_back(std::move(x));
+  }
+  return state;
+}
+
+void split_ns_after_round(SplitNsState& state, int round, const RankOp& op, RankStore& store,
+                          const StepContext& context) {
+  float* ws = store.data(op.tensor);
+  const int steps = context.ns.num_steps();
+  if (round == 0) {
+    for (std::size_t k = 0; k < op.split_ns.size(); ++k) {
+      const double norm = std::sqrt(static_cast<double>(ws[op.split_ns[k].norm_offset]));
+      const float scale = static_cast<float>(1.0 / (norm * context.ns.norm_scale + context.ns.eps));
+      for (float& v : state.x[k]) v *= scale;
+    }
+  } else {
+    std::int64_t grams = 0;
+    for (const SplitNsTask& t : op.split_ns)
+      grams = std::max(grams, t.gram_offset + t.gram * t.gram);
+    if (op.wire_dtype == DType::bf16) round_to_bf16(ws, grams);
+    for (std::size_t k = 0; k < op.split_ns.size(); ++k) {
+      const SplitNsTask& t = op.split_ns[k];
+      split_ns_step(state.x[k].data(), t.gram, t.part, ws + t.gram_offset,
+                    context.ns.steps.at(static_cast<std::size_t>(round - 1)));
+    }
+  }
+  if (round < steps) {
+    write_partial_grams(state, op, store);
+    return;
+  }
+  const DType comm = context.plan->settings.comm_dtype();
+  for (std::size_t k = 0; k < op.split_ns.size(); ++k) {
+    const SplitNsTask& t = op.split_ns[k];
+    std::vector<float> out(state.x[k].size());
+    if (t.rows)
+      transpose_into(state.x[k].data(), out.data(), t.gram, t.part);
+    else
+      out = state.x[k];
+    round_to(comm, out);
+    store.write(t.data, out.data());
+  }
+  store.release(op.tensor);
+  run_keep(op, store);
+}
+
 void run_keep(const RankOp& op, RankStore& store) {
   for (const auto& c : op.keep) copy(store, c);
 }
@@ -198,8 +298,8 @@ PackedPhase begin_phase_packed(const RankStore& store, const ExchangePhase& phas
                                bool first_send_only) {
   PackedPhase out;
   const std::int64_t width = bytes_of(wire);
-  const std::size_t sends = first_send_only ? std::min<std::size_t>(1, phase.sends.size())
-                                            : phase.sends.size();
+  const std::size_t sends =
+      first_send_only ? std::min<std::size_t>(1, phase.sends.size()) : phase.sends.size();
   std::int64_t total = 0;
   for (std::size_t i = 0; i < sends; ++i)
     total = std::max(total, phase.sends[i].displacement + phase.sends[i].count);

@@ -21,6 +21,14 @@ std::int64_t align(std::int64_t elements) {
 }  // namespace
 
 PoolLayout plan_pool(const StepPlan& plan, const RankProgram& program) {
+  // Split Newton-Schulz has CPU handlers only (backends/cpu/handlers.hpp): refuse it before any
+  // device memory is laid out, rather than run its all-reduces without its compute.
+  for (const RankOp& op : program.ops)
+    if (op.kind == OpKind::split_newton_schulz)
+      throw ExecutionError("rank " + std::to_string(program.rank) + ": plan op " +
+                           std::to_string(op.op) +
+                           " is a split Newton-Schulz, which the GPU executors do not run yet; "
+                           "fix: remove strategy.split_ns, or run the plan on the mpi backend");
   PoolLayout layout;
   layout.tensor_offset.assign(program.tensors.size(), -1);
   for (const ProgramTensor& t : program.tensors)

@@ -37,41 +37,59 @@ class LoopbackExecutor::Handler final : public OpHandler {
     const std::size_t phases = rops.front()->phases.size();
     for (const RankOp* r : rops)
       if (r->phases.size() != phases) fail(op, "members lowered different numbers of phases");
-    for (std::size_t ph = 0; ph < phases; ++ph) {
-      // Every member reads what it sends before any member writes.
-      std::vector<cpu::PhaseMessages> out;
-      out.reserve(members.size());
+    if (rops.front()->kind == OpKind::split_newton_schulz) {
+      // The members' compute between the all-reduces of their phases, in lockstep.
+      std::vector<cpu::SplitNsState> state;
       for (std::size_t i = 0; i < members.size(); ++i)
-        out.push_back(
-            cpu::begin_phase(*x_.stores_[members[i]], rops[i]->phases[ph], rops[i]->wire_dtype));
-      for (std::size_t i = 0; i < members.size(); ++i) {
-        const ExchangePhase& phase = rops[i]->phases[ph];
-        std::vector<const std::vector<std::byte>*> received;
-        for (const Transfer& t : phase.recvs)
-          received.push_back(&message(op, members, rops, out, t.peer_rank, members[i], ph));
-        cpu::finish_phase(*x_.stores_[members[i]], phase, rops[i]->wire_dtype, out[i], received);
+        state.push_back(cpu::split_ns_begin(*rops[i], *x_.stores_[members[i]], context));
+      for (int round = 0; round < cpu::split_ns_rounds(context); ++round) {
+        for (int k = 0; k < 2; ++k)
+          run_phase(op, members, rops, cpu::split_ns_phase(round, k),
+                    cpu::split_ns_wire(*rops.front(), round));
+        for (std::size_t i = 0; i < members.size(); ++i)
+          cpu::split_ns_after_round(state[i], round, *rops[i], *x_.stores_[members[i]], context);
       }
-      // Every message that was sent was received.
+    } else {
+      for (std::size_t ph = 0; ph < phases; ++ph)
+        run_phase(op, members, rops, ph, rops.front()->wire_dtype);
       for (std::size_t i = 0; i < members.size(); ++i)
-        for (const Transfer& t : rops[i]->phases[ph].sends) {
-          const RankOp& peer = rank_op(t.peer_rank, op);
-          bool matched = false;
-          for (const Transfer& r : peer.phases[ph].recvs)
-            matched = matched || r.peer_rank == members[i];
-          if (!matched)
-            fail(op, "rank " + std::to_string(members[i]) + " sends rank " +
-                         std::to_string(t.peer_rank) + " a message it does not receive");
-          x_.moved_[{op, members[i], t.peer_rank}] +=
-              static_cast<std::int64_t>(out[i].sends[&t - rops[i]->phases[ph].sends.data()].size());
-        }
+        cpu::run_keep(*rops[i], *x_.stores_[members[i]]);
     }
-    for (std::size_t i = 0; i < members.size(); ++i)
-      cpu::run_keep(*rops[i], *x_.stores_[members[i]]);
     ++x_.ran_[op];
     engine->finish_collective(instance.id);
   }
 
  private:
+  // One phase of a collective instance: every member reads what it sends before any member
+  // writes, then every message is delivered, and counted in bytes_moved.
+  void run_phase(int op, const std::vector<int>& members, const std::vector<const RankOp*>& rops,
+                 std::size_t ph, DType wire) {
+    std::vector<cpu::PhaseMessages> out;
+    out.reserve(members.size());
+    for (std::size_t i = 0; i < members.size(); ++i)
+      out.push_back(cpu::begin_phase(*x_.stores_[members[i]], rops[i]->phases[ph], wire));
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      const ExchangePhase& phase = rops[i]->phases[ph];
+      std::vector<const std::vector<std::byte>*> received;
+      for (const Transfer& t : phase.recvs)
+        received.push_back(&message(op, members, rops, out, t.peer_rank, members[i], ph));
+      cpu::finish_phase(*x_.stores_[members[i]], phase, wire, out[i], received);
+    }
+    // Every message that was sent was received.
+    for (std::size_t i = 0; i < members.size(); ++i)
+      for (const Transfer& t : rops[i]->phases[ph].sends) {
+        const RankOp& peer = rank_op(t.peer_rank, op);
+        bool matched = false;
+        for (const Transfer& r : peer.phases[ph].recvs)
+          matched = matched || r.peer_rank == members[i];
+        if (!matched)
+          fail(op, "rank " + std::to_string(members[i]) + " sends rank " +
+                       std::to_string(t.peer_rank) + " a message it does not receive");
+        x_.moved_[{op, members[i], t.peer_rank}] +=
+            static_cast<std::int64_t>(out[i].sends[&t - rops[i]->phases[ph].sends.data()].size());
+      }
+  }
+
   const RankOp& rank_op(int rank, int op) const {
     const RankOp* r = x_.programs_[rank].find(op);
     if (r == nullptr) fail(op, "rank " + std::to_string(rank) + " has no part in it");
@@ -105,7 +123,10 @@ LoopbackExecutor::LoopbackExecutor(const StepPlan& plan, LoopbackOptions options
   cpu::check_can_run(plan);
   const int world = plan.model.mesh.world_size();
   programs_.reserve(world);
-  for (int r = 0; r < world; ++r) programs_.push_back(lower_rank_program(plan, r, options_.lower));
+  for (int r = 0; r < world; ++r) {
+    programs_.push_back(lower_rank_program(plan, r, options_.lower));
+    if (options_.edit_program) options_.edit_program(programs_.back());
+  }
   const std::uint64_t seed = options_.seed;
   if (!options_.compute) options_.compute = cpu::run_compute;
   if (!options_.inputs)

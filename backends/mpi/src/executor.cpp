@@ -16,6 +16,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <thread>
@@ -138,6 +139,8 @@ Call call_for(OpKind kind, std::size_t phase, bool generic) {
       return Call::allgatherv;
     case OpKind::all_reduce:
       return phase == 0 ? Call::alltoallv : Call::allgatherv;
+    case OpKind::split_newton_schulz:  // all-reduces: phases 0-1 (norms), 2-3 (Grams)
+      return phase % 2 == 0 ? Call::alltoallv : Call::allgatherv;
     default:  // all_to_all, reduce_scatter
       return Call::alltoallv;
   }
@@ -250,6 +253,7 @@ class Executor::Impl final : public OpHandler {
     cpu::check_can_run(plan_);
     keep_freed_memory();
     program_ = lower_rank_program(plan_, rank_, options_.lower);
+    if (options_.edit_program) options_.edit_program(program_);
     store_ = std::make_unique<cpu::RankStore>(program_);
     cpu::fill_parameters(plan_, program_, *store_, options_.seed);
     exchange_hosts();
@@ -403,6 +407,15 @@ class Executor::Impl final : public OpHandler {
     a->op = op;
     a->rop = &rank_op(op);
     a->start = now_s();
+    a->wire = a->rop->wire_dtype;
+    if (a->rop->kind == OpKind::split_newton_schulz) {
+      // Its compute runs here, between its all-reduces, on this thread (cpu/handlers.hpp).
+      CpuTimed t(timings_.handlers_s);
+      a->split = cpu::split_ns_begin(*a->rop, *store_, context_);
+      a->round = 0;
+      a->phase = cpu::split_ns_phase(0, 0);
+      a->wire = cpu::split_ns_wire(*a->rop, 0);
+    }
     if (a->rop->phases.empty() && plan_.ops[op].kind != OpKind::barrier) {
       complete(*a);  // nothing to exchange
       return;
@@ -448,6 +461,10 @@ class Executor::Impl final : public OpHandler {
     int op = -1;
     const RankOp* rop = nullptr;
     std::size_t phase = 0;
+    DType wire = DType::fp32;  // of this phase
+    // split_newton_schulz: the round of all-reduces and the member's state between them.
+    int round = -1;
+    std::optional<cpu::SplitNsState> split;
     double start = 0;
     MPI_Request request = MPI_REQUEST_NULL;
     cpu::PackedPhase packed;
@@ -618,7 +635,14 @@ class Executor::Impl final : public OpHandler {
       for (auto& a : ready) {
         current_op_ = a->op;
         finish_phase(*a);
-        if (++a->phase < a->rop->phases.size()) {
+        if (a->split) {
+          if (!next_split_phase(*a)) {
+            complete(*a);
+            continue;
+          }
+          post(*a);
+          active_.push_back(std::move(a));
+        } else if (++a->phase < a->rop->phases.size()) {
           post(*a);
           active_.push_back(std::move(a));
         } else {
@@ -671,7 +695,7 @@ class Executor::Impl final : public OpHandler {
       return;
     }
     const ExchangePhase& phase = rop.phases[a.phase];
-    const int w = bytes_of(rop.wire_dtype);
+    const int w = bytes_of(a.wire);
     // A broadcast's root and an all-gather member send one buffer to every peer: encoded once.
     const bool one_buffer = call == Call::allgatherv || call == Call::bcast;
     if (one_buffer)
@@ -683,12 +707,12 @@ class Executor::Impl final : public OpHandler {
                                " cannot carry");
     {
       CpuTimed t(timings_.handlers_s);
-      a.packed = cpu::begin_phase_packed(*store_, phase, rop.wire_dtype, one_buffer);
+      a.packed = cpu::begin_phase_packed(*store_, phase, a.wire, one_buffer);
       if (check_pass_)
         for (std::size_t i = 0;
              i < (one_buffer ? std::min<std::size_t>(1, phase.sends.size()) : phase.sends.size());
              ++i)
-          write_check_pattern(rank_, phase.sends[i].count, rop.wire_dtype,
+          write_check_pattern(rank_, phase.sends[i].count, a.wire,
                               a.packed.sends.data() + phase.sends[i].displacement * w);
     }
     int n = 0;
@@ -828,7 +852,7 @@ class Executor::Impl final : public OpHandler {
     const RankOp& rop = *a.rop;
     if (rop.phases.empty()) return;  // barrier
     const ExchangePhase& phase = rop.phases[a.phase];
-    const int w = bytes_of(rop.wire_dtype);
+    const int w = bytes_of(a.wire);
     CpuTimed t(timings_.handlers_s);
     std::vector<std::span<const std::byte>> received;
     received.reserve(phase.recvs.size());
@@ -837,9 +861,9 @@ class Executor::Impl final : public OpHandler {
                             static_cast<std::size_t>(phase.recvs[i].count * w));
     if (check_pass_)
       for (std::size_t i = 0; i < phase.recvs.size(); ++i)
-        timings_.wrong_elements += count_wrong(phase.recvs[i].peer_rank, received[i],
-                                               rop.wire_dtype, phase.recvs[i].count);
-    cpu::finish_phase(*store_, phase, rop.wire_dtype, a.packed.own, received);
+        timings_.wrong_elements +=
+            count_wrong(phase.recvs[i].peer_rank, received[i], a.wire, phase.recvs[i].count);
+    cpu::finish_phase(*store_, phase, a.wire, a.packed.own, received);
     const int my_host = host_of_[rank_];
     for (const Transfer& s : phase.sends) {
       const double b = static_cast<double>(s.count * w);
@@ -853,8 +877,26 @@ class Executor::Impl final : public OpHandler {
     a.recv = {};
   }
 
-  void complete(Active& a) {
+  // split_newton_schulz: after a phase, the next one, with the member's compute after each
+  // all-reduce (split_ns_after_round, which also runs the op's keep copies at the end). False when
+  // the op is done.
+  bool next_split_phase(Active& a) {
+    if (a.phase == cpu::split_ns_phase(a.round, 0)) {
+      a.phase = cpu::split_ns_phase(a.round, 1);
+      return true;
+    }
     {
+      CpuTimed t(timings_.handlers_s);
+      cpu::split_ns_after_round(*a.split, a.round, *a.rop, *store_, context_);
+    }
+    if (++a.round >= cpu::split_ns_rounds(context_)) return false;
+    a.phase = cpu::split_ns_phase(a.round, 0);
+    a.wire = cpu::split_ns_wire(*a.rop, a.round);
+    return true;
+  }
+
+  void complete(Active& a) {
+    if (!a.split) {
       CpuTimed t(timings_.handlers_s);
       cpu::run_keep(*a.rop, *store_);
     }

@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
       for (const Model* model : {&dense, &odd})
         for (const auto& variant : testing::kVariants)
           for (const auto& options : testing::strategies()) {
+            if (!testing::gpu_runs(options)) continue;
             const ShardedModel sharded = parallelize(*model, DeviceMesh(dims, 8), ParallelRules{});
             const StepPlan plan =
                 build_plan(sharded, options, testing::settings_of(variant, *model));
