@@ -140,7 +140,7 @@ std::vector<Case> cases(int ranks) {
     out.push_back(topology_case("FSDP+TP", 11, 0));
     out.push_back(topology_case("HSDP", 12, 1));
     // The pipelined all-to-all with chunks by NS cost (one matrix per owner per chunk).
-    out.push_back(topology_case("FSDP", 13, 1));
+    out.push_back(topology_case("FSDP", 15, 1));
     // Hard cases: uneven torch.chunk splits and empty shards, strided TP pieces, and
     // level-scheduled sync over its whole hyper-period (6 steps, every pattern of frozen levels).
     out.push_back(
