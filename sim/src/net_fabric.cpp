@@ -1,6 +1,7 @@
 // Weighted max-min sharing of the inter-node links by progressive filling, with pooled flows
 // (see net_fabric.hpp).
 #include "sim/src/net_fabric.hpp"
+#include "sim/src/fluid_flows.hpp"
 
 #include <algorithm>
 #include <functional>
@@ -12,7 +13,6 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 // As NodeFabric: a flow whose remaining bytes fall below this share of its size (or one byte)
 // is done, since progress in floating point does not reach exact zeros.
-constexpr double kRelativeDone = 1e-9;
 constexpr std::uint32_t kPoolBit = 0x80000000u;
 }  // namespace
 
@@ -55,23 +55,12 @@ void NetFabric::add(double now, const int* links, int nlinks, double bytes, doub
 }
 
 void NetFabric::progress(double now) {
-  const double dt = now - last_;
-  if (dt > 0)
-    for (Flow& f : flows_) f.remaining -= f.rate * dt;
-  last_ = std::max(last_, now);
+  progress_flows(flows_, last_, now);
 }
 
 void NetFabric::advance(double now, std::vector<std::uint64_t>& done) {
   progress(now);
-  std::size_t keep = 0;
-  for (std::size_t i = 0; i < flows_.size(); ++i) {
-    const Flow& f = flows_[i];
-    if (f.remaining <= std::max(1.0, kRelativeDone * f.size))
-      done.push_back(f.token);
-    else
-      flows_[keep++] = f;
-  }
-  flows_.resize(keep);
+  take_finished_flows(flows_, done);
   if (link_pool_.size() > 4096 && link_pool_.size() > 16 * flows_.size()) compact_pool();
 }
 

@@ -1,5 +1,6 @@
 // Max-min fair sharing of a node's internal links by progressive filling (see node_fabric.hpp).
 #include "sim/src/node_fabric.hpp"
+#include "sim/src/fluid_flows.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -10,7 +11,6 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 // A flow whose remaining bytes fall below this share of its size (or one byte) is done:
 // progress is computed in floating point, so exact zeros are not guaranteed.
-constexpr double kRelativeDone = 1e-9;
 }  // namespace
 
 NodeFabric::NodeFabric(int gpus, double link_Bps, double bridge_Bps)
@@ -35,23 +35,12 @@ void NodeFabric::add(double now, int src, int dst, double bytes, std::uint64_t t
 }
 
 void NodeFabric::progress(double now) {
-  const double dt = now - last_;
-  if (dt > 0)
-    for (Flow& f : flows_) f.remaining -= f.rate * dt;
-  last_ = std::max(last_, now);
+  progress_flows(flows_, last_, now);
 }
 
 void NodeFabric::advance(double now, std::vector<std::uint64_t>& done) {
   progress(now);
-  std::size_t keep = 0;
-  for (std::size_t i = 0; i < flows_.size(); ++i) {
-    const Flow& f = flows_[i];
-    if (f.remaining <= std::max(1.0, kRelativeDone * f.size))
-      done.push_back(f.token);
-    else
-      flows_[keep++] = f;
-  }
-  flows_.resize(keep);
+  take_finished_flows(flows_, done);
   share();
 }
 
