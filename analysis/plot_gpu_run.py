@@ -2,7 +2,7 @@
 times per point, eager beside graph-captured, from the worker's JSON rows
 (muonbed-gpu-worker loopback ... --json FILE).
 
-    python3 plot_gpu_run.py RUN_FOLDER OUT_FOLDER
+    /usr/bin/python3 plot_gpu_run.py RUN_FOLDER OUT_FOLDER
 
 writes loopback.png (the quickstart's strategies as 8 logical ranks on one GPU) and
 llama_loopback.png (one GPU, eager vs graph) for each JSON file present. Standard library and

@@ -77,7 +77,7 @@ struct StrategyOptions {
   // and each chunk lasts about as long as its largest NS; chunks shrink as they go, the next
   // chunk's exchange hiding behind the current chunk's NS).
   std::string chunk_sizing = "count";
-  std::string preset;           // the preset these options started from (strategy_preset)
+  std::string preset;  // the preset these options started from (strategy_preset)
   SplitNsOptions split_ns;
   GradSyncOptions grad_sync;
   std::string to_json_text() const;

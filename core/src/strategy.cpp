@@ -1560,10 +1560,10 @@ StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
   }
   if (!large.empty()) {
     Scheduler scheduler(b, main, settings.ns_steps());
-    auto done = scheduler.run(make_units(b, large, main, options.chunk_size, options.order == "lpt",
-                                         options.chunk_by_shape, options.chunk_sizing == "ns_cost",
-                                         split),
-                              start);
+    auto done =
+        scheduler.run(make_units(b, large, main, options.chunk_size, options.order == "lpt",
+                                 options.chunk_by_shape, options.chunk_sizing == "ns_cost", split),
+                      start);
     finished.insert(finished.end(), done.begin(), done.end());
   }
   if (!muon.empty()) {

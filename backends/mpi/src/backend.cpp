@@ -60,7 +60,7 @@ struct Job {
   std::string backend = "mpi";  // or a registered job runner's (nccl)
   bool graph = false;           // nccl: capture steps as CUDA graphs
   int ns_version = 2;           // nccl: the NS kernel version
-  bool check_data = false;  // RunSettings::check_data
+  bool check_data = false;      // RunSettings::check_data
   // "plan" (measure `plan`) or "compute" (the compute benchmark of `muonbed calibrate` on
   // `compute_plans`, `warmup_steps` and `timed_steps` rounds).
   std::string kind = "plan";
