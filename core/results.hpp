@@ -70,7 +70,11 @@
 //   execution        measured backends only (absent otherwise): what ran and where (library:
 //                    MPI_Get_library_version's first line, mpi_standard, launcher, hosts in
 //                    order of their first rank, ranks_per_host, oversubscribed, blas and
-//                    blas_threads per rank, compute_threads per rank) and the executor's own
+//                    blas_threads per rank, compute_threads per rank, compute_mode: "threads"
+//                    (compute on worker threads), "progress_points" (on the MPI thread, which
+//                    progresses messages between kernel pieces) or "inline" (on the MPI thread,
+//                    no progress during compute: a cross-check); "" in files written before it)
+//                    and the executor's own
 //                    host time per step, mean over timed steps of the slowest rank's:
 //                    engine_s (the engine and op bookkeeping), handlers_s (message packing and
 //                    unpacking, alloc/release, keep copies), mpi_s (inside MPI calls), and
@@ -229,6 +233,7 @@ struct ExecutionInfo {
   std::string blas;
   int blas_threads = 0;
   int compute_threads = 0;
+  std::string compute_mode;
   double engine_s = 0;
   double handlers_s = 0;
   double mpi_s = 0;

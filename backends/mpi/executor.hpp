@@ -5,8 +5,10 @@
 // communicator identity of the plan (stream + group dims, MPI_Comm_split once, every rank calling
 // every split in one order), so comm and comm_scatter progress independently, as CUDA streams
 // would. Compute ops run on one worker thread per stream that has compute ops, so Newton-Schulz
-// really overlaps communication; only the main thread calls MPI (MPI_THREAD_FUNNELED), testing
-// outstanding requests (which is what progresses them) between compute completions.
+// really overlaps communication, when the host has a core for every thread; otherwise on the
+// main thread, which tests its requests at the kernels' progress points (ComputeMode below). Only
+// the main thread calls MPI (MPI_THREAD_FUNNELED); testing outstanding requests is what
+// progresses them.
 //
 // How each collective maps to MPI (bytes as MPI_BYTE in the wire dtype, counts from the program's
 // exchange phases, so uneven pieces are v-variants):
@@ -30,6 +32,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backends/cpu/store.hpp"
@@ -55,6 +58,22 @@ struct Fault {
 Fault parse_fault(const std::string& text);
 std::string to_string(const Fault& fault);
 
+// Where compute ops run beside communication.
+//   threads          one worker thread per stream with compute ops, while the main thread tests
+//                    the MPI requests: real overlap when every thread of the host has a core.
+//   progress_points  on the main thread, which tests its requests at the CPU kernels' progress
+//                    points (kernels/progress.hpp: after every GEMM of Newton-Schulz, between
+//                    slices of an elementwise update): one thread per rank, for a rank with one
+//                    core, where a second thread would take the core from the kernel on each of
+//                    its wake-ups (measured: ~12 preemptions per Newton-Schulz on the 2-core VM,
+//                    40-90 us each) and the peer's messages still wait for this rank's MPI calls.
+//   automatic        threads when ranks on the host x (1 + compute streams) <= its cores, else
+//                    progress_points.
+enum class ComputeMode { automatic, threads, progress_points };
+std::string_view to_string(ComputeMode mode);
+// "auto" | "threads" | "progress_points"; throws Error naming the valid ones.
+ComputeMode parse_compute_mode(const std::string& text);
+
 struct ExecutorOptions {
   std::uint64_t seed = 1;  // backends/cpu/data.hpp's step data
   double timeout_s = 60;   // watchdog (see the header comment)
@@ -63,6 +82,7 @@ struct ExecutorOptions {
   // Compute ops on the main thread, one at a time (no overlap with communication): a
   // cross-check that isolates the executor's concurrency.
   bool inline_compute = false;
+  ComputeMode compute_mode = ComputeMode::automatic;
   int max_poll_sleep_us = 200;  // longest sleep between MPI tests while requests are outstanding
   LowerOptions lower;
   // Negative controls: edits the lowered program before anything runs (LoopbackOptions' hook).
@@ -119,6 +139,7 @@ class Executor {
   const std::vector<int>& host_of() const;
   const std::vector<std::string>& hosts() const;
   int compute_threads() const;
+  ComputeMode compute_mode() const;  // resolved: threads or progress_points
 
  private:
   class Impl;

@@ -695,6 +695,7 @@ std::string result_to_json(const ResultRecord& r) {
                            {"blas", e.blas},
                            {"blas_threads", e.blas_threads},
                            {"compute_threads", e.compute_threads},
+                           {"compute_mode", e.compute_mode},
                            {"engine_s", e.engine_s},
                            {"handlers_s", e.handlers_s},
                            {"mpi_s", e.mpi_s},
@@ -836,6 +837,7 @@ ResultRecord result_from_json(const std::string& text) {
       x.blas = e.at("blas").get<std::string>();
       x.blas_threads = e.at("blas_threads").get<int>();
       x.compute_threads = e.at("compute_threads").get<int>();
+      x.compute_mode = e.value("compute_mode", std::string());
       x.engine_s = e.at("engine_s").get<double>();
       x.handlers_s = e.at("handlers_s").get<double>();
       x.mpi_s = e.at("mpi_s").get<double>();

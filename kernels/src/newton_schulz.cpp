@@ -12,6 +12,7 @@
 
 #include "core/errors.hpp"
 #include "kernels/bf16.hpp"
+#include "kernels/progress.hpp"
 #include "kernels/src/cpu_gemm.hpp"
 
 namespace muonbed {
@@ -92,16 +93,19 @@ void ns_matrix(const T* g, T* out, std::int64_t rows, std::int64_t cols, const N
     // A = X X^T
     gemm(true, m, m, n, T(1), x.data(), n, x.data(), n, T(0), a.data(), m);
     maybe_round(a, bf16);
+    progress_point();
     // B = c A A + b A  (the b A term rides in GEMM's beta, as on the GPU)
     b = a;
     gemm(false, m, m, m, static_cast<T>(s.c), a.data(), m, a.data(), m, static_cast<T>(s.b),
          b.data(), m);
     maybe_round(b, bf16);
+    progress_point();
     // X = B X + a X
     x_next = x;
     gemm(false, m, n, m, T(1), b.data(), m, x.data(), n, static_cast<T>(s.a), x_next.data(), n);
     maybe_round(x_next, bf16);
     std::swap(x, x_next);
+    progress_point();
   }
 
   if (tall) {

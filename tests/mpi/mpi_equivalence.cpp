@@ -256,6 +256,8 @@ std::vector<Case> negative_cases() {
 
 // What this rank found: "" or the first mismatch / wrong byte count.
 bool g_inline = false;
+mpi::ComputeMode g_compute = mpi::ComputeMode::automatic;
+mpi::ComputeMode g_resolved = mpi::ComputeMode::automatic;  // what rank 0's executors chose
 
 std::string check_rank(const Case& c, const StepPlan& plan, bool generic, int rank) {
   mpi::ExecutorOptions options;
@@ -265,7 +267,9 @@ std::string check_rank(const Case& c, const StepPlan& plan, bool generic, int ra
   options.lower.allow_stale_reads = c.broken;
   options.edit_program = c.edit;
   options.inline_compute = g_inline;
+  options.compute_mode = g_compute;
   mpi::Executor executor(plan, MPI_COMM_WORLD, options);
+  g_resolved = executor.compute_mode();
   std::string problem;
   for (int k = 0; k < c.steps; ++k) {
     executor.run_step(k);
@@ -333,6 +337,7 @@ int main(int argc, char** argv) {
     if (a == "--negative") negative = true;
     if (a == "--list") list = true;
     if (a == "--inline-compute") g_inline = true;
+    if (a == "--compute" && i + 1 < argc) g_compute = mpi::parse_compute_mode(argv[++i]);
     if (a == "--only" && i + 1 < argc) only = argv[++i];
     if (a == "--exchange" && i + 1 < argc) generic = std::strcmp(argv[++i], "alltoallv") == 0;
   }
@@ -396,7 +401,7 @@ int main(int argc, char** argv) {
   if (rank == 0 && !list)
     std::cout << (failed == 0 ? "PASS: " : "FAIL: ") << todo.size() - failed << " of "
               << todo.size() << " cases" << (generic ? " (every phase as MPI_Ialltoallv)" : "")
-              << std::endl;
+              << ", compute " << (g_inline ? "inline" : mpi::to_string(g_resolved)) << std::endl;
   MPI_Bcast(&failed, 1, MPI_INT, 0, MPI_COMM_WORLD);
   MPI_Finalize();
   return failed == 0 ? 0 : 1;

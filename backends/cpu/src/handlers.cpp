@@ -10,10 +10,23 @@
 #include "core/errors.hpp"
 #include "kernels/bf16.hpp"
 #include "kernels/optimizer_math.hpp"
+#include "kernels/progress.hpp"
 
 namespace muonbed::cpu {
 
 namespace {
+
+// An elementwise update over n elements in slices, with a progress point (kernels/progress.hpp)
+// before each slice after the first: a rank that progresses its messages from this thread keeps
+// serving its peers during a long update. Exact: every element sees the same scalars.
+template <typename Fn>
+void in_slices(std::size_t n, Fn&& fn) {
+  const auto total = static_cast<std::int64_t>(n);
+  for (std::int64_t at = 0; at < total; at += kProgressSliceElements) {
+    if (at > 0) progress_point();
+    fn(at, std::min<std::int64_t>(kProgressSliceElements, total - at));
+  }
+}
 
 [[noreturn]] void fail(const RankStore& store, const RankOp& op, const StepContext* context,
                        const std::string& what) {
@@ -73,11 +86,13 @@ void run_compute(const RankOp& op, RankStore& store, const StepContext& context)
     case OpKind::momentum: {
       const MomentumParams params = momentum_params(config.muon);
       for (const auto& t : op.momentum) {
+        progress_point();
         std::vector<float> grad = store.read(t.gradient);
         std::vector<float> buf = store.read(t.momentum);
         std::vector<float> update(grad.size());
-        momentum_update(params, grad.data(), buf.data(), update.data(),
-                        static_cast<std::int64_t>(grad.size()));
+        in_slices(grad.size(), [&](std::int64_t at, std::int64_t count) {
+          momentum_update(params, grad.data() + at, buf.data() + at, update.data() + at, count);
+        });
         round_to(comm, update);  // the update moves, and is orthogonalized, in the comm dtype
         store.write(t.momentum, buf.data());
         store.write(t.update, update.data());
@@ -99,22 +114,28 @@ void run_compute(const RankOp& op, RankStore& store, const StepContext& context)
       break;
     case OpKind::apply_update:
       for (const auto& t : op.apply) {
+        progress_point();
         const std::vector<float> result = store.read(t.result);
         std::vector<float> param = store.read(t.parameter);
-        apply_update(apply_params(config.muon, t.rows, t.cols), param.data(), result.data(),
-                     static_cast<std::int64_t>(param.size()));
+        const ApplyParams scalars = apply_params(config.muon, t.rows, t.cols);
+        in_slices(param.size(), [&](std::int64_t at, std::int64_t count) {
+          apply_update(scalars, param.data() + at, result.data() + at, count);
+        });
         qk_clip(t.qk_clip, param, context);
         store.write(t.parameter, param.data());
       }
       break;
     case OpKind::adamw:
       for (const auto& t : op.adamw) {
+        progress_point();
         const std::vector<float> grad = store.read(t.gradient);
         std::vector<float> param = store.read(t.parameter);
         std::vector<float> m = store.read(t.adam_m);
         std::vector<float> v = store.read(t.adam_v);
-        adamw_update(config.adamw, context.step + 1, param.data(), grad.data(), m.data(), v.data(),
-                     static_cast<std::int64_t>(param.size()));
+        in_slices(param.size(), [&](std::int64_t at, std::int64_t count) {
+          adamw_update(config.adamw, context.step + 1, param.data() + at, grad.data() + at,
+                       m.data() + at, v.data() + at, count);
+        });
         qk_clip(t.qk_clip, param, context);
         store.write(t.parameter, param.data());
         store.write(t.adam_m, m.data());

@@ -52,6 +52,7 @@ struct Job {
   double timeout_s = 60;
   std::string fault;
   bool generic_exchange = false;
+  std::string compute_mode = "auto";  // mpi::parse_compute_mode
   int blas_threads = 1;
   std::string cluster_name;
   double peak_tflops = 0;
@@ -77,6 +78,7 @@ nlohmann::json to_json(const Job& j) {
           {"timeout_s", j.timeout_s},
           {"fault", j.fault},
           {"generic_exchange", j.generic_exchange},
+          {"compute_mode", j.compute_mode},
           {"blas_threads", j.blas_threads},
           {"cluster_name", j.cluster_name},
           {"peak_tflops", j.peak_tflops},
@@ -101,6 +103,7 @@ Job job_from_json(const nlohmann::json& v) {
   j.timeout_s = v.at("timeout_s").get<double>();
   j.fault = v.at("fault").get<std::string>();
   j.generic_exchange = v.at("generic_exchange").get<bool>();
+  j.compute_mode = v.value("compute_mode", std::string("auto"));
   j.blas_threads = v.at("blas_threads").get<int>();
   j.cluster_name = v.at("cluster_name").get<std::string>();
   j.peak_tflops = v.at("peak_tflops").get<double>();
@@ -155,6 +158,13 @@ Job make_job(const Experiment& experiment, const StepPlan& plan, const RunSettin
     if (mode != "alltoallv" && mode != "natural")
       throw Error("MUONBED_MPI_EXCHANGE='" + mode + "': use alltoallv or natural");
     job.generic_exchange = mode == "alltoallv";
+  }
+  if (const char* v = env("MUONBED_MPI_COMPUTE")) {
+    try {
+      job.compute_mode = std::string(mpi::to_string(mpi::parse_compute_mode(v)));
+    } catch (const Error& e) {
+      throw Error(std::string("MUONBED_MPI_COMPUTE: ") + e.what());
+    }
   }
   if (const char* v = env("MUONBED_BLAS_THREADS")) {
     job.blas_threads = env_int("MUONBED_BLAS_THREADS", 0);
@@ -224,6 +234,7 @@ std::optional<PointRun> execute_job(const Job& job, bool& wrong_world) {
     options.timeout_s = job.timeout_s;
     options.fault = mpi::parse_fault(job.fault);
     options.generic_exchange = job.generic_exchange;
+    options.compute_mode = mpi::parse_compute_mode(job.compute_mode);
     mpi::MeasureSettings settings;
     settings.warmup_steps = job.warmup_steps;
     settings.timed_steps = job.timed_steps;

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -25,6 +26,7 @@
 #include "backends/cpu/handlers.hpp"
 #include "core/engine.hpp"
 #include "core/errors.hpp"
+#include "kernels/progress.hpp"
 
 namespace muonbed::mpi {
 
@@ -259,7 +261,9 @@ class Executor::Impl final : public OpHandler {
     exchange_hosts();
     split_communicators();
     engine_ = std::make_unique<Engine>(index_, *this, std::vector<int>{rank_});
-    start_workers();  // last: nothing after it may throw (a thrown constructor joins no thread)
+    mode_ = resolve_compute_mode();
+    if (mode_ == ComputeMode::threads)
+      start_workers();  // last: nothing after it may throw (a thrown constructor joins no thread)
   }
 
   ~Impl() override {
@@ -293,7 +297,8 @@ class Executor::Impl final : public OpHandler {
       auto spin_until = t0_;
       int sleep_us = 0;
       while (!engine_->step_done()) {
-        bool progressed = take_compute_completions();
+        bool progressed = run_pending_compute();
+        progressed = take_compute_completions() || progressed;
         progressed = test_collectives() || progressed;
         const auto now = Clock::now();
         if (progressed) {
@@ -387,6 +392,10 @@ class Executor::Impl final : public OpHandler {
       done_.push_back(std::move(done));
       return;
     }
+    if (mode_ == ComputeMode::progress_points) {
+      pending_.push_back(op);  // run by the main loop, outside the engine's call
+      return;
+    }
     Worker& w = *workers_.at(static_cast<std::size_t>(index_.stream(op)));
     {
       std::lock_guard<std::mutex> lock(w.m);
@@ -434,6 +443,7 @@ class Executor::Impl final : public OpHandler {
   const cpu::RankStore& store() const { return *store_; }
   const std::vector<int>& host_of() const { return host_of_; }
   const std::vector<std::string>& hosts() const { return hosts_; }
+  ComputeMode compute_mode() const { return mode_; }
   int compute_threads() const {
     int n = 0;
     for (const auto& w : workers_) n += w ? 1 : 0;
@@ -591,6 +601,38 @@ class Executor::Impl final : public OpHandler {
     const double start = thread_cpu();
     fn();
     timings_.engine_s += thread_cpu() - start - (timings_.handlers_s + timings_.mpi_s - nested);
+  }
+
+  ComputeMode resolve_compute_mode() const {
+    if (options_.compute_mode != ComputeMode::automatic) return options_.compute_mode;
+    std::set<int> compute_streams;
+    for (const Op& op : plan_.ops)
+      if (index_.op_class(op.id) == OpClass::compute) compute_streams.insert(op.stream);
+    const auto neighbours = std::count(host_of_.begin(), host_of_.end(), host_of_[rank_]);
+    const auto threads = neighbours * (1 + static_cast<long>(compute_streams.size()));
+    return threads <= available_cores() ? ComputeMode::threads : ComputeMode::progress_points;
+  }
+
+  // progress_points: runs the next compute op the engine started on this thread, testing the
+  // outstanding requests at every progress point of its kernels (which may finish collectives,
+  // post new ones and queue further compute ops, never run them: one compute at a time).
+  bool run_pending_compute() {
+    if (pending_.empty()) return false;
+    const int op = pending_.front();
+    pending_.pop_front();
+    current_op_ = op;
+    ComputeDone done;
+    done.op = op;
+    done.start = now_s();
+    {
+      ScopedProgressHook hook([](void* self) { static_cast<Impl*>(self)->test_collectives(); },
+                              this);
+      cpu::run_compute(rank_op(op), *store_, context_);
+    }
+    done.end = now_s();
+    std::lock_guard<std::mutex> lock(done_m_);
+    done_.push_back(std::move(done));
+    return true;
   }
 
   bool take_compute_completions() {
@@ -932,6 +974,8 @@ class Executor::Impl final : public OpHandler {
   int current_op_ = -1;
   int hang_op_ = -1;
   int computing_ = 0;
+  ComputeMode mode_ = ComputeMode::threads;
+  std::deque<int> pending_;  // progress_points: compute ops started, not yet run
   bool check_pass_ = false;  // run_check_step: messages carry the check pattern  // compute ops
                              // started and not finished (a hung one included)
 };
@@ -967,6 +1011,28 @@ const std::vector<int>& Executor::host_of() const {
 const std::vector<std::string>& Executor::hosts() const {
   return impl_->hosts();
 }
+ComputeMode Executor::compute_mode() const {
+  return impl_->compute_mode();
+}
+
+std::string_view to_string(ComputeMode mode) {
+  switch (mode) {
+    case ComputeMode::automatic:
+      return "auto";
+    case ComputeMode::threads:
+      return "threads";
+    case ComputeMode::progress_points:
+      return "progress_points";
+  }
+  return "?";
+}
+
+ComputeMode parse_compute_mode(const std::string& text) {
+  for (ComputeMode m : {ComputeMode::automatic, ComputeMode::threads, ComputeMode::progress_points})
+    if (text == to_string(m)) return m;
+  throw Error("unknown compute mode '" + text + "'; valid: auto, threads, progress_points");
+}
+
 int Executor::compute_threads() const {
   return impl_->compute_threads();
 }
