@@ -14,7 +14,10 @@
 //                  (-> gpu.hbm_GBps and launch_overhead_us.kernel: a least-squares fit of
 //                  t = kernel + model_bytes / hbm over all of them), an sgemm of the NS shape
 //                  (-> gpu.peak_tflops = the fastest, gpu.gemm_efficiency by min dim), and
-//                  message packing (reported, not fitted: collective rows include it)
+//                  message packing (reported, not fitted: collective rows include it), and
+//                  "host_comm" rows: the Newton-Schulz's extra time per call while the rank
+//                  sends and receives messages at its progress points, over the bytes it moved
+//                  (-> gpu.host_comm_ns_per_byte, the median over shapes, at least 0)
 //   elementwise rows  momentum, apply_update and adamw over the numbers of elements the plans'
 //                  ops touch on one rank (-> gpu.elementwise_table): a step's elementwise ops
 //                  cover many parameters at once, out of the caches a per-shape row stays in
@@ -85,11 +88,12 @@ StepPlan elementwise_bench_plan(const DeviceMesh& mesh, std::int64_t numel,
 
 // Measured compute: median seconds over repeats of the slowest rank (ranks run concurrently).
 struct ComputeBenchRow {
-  std::string kernel;  // newton_schulz | momentum | apply_update | gemm | pack
+  std::string kernel;  // newton_schulz | momentum | apply_update | gemm | pack | host_comm
   NsCallShape shape;   // gemm: rows x cols is the NS shape whose X X^T it times
   std::int64_t numel = 0;
   double seconds = 0;
-  double model_bytes = 0;   // momentum, apply_update: op_memory_bytes of the bench plan's op
+  double model_bytes = 0;   // momentum, apply_update: op_memory_bytes of the bench plan's op;
+                            // host_comm: bytes sent + received per call (seconds: the extra)
   double flops = 0;         // newton_schulz, gemm
   bool step_sized = false;  // an elementwise row at a plan op's size (elementwise_bench_plan)
 };

@@ -81,6 +81,13 @@ struct GpuSpec {
   std::vector<NsTiming> ns_table;                // measured NS calls (see ns_call_seconds)
   std::string ns_kernel;  // the kernel version the model times NS with; "" = none chosen
   std::vector<ElementwiseTiming> elementwise_table;  // see elementwise_seconds
+  // Ranks that handle their own messages on the core that computes (CPU ranks: the MPI
+  // executor's progress points pack, copy and unpack messages between pieces of the compute):
+  // that host work per message a rank sends or receives (us) and per byte of them (ns). It fills
+  // the rank's idle time first and lengthens its next compute op by the rest (cost_model.hpp
+  // HostCommCharge). 0 and 0: the device has its own engines for communication (GPUs).
+  double host_comm_us_per_message = 0;
+  double host_comm_ns_per_byte = 0;
   double efficiency(double dim) const;
   // Sustained FLOP/s for an op whose smallest matrix dim is `dim`.
   double sustained_flops(double dim) const { return peak_tflops * 1e12 * efficiency(dim); }

@@ -142,4 +142,35 @@ EstimateSummary estimate(const StepPlan& plan, const ClusterSpec& cluster);
 // parameter the op touches on the rank.
 double compute_time(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster);
 
+// The host work of communication on ranks that have no engine of their own for it
+// (gpu.host_comm_us_per_message or host_comm_ns_per_byte > 0: CPU ranks, whose MPI executor
+// packs, copies and unpacks messages at progress points inside its compute). Each collective a
+// rank takes part in owes host_comm_us_per_message per peer it sends to or receives from plus
+// host_comm_ns_per_byte x the bytes it sends and receives in it; the rank's idle time since
+// its last compute op pays first, its next compute op is lengthened by the rest. A rank that
+// waits for a collective therefore pays nothing extra (the collective's measured time holds its
+// host work), one that computes while messages flow pays it all. One rule for the analytic model
+// and the simulator: both call it from their engine handlers, times in seconds from the step's
+// start. Inactive (charges nothing, costs nothing) when both of the profile's values are 0.
+class HostCommCharge {
+ public:
+  HostCommCharge(const StepPlan& plan, const ClusterSpec& cluster);
+  bool active() const { return seconds_per_message_ > 0 || seconds_per_byte_ > 0; }
+  void begin_step();
+  // A collective instance of `op` started with these participants (split Newton-Schulz and
+  // barriers move no data of their own here).
+  void collective_started(int op, const std::vector<int>& participants);
+  void compute_finished(int rank, double t);
+  // Seconds to add to the compute op `rank` starts at `t`; the rank then owes nothing.
+  double compute_started(int rank, double t);
+  double owed(int rank) const { return owed_.empty() ? 0 : owed_[rank]; }
+
+ private:
+  const StepPlan& plan_;
+  double seconds_per_message_ = 0;
+  double seconds_per_byte_ = 0;
+  std::vector<double> owed_;      // per rank: seconds of host work not yet paid
+  std::vector<double> last_end_;  // per rank: when its last compute op ended (0: step start)
+};
+
 }  // namespace muonbed

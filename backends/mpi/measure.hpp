@@ -77,6 +77,8 @@ class MeasuredRank {
   virtual const std::vector<int>& host_of() const = 0;
   virtual const std::vector<std::string>& hosts() const = 0;
   virtual int compute_threads() const = 0;
+  // ExecutionInfo::compute_mode ("" where it means nothing, as for a GPU's streams).
+  virtual std::string compute_mode() const { return ""; }
   // One untimed step whose messages carry a known pattern; timings().wrong_elements counts what
   // this rank received off it. Executors without it throw Error.
   virtual void run_check_step(int step) = 0;

@@ -97,6 +97,36 @@ std::pair<double, double> weighted_line(const std::vector<double>& x,
   return {a, b};
 }
 
+// Least squares y = a + b x with a, b >= 0 (a cost per call and per byte; noise may make a
+// measured point <= 0): a negative slope becomes a constant, a negative intercept a line through
+// the origin.
+std::pair<double, double> host_comm_line(const std::vector<double>& x,
+                                         const std::vector<double>& y) {
+  const double n = static_cast<double>(x.size());
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    sx += x[i];
+    sy += y[i];
+    sxx += x[i] * x[i];
+    sxy += x[i] * y[i];
+  }
+  const double det = n * sxx - sx * sx;
+  double a = n > 0 ? sy / n : 0, b = 0;
+  if (det > 0) {
+    b = (n * sxy - sx * sy) / det;
+    a = (sy - b * sx) / n;
+  }
+  if (b < 0) {
+    b = 0;
+    a = n > 0 ? sy / n : 0;
+  }
+  if (a < 0) {
+    a = 0;
+    b = sxx > 0 ? std::max(0.0, sxy / sxx) : 0;
+  }
+  return {std::max(0.0, a), b};
+}
+
 // Golden-section minimum of f on [lo, hi].
 double golden_min(const std::function<double(double)>& f, double lo, double hi) {
   const double g = (std::sqrt(5.0) - 1) / 2;
@@ -328,7 +358,12 @@ ClusterSpec calibrated_profile(const CalibrationInput& in) {
   std::map<double, double> gemm_rate;  // min dim -> best FLOP/s
   double peak = 0;
   std::vector<double> bytes, secs;
+  std::map<double, std::vector<double>> host_exchange;  // bytes per exchange -> extra seconds
   for (const ComputeBenchRow& r : in.compute) {
+    if (r.kernel == "host_comm") {  // may be <= 0 by noise: medians over shapes decide
+      if (r.model_bytes > 0) host_exchange[r.model_bytes].push_back(r.seconds);
+      continue;
+    }
     if (!(r.seconds > 0)) continue;
     if (r.kernel == "newton_schulz") {
       NsTiming t;
@@ -354,6 +389,20 @@ ClusterSpec calibrated_profile(const CalibrationInput& in) {
   if (c.gpu.ns_table.empty())
     throw Error("calibrate: no Newton-Schulz timing was measured; fix: give shapes to time");
   c.gpu.ns_kernel = "cpu-fp32";
+  if (!host_exchange.empty()) {
+    // A line through the median extra time per exchange (two messages: one sent, one received)
+    // against its bytes: the intercept is the cost of two messages, the slope the cost per byte.
+    std::vector<double> x, y;
+    for (auto& [b, extra] : host_exchange) {
+      std::sort(extra.begin(), extra.end());
+      const std::size_t n = extra.size();
+      x.push_back(b);
+      y.push_back(n % 2 ? extra[n / 2] : (extra[n / 2 - 1] + extra[n / 2]) / 2);
+    }
+    const auto [per_exchange, per_byte] = host_comm_line(x, y);
+    c.gpu.host_comm_us_per_message = per_exchange / 2 * 1e6;
+    c.gpu.host_comm_ns_per_byte = per_byte * 1e9;
+  }
   if (!(peak > 0))
     throw Error("calibrate: no GEMM rate was measured; fix: check the compute benchmark");
   c.gpu.peak_tflops = peak / 1e12;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <initializer_list>
 #include <limits>
 
 #include <yaml-cpp/yaml.h>
@@ -187,9 +188,16 @@ const std::vector<std::string> kClusterKeys = {
     "name",         "source",     "gpus_per_node", "nodes",      "gpu",
     "intra_node",   "nic",        "network",       "efficiency", "launch_overhead_us",
     "measurements", "calibration"};
-const std::vector<std::string> kGpuKeys = {"name",       "peak_tflops",      "hbm_GBps",
-                                           "memory_GiB", "gemm_efficiency",  "ns_table",
-                                           "ns_kernel",  "elementwise_table"};
+const std::vector<std::string> kGpuKeys = {"name",
+                                           "peak_tflops",
+                                           "hbm_GBps",
+                                           "memory_GiB",
+                                           "gemm_efficiency",
+                                           "ns_table",
+                                           "ns_kernel",
+                                           "elementwise_table",
+                                           "host_comm_us_per_message",
+                                           "host_comm_ns_per_byte"};
 const std::vector<std::string> kIntraKeys = {
     "kind", "bandwidth_GBps", "latency_us", "pcie_switch_GBps", "nvls", "nvls_latency_us"};
 const std::vector<std::string> kLinkClassKeys = {"intra_node", "network"};
@@ -217,6 +225,7 @@ constexpr double kMinBandwidthGBps = 0.01, kMaxBandwidthGBps = 1e5;  // 10 MB/s 
 constexpr double kMaxLatencyUs = 1e5;                                // 0.1 s
 constexpr double kMinPeakTflops = 1e-3, kMaxPeakTflops = 1e5;        // 1 GFLOP/s .. 100 PFLOP/s
 constexpr double kMinHbmGBps = 0.1, kMaxHbmGBps = 1e6;
+constexpr double kMaxHostCommNsPerByte = 1e4;  // 0.1 MB/s: slower is a typo
 constexpr double kMinMemoryGiB = 1e-3, kMaxMemoryGiB = 1e6;
 constexpr double kMinEfficiency = 1e-3;
 constexpr double kMaxEfficiencyDim = 16777216;  // the largest tensor dim (2^24)
@@ -293,6 +302,12 @@ void read_ns_table(const Context& ctx, const Field& field, GpuSpec& gpu) {
   gpu.ns_table = std::move(table);
 }
 
+// Every key of a list entry that must be there, each refused with the same example.
+void require_each(const MapReader& entry, std::initializer_list<const char*> keys,
+                  const std::string& example) {
+  for (const char* key : keys) entry.require(key, example);
+}
+
 void read_elementwise_table(const Context& ctx, const Field& field, GpuSpec& gpu) {
   const std::string example =
       "elementwise_table: [{kernel: adamw, numel: 1048576, ms: 4.1}, {kernel: momentum, numel: "
@@ -300,9 +315,7 @@ void read_elementwise_table(const Context& ctx, const Field& field, GpuSpec& gpu
   std::vector<ElementwiseTiming> table;
   for (const Field& item : list_items(ctx, field)) {
     const MapReader e(ctx, item, kElementwiseEntryKeys);
-    e.require("kernel", example);
-    e.require("numel", example);
-    e.require("ms", example);
+    require_each(e, {"kernel", "numel", "ms"}, example);
     ElementwiseTiming t;
     e.read_choice("kernel", t.kernel, elementwise_table_kernels());
     e.read("numel", t.numel, 1, std::int64_t{1} << 40);
@@ -320,10 +333,7 @@ void read_measurements(const Context& ctx, const Field& field, ClusterSpec& spec
   std::vector<MeasuredCollective> out;
   for (const Field& item : list_items(ctx, field)) {
     const MapReader e(ctx, item, kMeasurementKeys);
-    e.require("op", example);
-    e.require("gpus", example);
-    e.require("size_bytes", example);
-    e.require("source", example);
+    require_each(e, {"op", "gpus", "size_bytes", "source"}, example);
     MeasuredCollective m;
     e.read_choice("op", m.op, kMeasuredOps);
     e.read("gpus", m.gpus, 1, 1 << 24);
@@ -376,6 +386,8 @@ void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::str
     if (const Field* t = gpu.find("ns_table")) read_ns_table(ctx, *t, spec.gpu);
     gpu.read("ns_kernel", spec.gpu.ns_kernel);
     if (const Field* t = gpu.find("elementwise_table")) read_elementwise_table(ctx, *t, spec.gpu);
+    gpu.read("host_comm_us_per_message", spec.gpu.host_comm_us_per_message, 0, kMaxLatencyUs);
+    gpu.read("host_comm_ns_per_byte", spec.gpu.host_comm_ns_per_byte, 0, kMaxHostCommNsPerByte);
   }
 
   if (const Field* f = top.find("intra_node")) {
@@ -608,6 +620,10 @@ void emit_cluster(YAML::Emitter& out, const ClusterSpec& spec) {
     }
     out << YAML::EndSeq;
   }
+  if (spec.gpu.host_comm_us_per_message > 0)
+    number("host_comm_us_per_message", spec.gpu.host_comm_us_per_message);
+  if (spec.gpu.host_comm_ns_per_byte > 0)
+    number("host_comm_ns_per_byte", spec.gpu.host_comm_ns_per_byte);
   out << YAML::EndMap;
 
   out << YAML::Key << "intra_node" << YAML::Value << YAML::BeginMap;

@@ -563,6 +563,7 @@ class AnalyticReplay final : public OpHandler {
   std::vector<std::vector<int>> members_;  // engine instance id -> participants, while running
   std::vector<int> done_;                  // items of the batch being completed
   double now_ = 0;
+  HostCommCharge host_comm_;
 };
 
 AnalyticReplay::AnalyticReplay(const StepPlan& plan, const ClusterSpec& cluster)
@@ -571,7 +572,8 @@ AnalyticReplay::AnalyticReplay(const StepPlan& plan, const ClusterSpec& cluster)
       index_(plan),
       timeline_(index_.world_size(), index_.num_ops(), 0),
       engine_(index_, *this, index_.all_ranks()),
-      gpn_(physical_gpus_per_node(cluster, plan.mesh())) {
+      gpn_(physical_gpus_per_node(cluster, plan.mesh())),
+      host_comm_(plan, cluster) {
   const DeviceMesh& mesh = plan.mesh();
   const int nops = index_.num_ops();
   const int nparams = static_cast<int>(plan.model.params.size());
@@ -657,7 +659,8 @@ void AnalyticReplay::due(int op, double t, int item) {
 void AnalyticReplay::start_compute(int rank, int op) {
   const Op& o = plan_.ops[op];
   const double seconds =
-      cached(op, rank, [&] { return compute_seconds(plan_, o, rank, cluster_); });
+      cached(op, rank, [&] { return compute_seconds(plan_, o, rank, cluster_); }) +
+      host_comm_.compute_started(rank, now_);
   if (--cost_[op].left == 0) std::vector<double>().swap(cost_[op].cache);
   timeline_.begin(rank, Activity::compute, now_);
   due(op, now_ + seconds, rank);
@@ -696,6 +699,7 @@ void AnalyticReplay::start_collective(const CollectiveInstance& instance) {
       split ? cached(op, instance.leader,
                      [&] { return split_ns_time(plan_, o, instance.leader, cluster_); })
             : collective_time(o.kind, static_cast<int>(members.size()), bytes, link, min_piece);
+  host_comm_.collective_started(op, members);
   for (int m : members)
     timeline_.begin(m, split ? Activity::compute : Activity::communication, now_);
   if (instance.id >= static_cast<int>(members_.size())) members_.resize(instance.id + 1);
@@ -711,6 +715,7 @@ StepEstimate AnalyticReplay::run(int step) {
   open_batch_.assign(index_.num_ops(), -1);
   seq_ = 0;
   now_ = 0;
+  host_comm_.begin_step();
   for (int i = 0; i < index_.num_ops(); ++i) {
     cost_[i].left = cost_[i].starts;
     cost_[i].cache.clear();
@@ -729,6 +734,7 @@ StepEstimate AnalyticReplay::run(int step) {
     free_batches_.push_back(id);
     if (index_.op_class(op) == OpClass::compute) {
       for (int rank : done_) {
+        host_comm_.compute_finished(rank, now_);
         timeline_.end(rank, Activity::compute, now_);
         timeline_.touch_finish(rank, now_);
         engine_.finish_compute(rank, op);
@@ -784,6 +790,46 @@ double instance_time(const StepPlan& plan, const ClusterSpec& cluster, const Op&
   const LinkParams link = link_for_group(cluster, plan.mesh(), participants, op.kind);
   return collective_time(op.kind, static_cast<int>(participants.size()), bytes, link,
                          smallest_piece_bytes(plan, op, participants));
+}
+
+HostCommCharge::HostCommCharge(const StepPlan& plan, const ClusterSpec& cluster)
+    : plan_(plan),
+      seconds_per_message_(cluster.gpu.host_comm_us_per_message * 1e-6),
+      seconds_per_byte_(cluster.gpu.host_comm_ns_per_byte * 1e-9) {
+  if (active()) begin_step();
+}
+
+void HostCommCharge::begin_step() {
+  if (!active()) return;
+  owed_.assign(static_cast<std::size_t>(plan_.mesh().world_size()), 0.0);
+  last_end_.assign(owed_.size(), 0.0);
+}
+
+void HostCommCharge::collective_started(int op, const std::vector<int>& participants) {
+  if (!active()) return;
+  const Op& o = plan_.ops[op];
+  if (o.kind == OpKind::barrier || o.kind == OpKind::split_newton_schulz) return;
+  for (int rank : participants) {
+    std::int64_t bytes = 0, messages = 0;
+    for (const auto& per_peer : {bytes_sent(plan_, o, rank), bytes_received(plan_, o, rank)})
+      for (std::int64_t b : per_peer) {
+        bytes += b;
+        messages += b > 0 ? 1 : 0;
+      }
+    owed_[rank] += seconds_per_message_ * static_cast<double>(messages) +
+                   seconds_per_byte_ * static_cast<double>(bytes);
+  }
+}
+
+void HostCommCharge::compute_finished(int rank, double t) {
+  if (active()) last_end_[rank] = t;
+}
+
+double HostCommCharge::compute_started(int rank, double t) {
+  if (!active()) return 0;
+  const double extra = std::max(0.0, owed_[rank] - std::max(0.0, t - last_end_[rank]));
+  owed_[rank] = 0;
+  return extra;
 }
 
 StepEstimate estimate_step(const StepPlan& plan, const ClusterSpec& cluster, int step) {

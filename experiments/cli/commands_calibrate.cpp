@@ -152,8 +152,11 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
             << (o.concurrent ? "all ranks at once" : "one rank at a time")
             << ": the median round "
                "of the slowest rank, per call (ms)\n";
-  const std::vector<ComputeBenchRow> compute =
+  const std::vector<ComputeBenchRow> all_compute =
       run_compute_bench(plans, o.warmup, o.repeats, o.concurrent);
+  std::vector<ComputeBenchRow> compute, host_comm;
+  for (const ComputeBenchRow& r : all_compute)
+    (r.kernel == "host_comm" ? host_comm : compute).push_back(r);
   std::cout << fmt::format("# {:>16} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10}\n", "shape", "NS",
                            "momentum", "apply", "gemm XX^T", "pack bf16", "NS GFLOP/s");
   std::size_t i = 0;
@@ -177,6 +180,19 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
           compute[i].seconds * 1e3, compute[i + 1].seconds * 1e3, compute[i + 2].seconds * 1e3,
           rate(compute[i]), rate(compute[i + 1]), rate(compute[i + 2]));
     }
+  }
+
+  if (!host_comm.empty()) {
+    std::cout << "# host cost of messages: each Newton-Schulz back to back, every rank at once, "
+                 "quiet and then exchanging messages with a partner rank at its progress points "
+                 "(packed and unpacked as the executor does); extra time per exchange (one "
+                 "message each way), the median round of the slowest rank (us)\n"
+              << fmt::format("# {:>16} {:>12} {:>12} {:>12}\n", "shape", "2x16 KiB", "2x64 KiB",
+                             "2x256 KiB");
+    for (std::size_t k = 0; k + 3 <= host_comm.size(); k += 3)
+      std::cout << fmt::format("  {:>16} {:>12.1f} {:>12.1f} {:>12.1f}\n",
+                               shape_text(host_comm[k].shape), host_comm[k].seconds * 1e6,
+                               host_comm[k + 1].seconds * 1e6, host_comm[k + 2].seconds * 1e6);
   }
 
   // Collectives, through `bench collective`'s harness on the mpi backend.
@@ -229,7 +245,7 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
   in.name = o.name.empty() ? std::filesystem::path(o.out).stem().string() : o.name;
   in.ranks = o.ranks;
   in.ns_steps = w.ns_steps;
-  in.compute = compute;
+  in.compute = all_compute;
   in.collectives = rows;
   in.memory_GiB = memory_GiB_per_rank(o.ranks);
   in.info.tool = std::string("muonbed calibrate ") + MUONBED_VERSION;
@@ -287,6 +303,14 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
       "elements the plans' ops",
       "                            touch on one rank (the model uses these times, not hbm_GBps, "
       "for those ops)",
+      "  gpu.host_comm_us_per_message, host_comm_ns_per_byte   the host work of messages on a "
+      "rank's compute core",
+      "                            (cost_model.hpp HostCommCharge): NS back to back while "
+      "exchanging 16, 64 and 256 KiB",
+      "                            messages with a partner at its progress points, minus NS "
+      "alone, per exchange; a line",
+      "                            through the medians over the NS shapes against the bytes "
+      "(intercept / 2 per message)",
       "  intra_node.*, efficiency.intra_node, launch_overhead_us.collective   fit of the model's",
       "                            closed form (cost_model.hpp collective_time) to the bench "
       "collective rows below",
@@ -306,12 +330,14 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
   const ClusterSpec back = load_cluster_file(o.out);  // the loader must accept what we wrote
   std::cout << fmt::format(
       "# profile '{}': NS table {} shapes; GEMM peak {:.1f} GFLOP/s; elementwise {:.2f} GB/s + "
-      "{:.1f} us per kernel; link {:.2f} GB/s, latency {:.1f} us, collective launch {:.1f} us, "
+      "{:.1f} us per kernel; host comm {:.1f} us/message + {:.3f} ns/byte; link {:.2f} GB/s, "
+      "latency {:.1f} us, collective launch {:.1f} us, "
       "efficiency ring {:.2f} all_to_all {:.2f} p2p {:.2f}\n"
       "# the model reproduces the {} bench rows with |error| median {:.1f} %, max {:.1f} %\n"
       "# wrote {}\n",
       back.name, back.gpu.ns_table.size(), back.gpu.peak_tflops * 1e3, back.gpu.hbm_GBps,
-      back.launch_overhead.kernel_us, back.intra.bandwidth_GBps, back.intra.latency_us,
+      back.launch_overhead.kernel_us, back.gpu.host_comm_us_per_message,
+      back.gpu.host_comm_ns_per_byte, back.intra.bandwidth_GBps, back.intra.latency_us,
       back.launch_overhead.collective_us, back.efficiency.intra_node.ring,
       back.efficiency.intra_node.all_to_all, back.efficiency.intra_node.p2p, rows.size(),
       median_error, max_error, o.out);

@@ -87,7 +87,8 @@ class Replay final : public OpHandler, public CompletionSink {
         index_(plan),
         engine_(index_, *this, index_.all_ranks()),
         timeline_(index_.world_size(), index_.num_ops(), options.trace_max_ranks),
-        patterns_(step_patterns(plan)) {
+        patterns_(step_patterns(plan)),
+        host_comm_(plan, cluster) {
     traced_ = std::min(index_.world_size(), std::max(0, options.trace_max_ranks));
     compute_started_.assign(static_cast<std::size_t>(traced_) * index_.num_streams(), 0.0);
     options_.lowering.pooled_rooted = network_.can_pool();
@@ -123,7 +124,8 @@ class Replay final : public OpHandler, public CompletionSink {
 
   void start_compute(int rank, int op) override {
     const Op& o = plan_.ops[op];
-    const double seconds = compute_time(plan_, o, rank, cluster_);
+    const double seconds =
+        compute_time(plan_, o, rank, cluster_) + host_comm_.compute_started(rank, rel_now());
     timeline_.add_flops(op_flops(plan_, o, rank));
     timeline_.begin(rank, Activity::compute, rel_now());
     if (rank < traced_) compute_started_[trace_slot(rank, o.stream)] = rel_now();
@@ -154,6 +156,7 @@ class Replay final : public OpHandler, public CompletionSink {
     const Op& o = plan_.ops[instance.op];
     inst.split_round = -1;
     if (o.kind == OpKind::split_newton_schulz) return start_split(inst, id, instance);
+    host_comm_.collective_started(instance.op, instance.participants);
     CollectiveSpec& spec = inst.spec;
     spec = CollectiveSpec{};
     spec.kind = o.kind;
@@ -242,6 +245,7 @@ class Replay final : public OpHandler, public CompletionSink {
 
   void compute_done(int rank, int op) {
     const double now = rel_now();
+    host_comm_.compute_finished(rank, now);
     timeline_.end(rank, Activity::compute, now);
     if (rank < traced_) {
       const int stream = index_.stream(op);
@@ -328,6 +332,7 @@ class Replay final : public OpHandler, public CompletionSink {
     step_ = patterns_[p].step;
     t0_ = network_.now();
     timeline_.begin_step();
+    host_comm_.begin_step();
     std::fill(compute_started_.begin(), compute_started_.end(), 0.0);
     network_.reset_traffic();
     pattern_active_ = true;
@@ -367,6 +372,7 @@ class Replay final : public OpHandler, public CompletionSink {
   StepTimeline timeline_;
 
   std::vector<StepPatternSpec> patterns_;
+  HostCommCharge host_comm_;  // CPU ranks' message handling on their compute (cost_model.hpp)
   int pattern_ = 0;
   int step_ = 0;
   bool pattern_active_ = false;

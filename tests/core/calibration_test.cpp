@@ -61,6 +61,20 @@ CollectiveBenchRow bench_row(const std::string& op, int n, std::int64_t size) {
   return r;
 }
 
+// The least a profile needs from the compute benchmark: one Newton-Schulz and one GEMM row.
+std::pair<ComputeBenchRow, ComputeBenchRow> minimal_compute_rows() {
+  ComputeBenchRow ns;
+  ns.kernel = "newton_schulz";
+  ns.shape = {1, 64, 96};
+  ns.seconds = 1e-3;
+  ComputeBenchRow gemm;
+  gemm.kernel = "gemm";
+  gemm.shape = {1, 64, 96};
+  gemm.flops = 1e6;
+  gemm.seconds = 1e-4;
+  return {ns, gemm};
+}
+
 }  // namespace
 
 TEST_CASE("the workload has the plans' NS shapes and collectives", "[core][calibrate]") {
@@ -230,15 +244,7 @@ TEST_CASE(
     "[core][calibrate][elementwise]") {
   CalibrationInput in;
   in.ranks = 2;
-  ComputeBenchRow ns;
-  ns.kernel = "newton_schulz";
-  ns.shape = {1, 64, 96};
-  ns.seconds = 1e-3;
-  ComputeBenchRow gemm;
-  gemm.kernel = "gemm";
-  gemm.shape = {1, 64, 96};
-  gemm.flops = 1e6;
-  gemm.seconds = 1e-4;
+  const auto [ns, gemm] = minimal_compute_rows();
   in.compute = {ns, gemm};
   for (const auto& [kernel, ms] :
        {std::pair{"momentum", 2.0}, {"apply_update", 0.5}, {"adamw", 4.0}}) {
@@ -265,4 +271,46 @@ TEST_CASE(
   CHECK(compute_time(plan, plan.ops[0], 1, back) == Approx(2e-3));
   CHECK(compute_time(plan, plan.ops[2], 1, back) == Approx(0.5e-3));
   CHECK(compute_time(plan, plan.ops[3], 1, back) == Approx(4e-3));
+}
+
+TEST_CASE("host_comm rows: a line through the median extra time per exchange",
+          "[core][calibrate][host_comm]") {
+  CalibrationInput in;
+  in.ranks = 2;
+  const auto [ns, gemm] = minimal_compute_rows();
+  // Two shapes x three sizes on t = 10 us + 0.3 ns x bytes (an exchange is two messages: 5 us
+  // each); a third shape off the line by noise does not move the medians of three.
+  const auto row = [](double bytes, double seconds) {
+    ComputeBenchRow r;
+    r.kernel = "host_comm";
+    r.model_bytes = bytes;
+    r.seconds = seconds;
+    return r;
+  };
+  in.compute = {ns, gemm};
+  for (double bytes : {32768.0, 131072.0, 524288.0}) {
+    const double t = 10e-6 + 0.3e-9 * bytes;
+    in.compute.push_back(row(bytes, t));
+    in.compute.push_back(row(bytes, t));
+    in.compute.push_back(row(bytes, bytes > 100000 ? 3 * t : -t));
+  }
+  ClusterSpec fit = calibrated_profile(in);
+  CHECK(fit.gpu.host_comm_us_per_message == Approx(5.0).epsilon(1e-6));
+  CHECK(fit.gpu.host_comm_ns_per_byte == Approx(0.3).epsilon(1e-6));
+  const ClusterSpec back =
+      parse_cluster(YAML::Load(calibrated_profile_yaml(fit, {"h"})), "fitted.yaml");
+  CHECK(back.gpu.host_comm_ns_per_byte == Approx(0.3).epsilon(1e-6));
+
+  SECTION("noise that tilts the line below zero gives a constant, never a negative cost") {
+    in.compute = {ns, gemm, row(32768, 20e-6), row(131072, 15e-6), row(524288, 10e-6)};
+    fit = calibrated_profile(in);
+    CHECK(fit.gpu.host_comm_ns_per_byte == 0.0);
+    CHECK(fit.gpu.host_comm_us_per_message == Approx(7.5));  // the mean, per message
+  }
+  SECTION("no rows (a GPU calibration): nothing charged") {
+    in.compute = {ns, gemm};
+    fit = calibrated_profile(in);
+    CHECK(fit.gpu.host_comm_us_per_message == 0.0);
+    CHECK(fit.gpu.host_comm_ns_per_byte == 0.0);
+  }
 }

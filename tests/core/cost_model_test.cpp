@@ -556,6 +556,57 @@ TEST_CASE("estimate_step on tiny hand-made plans", "[cost_model]") {
   }
 }
 
+TEST_CASE("CPU ranks pay their messages' host work with idle time first, then compute",
+          "[cost_model][host_comm]") {
+  ClusterSpec c = test_cluster();
+  c.gpu.host_comm_us_per_message = 2;
+  c.gpu.host_comm_ns_per_byte = 0.01;
+  // p2's pieces: 512 x 1024 bf16 = 1 MiB per rank of 2. In an all-gather each rank sends one and
+  // receives one: 2 messages and 2 MiB, 2 x 2 us + 2,097,152 B x 0.01 ns = 24.97 us of host work.
+  const double host = 2 * 2e-6 + 2097152.0 * 0.01e-9;
+  const double g = 1e-6 + 1048576.0 / 100e9;
+  REQUIRE(host > t64);  // the first compute op covers part of it at most
+
+  SECTION("messages that flow while a rank computes lengthen its next compute op") {
+    StepPlan plan = tiny_plan(2, 2);
+    add(plan, ns_op(plan, 0, 0, 0));                           // starts with the gather
+    add(plan, collective_op(plan, OpKind::all_gather, 2, 1));  // on the comm stream
+    add(plan, ns_op(plan, 0, 1, 0));                           // right after op 0
+    const StepEstimate e = estimate_step(plan, c);
+    CHECK(e.ranks[0].compute_s == near(t64 + t128 + host));
+    CHECK(e.step_time_s == near(std::max(g, t64 + host + t128)));
+    // Rank 1 never computes again: nothing to lengthen.
+    CHECK(e.ranks[1].compute_s == 0.0);
+    check_accounting(e);
+  }
+  SECTION("a rank that waits for the messages pays them in its idle time") {
+    StepPlan plan = tiny_plan(2, 2);
+    add(plan, ns_op(plan, 1, 1, 0));  // rank 1 computes for t128 > host while rank 0 waits
+    add(plan, collective_op(plan, OpKind::all_gather, 2, 1, {0}));
+    add(plan, ns_op(plan, 0, 0, 0, {1}));  // after the all-gather
+    REQUIRE(t128 > host);
+    const StepEstimate e = estimate_step(plan, c);
+    CHECK(e.ranks[0].compute_s == near(t64));  // idle since the step began covered it
+    CHECK(e.step_time_s == near(t128 + g + t64));
+  }
+  SECTION("idle time covers part, the rest lengthens compute") {
+    StepPlan plan = tiny_plan(2, 2);
+    add(plan, collective_op(plan, OpKind::all_gather, 2, 1));
+    add(plan, ns_op(plan, 0, 0, 0, {0}));  // idle for g < host, then computes
+    REQUIRE(g < host);
+    const StepEstimate e = estimate_step(plan, c);
+    CHECK(e.ranks[0].compute_s == near(t64 + host - g));
+    CHECK(e.step_time_s == near(host + t64));
+  }
+  SECTION("profiles without it (GPUs) charge nothing") {
+    StepPlan plan = tiny_plan(2, 2);
+    add(plan, ns_op(plan, 0, 0, 0));
+    add(plan, collective_op(plan, OpKind::all_gather, 2, 1));
+    add(plan, ns_op(plan, 0, 1, 0));
+    CHECK(estimate_step(plan, test_cluster()).ranks[0].compute_s == near(t64 + t128));
+  }
+}
+
 TEST_CASE("estimate: periods give different steps; average and worst", "[cost_model]") {
   const ClusterSpec c = test_cluster();
   StepPlan plan = tiny_plan(2, 2);

@@ -352,3 +352,34 @@ TEST_CASE("the elementwise table parses strictly, round-trips and interpolates i
     }
   }
 }
+
+TEST_CASE("the host cost of messages parses, round-trips and is refused out of range",
+          "[experiments][cluster][calibration][host_comm]") {
+  std::string text = std::string(kValid);
+  text.replace(text.find("memory_GiB: 16}"), 15,
+               "memory_GiB: 16, host_comm_us_per_message: 4.5, host_comm_ns_per_byte: 0.25}");
+  const ClusterSpec c = parse_cluster(YAML::Load(text), "c.yaml");
+  CHECK(c.gpu.host_comm_us_per_message == 4.5);
+  CHECK(c.gpu.host_comm_ns_per_byte == 0.25);
+  YAML::Emitter out;
+  yaml_util::emit_cluster(out, c);
+  const ClusterSpec back = parse_cluster(YAML::Load(out.c_str()), "back.yaml");
+  CHECK(back.gpu.host_comm_us_per_message == 4.5);
+  CHECK(back.gpu.host_comm_ns_per_byte == 0.25);
+  // Absent: GPUs, nothing charged, and nothing written.
+  const ClusterSpec gpu = parse_cluster(YAML::Load(std::string(kValid)), "g.yaml");
+  CHECK(gpu.gpu.host_comm_ns_per_byte == 0);
+  YAML::Emitter plain;
+  yaml_util::emit_cluster(plain, gpu);
+  CHECK(std::string(plain.c_str()).find("host_comm") == std::string::npos);
+  for (const auto& [from, to] :
+       {std::pair{"host_comm_ns_per_byte: 0.25", "host_comm_ns_per_byte: -1"},
+        {"host_comm_us_per_message: 4.5", "host_comm_us_per_message: lots"},
+        {"host_comm_ns_per_byte: 0.25", "host_comm_ns_per_bite: 0.25"}}) {
+    std::string bad = text;
+    bad.replace(bad.find(from), std::string(from).size(), to);
+    const ConfigError e = cluster_error(bad);
+    CHECK(e.where().line == 3);
+    CHECK_THAT(std::string(e.what()), Contains("host_comm"));
+  }
+}

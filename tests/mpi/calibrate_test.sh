@@ -88,6 +88,21 @@ prof = open(sys.argv[1]).read()
 out = open(sys.argv[2]).read()
 peak = float(re.search(r"peak_tflops: ([0-9.e+-]+)", prof).group(1))
 assert 1e-4 < peak < 2, f"GEMM peak {peak} TFLOP/s is outside what one CPU core does"
+# The host cost of messages: one row per NS shape with three sizes (us per exchange), and what
+# the profile holds agrees with the summary line (written only when positive).
+assert "# host cost of messages" in out, "no host-comm table"
+rows = [l.split() for l in out.split("# host cost of messages")[1].split("# collectives")[0].splitlines()[2:]]
+rows = [r for r in rows if len(r) == 4]
+assert rows, "no host-comm rows"
+for r in rows:
+    assert all(abs(float(x)) < 1e5 for x in r[1:]), f"host-comm row {r} is absurd"
+m = re.search(r"host comm ([0-9.]+) us/message \+ ([0-9.]+) ns/byte", out)
+assert m, "no host comm in the summary"
+for key, value, printed in (("host_comm_us_per_message", float(m.group(1)), 0.05),
+                            ("host_comm_ns_per_byte", float(m.group(2)), 0.0005)):
+    got = re.search(key + r": ([0-9.e+-]+)", prof)
+    written = float(got.group(1)) if got else 0.0
+    assert abs(written - value) <= printed * 1.01, f"{key}: profile {written}, summary {value}"
 # bench rows printed by calibrate: "size count type redop root time algbw busbw #wrong", per op
 printed = {}
 op = None

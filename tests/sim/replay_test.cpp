@@ -347,3 +347,33 @@ strategy: {name: owner}
   e.cluster.nodes = 2;
   CHECK_THROWS_WITH(simulate(plan, e.cluster, bad), Catch::Contains("step, flow or auto"));
 }
+
+TEST_CASE("CPU ranks' message handling: the analytic model and the simulator charge it alike",
+          "[sim][replay][analytic][host_comm]") {
+  // Owner on local-cpu-like ranks: gathers and scatters flow while owners compute, so the host
+  // work of each message lengthens compute (cost_model.hpp HostCommCharge); both backends take
+  // the rule from the one class, and both steps grow over the same plan without it.
+  Experiment e = point(R"(
+name: host_comm
+cluster: dgx-h100
+mesh: {dims: {dp_shard: 2}}
+model: {dense: {hidden: 1024, layers: 2, heads: 8, kv_heads: 8, ffn: 4096, vocab: 4096}}
+strategy: {name: owner, prefetch_count: 1}
+)");
+  e.cluster = quiet(e.cluster);
+  const StepPlan plan = plan_experiment(e);
+  const ResultRecord plain = analytic_record(plan, e.cluster);
+  ClusterSpec cpu = e.cluster;
+  cpu.gpu.host_comm_us_per_message = 50;
+  cpu.gpu.host_comm_ns_per_byte = 2;
+  const ResultRecord analytic = analytic_record(plan, cpu);
+  const SimulationResult sim = simulate(plan, cpu, with_fidelity("step"));
+  INFO("analytic " << plain.step.average_s << " -> " << analytic.step.average_s << " s, sim "
+                   << sim.record.step.average_s << " s");
+  CHECK(analytic.step.average_s > plain.step.average_s * 1.01);
+  CHECK(analytic.throughput.compute_time_s.average >
+        plain.throughput.compute_time_s.average * 1.01);
+  CHECK(sim.record.step.average_s == Approx(analytic.step.average_s).epsilon(0.01));
+  CHECK(sim.record.throughput.compute_time_s.average ==
+        Approx(analytic.throughput.compute_time_s.average).epsilon(0.01));
+}

@@ -3,6 +3,8 @@
 // synthetic plan of core/calibration.hpp's compute_bench_plan, one rank at a time (the others
 // wait in a barrier, as a rank's idle threads wait in a step) or all ranks at once.
 // Per kernel and round the slowest rank's mean call counts; each row is the median over rounds.
+// Then, per Newton-Schulz shape and with every rank at once, the host cost of messages (rows
+// "host_comm", see host_comm_bench below).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,6 +18,7 @@
 #include "core/errors.hpp"
 #include "core/program.hpp"
 #include "kernels/newton_schulz.hpp"
+#include "kernels/progress.hpp"
 
 namespace muonbed::mpi {
 
@@ -26,6 +29,82 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+// Sizes of the host-comm benchmark's messages, each way: the range of a step's per-matrix pieces
+// (the validation plans move 36 KiB..350 KiB per piece), so that both the cost per message and
+// the cost per byte show (a line through the extra time per exchange against its bytes).
+constexpr std::int64_t kHostCommMessageBytes[] = {16 * 1024, 64 * 1024, 256 * 1024};
+
+// One exchange at a time with a partner rank (an MPI_Isend and an MPI_Irecv of `bytes` in the
+// wire dtype), packed from and unpacked into fp32 values as the executor's handlers do, advanced
+// only by progress(): what a rank in the executor's progress_points mode does for its messages.
+// Both partners make exactly `budget` exchanges (drain() finishes them untimed), so they match.
+class MessageStream {
+ public:
+  MessageStream(MPI_Comm world, int partner, DType wire, std::int64_t bytes, int budget)
+      : world_(world),
+        partner_(partner),
+        wire_(wire),
+        count_(bytes / bytes_of(wire)),
+        budget_(budget),
+        out_values_(static_cast<std::size_t>(count_), 0.5f),
+        in_values_(static_cast<std::size_t>(count_)),
+        out_wire_(static_cast<std::size_t>(bytes)),
+        in_wire_(static_cast<std::size_t>(bytes)) {}
+
+  void start() { post(); }
+
+  // Completes the exchange in flight if MPI has finished it, then posts the next one.
+  void progress() {
+    if (completed_ == posted_) return;
+    int done = 0;
+    MUONBED_MPI_CHECK(MPI_Testall(2, requests_, &done, MPI_STATUSES_IGNORE));
+    if (!done) return;
+    finish();
+    bytes_done_ += 2.0 * static_cast<double>(out_wire_.size());
+    ++exchanges_done_;
+    if (posted_ < budget_) post();
+  }
+
+  void drain(double timeout_s, const std::string& where) {
+    while (completed_ < posted_) {
+      wait_for(requests_[0], timeout_s, where, "a host-comm benchmark send", WaitMode::spin);
+      wait_for(requests_[1], timeout_s, where, "a host-comm benchmark receive", WaitMode::spin);
+      finish();
+      if (posted_ < budget_) post();
+    }
+  }
+
+  double bytes_done() const { return bytes_done_; }  // sent + received in progress()
+  int exchanges_done() const { return exchanges_done_; }
+
+ private:
+  void post() {
+    cpu::encode_into(out_values_.data(), count_, wire_, out_wire_.data());
+    const int n = static_cast<int>(out_wire_.size());
+    MUONBED_MPI_CHECK(
+        MPI_Irecv(in_wire_.data(), n, MPI_BYTE, partner_, kTag, world_, &requests_[1]));
+    MUONBED_MPI_CHECK(
+        MPI_Isend(out_wire_.data(), n, MPI_BYTE, partner_, kTag, world_, &requests_[0]));
+    ++posted_;
+  }
+  void finish() {
+    cpu::decode(in_wire_, wire_, in_values_.data(), count_);
+    ++completed_;
+  }
+
+  static constexpr int kTag = 7301;
+  MPI_Comm world_;
+  int partner_;
+  DType wire_;
+  std::int64_t count_;
+  int budget_;
+  int posted_ = 0, completed_ = 0, exchanges_done_ = 0;
+  double bytes_done_ = 0;
+  MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  std::vector<float> out_values_, in_values_;
+  std::vector<std::byte> out_wire_, in_wire_;
+};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -121,6 +200,64 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
     }
     mine.insert(mine.end(), times.begin(), times.end());
   }
+  // Host cost of messages (-> gpu.host_comm_us_per_message and host_comm_ns_per_byte), per
+  // Newton-Schulz plan and message size, every rank at once: the Newton-Schulz back to back,
+  // quiet, then while a MessageStream with the partner (rank ^ 1) advances at the kernel's
+  // progress points. Per rank and round, (streamed - quiet) per exchange completed; the median
+  // round, then the largest over ranks.
+  const int partner = (rank ^ 1) < size ? (rank ^ 1) : -1;
+  std::vector<double> host;  // per Newton-Schulz plan and size: extra seconds per exchange
+  for (const StepPlan& plan : plans) {
+    if (elementwise_plan(plan)) continue;
+    const RankProgram program = lower_rank_program(plan, rank);
+    cpu::RankStore store(program);
+    cpu::fill_parameters(plan, program, store, 1);
+    cpu::fill_gradients(plan, program, store, 1, 0);
+    const cpu::StepContext context = cpu::make_step_context(plan, 1, 0);
+    const RankOp& ns = *program.find(1);
+    barrier();
+    auto t0 = Clock::now();
+    cpu::run_compute(ns, store, context);
+    const int calls = agree(static_cast<int>(
+        std::clamp(std::ceil(kRoundSeconds / std::max(1e-7, since(t0))), 1.0, 1000.0)));
+    // Each progress point finishes at most one exchange: the budget never runs out while timed.
+    const int points =
+        3 * context.ns.num_steps() * static_cast<int>(plan.model.params.front().batch());
+    const int budget = std::min(calls * points + 2, 4096);
+    for (const std::int64_t message : kHostCommMessageBytes) {
+      std::vector<double> per_exchange;
+      for (int k = 0; k < repeats; ++k) {
+        barrier();
+        t0 = Clock::now();
+        for (int i = 0; i < calls; ++i) cpu::run_compute(ns, store, context);
+        const double quiet = since(t0);
+        barrier();
+        if (partner < 0) continue;
+        MessageStream stream(world, partner, plan.settings.comm_dtype(), message, budget);
+        stream.start();
+        double streamed = 0;
+        {
+          ScopedProgressHook hook([](void* s) { static_cast<MessageStream*>(s)->progress(); },
+                                  &stream);
+          t0 = Clock::now();
+          for (int i = 0; i < calls; ++i) cpu::run_compute(ns, store, context);
+          streamed = since(t0);
+        }
+        stream.drain(timeout_s, where);
+        if (stream.exchanges_done() > 0)
+          per_exchange.push_back((streamed - quiet) / stream.exchanges_done());
+      }
+      host.push_back(per_exchange.empty() ? -1e9 : median(per_exchange));
+    }
+  }
+  std::vector<double> host_max(host.size());
+  {
+    MPI_Request request = MPI_REQUEST_NULL;
+    MUONBED_MPI_CHECK(MPI_Ireduce(host.data(), host_max.data(), static_cast<int>(host.size()),
+                                  MPI_DOUBLE, MPI_MAX, 0, world, &request));
+    wait_for(request, timeout_s, where, "reducing the host-comm timings");
+  }
+
   std::vector<double> slowest(mine.size());
   MPI_Request request = MPI_REQUEST_NULL;
   MUONBED_MPI_CHECK(MPI_Ireduce(mine.data(), slowest.data(), static_cast<int>(mine.size()),
@@ -166,6 +303,22 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
         r.numel = m * n;
       }
       if (j == 4) r.model_bytes = static_cast<double>(p.numel()) * (4 + 2);
+      rows.push_back(r);
+    }
+  }
+  std::size_t h = 0;
+  for (const StepPlan& plan : plans) {
+    if (elementwise_plan(plan)) continue;
+    const DistributedParam& p = plan.model.params.front();
+    for (const std::int64_t message : kHostCommMessageBytes) {
+      const double extra = host_max[h++];
+      if (extra < -1e8) continue;  // no rank had a partner
+      ComputeBenchRow r;
+      r.kernel = "host_comm";
+      r.shape = {p.batch(), p.rows(), p.cols()};
+      r.numel = p.numel();
+      r.model_bytes = 2.0 * static_cast<double>(message);  // sent + received per exchange
+      r.seconds = extra;                                   // extra seconds per exchange
       rows.push_back(r);
     }
   }

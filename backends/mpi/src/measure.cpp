@@ -82,7 +82,7 @@ std::string mpi_standard() {
 Measured build_record(const StepPlan& plan, const std::vector<std::vector<StepTimings>>& ranks,
                       const std::vector<int>& host_of, const std::vector<std::string>& hosts,
                       const std::vector<int>& cores_of_host, int compute_threads,
-                      const MeasureSettings& settings) {
+                      const std::string& compute_mode, const MeasureSettings& settings) {
   const PlanIndex index(plan);
   const int world = index.world_size();
   const int timed = static_cast<int>(ranks.front().size());
@@ -213,6 +213,7 @@ Measured build_record(const StepPlan& plan, const std::vector<std::vector<StepTi
   e.blas = blas.name.empty() ? "none (kernels' portable loops)" : blas.name;
   e.blas_threads = blas.name.empty() ? 0 : blas.threads;
   e.compute_threads = compute_threads;
+  e.compute_mode = compute_mode;
   e.engine_s = engine;
   e.handlers_s = handlers;
   e.mpi_s = mpi;
@@ -231,6 +232,12 @@ Measured build_record(const StepPlan& plan, const std::vector<std::vector<StepTi
       "of the members' post-to-completion times), waiting excluded as in the simulator; traffic "
       "counts the program's messages per rank, not the MPI library's internal transfers");
   for (const std::string& note : settings.notes) record.notes.push_back(note);
+  if (compute_mode == "progress_points")
+    record.notes.push_back(
+        b +
+        ": compute ran on each rank's MPI thread, which tested its requests at the kernels' "
+        "progress points (fewer cores than a worker thread per rank needs; "
+        "MUONBED_MPI_COMPUTE=threads forces workers)");
   if (e.oversubscribed)
     record.notes.push_back("warning: oversubscribed (" + crowded +
                            "): ranks share cores, so these timings are functional only, not a "
@@ -284,17 +291,21 @@ namespace {
 class MpiRank final : public MeasuredRank {
  public:
   MpiRank(const StepPlan& plan, MPI_Comm world, const ExecutorOptions& options)
-      : executor_(plan, world, options) {}
+      : executor_(plan, world, options), inline_(options.inline_compute) {}
   void run_step(int step) override { executor_.run_step(step); }
   const StepTimings& timings() const override { return executor_.timings(); }
   int rank() const override { return executor_.rank(); }
   const std::vector<int>& host_of() const override { return executor_.host_of(); }
   const std::vector<std::string>& hosts() const override { return executor_.hosts(); }
   int compute_threads() const override { return executor_.compute_threads(); }
+  std::string compute_mode() const override {
+    return inline_ ? "inline" : std::string(to_string(executor_.compute_mode()));
+  }
   void run_check_step(int step) override { executor_.run_check_step(step); }
 
  private:
   Executor executor_;
+  bool inline_ = false;
 };
 
 }  // namespace
@@ -367,7 +378,7 @@ std::optional<Measured> measure_rank(const StepPlan& plan, MPI_Comm world, Measu
     cores = std::min(cores, static_cast<int>(d[counts[r] - 1]));
   }
   Measured out = build_record(plan, ranks, executor.host_of(), executor.hosts(), cores_of_host,
-                              executor.compute_threads(), settings);
+                              executor.compute_threads(), executor.compute_mode(), settings);
   out.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
