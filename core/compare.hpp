@@ -67,13 +67,23 @@ struct ComparedPoint {
   std::map<std::string, std::string> predicted_traces;
 };
 
+// Two strategies the prediction orders the other way round: how far apart the measurement puts
+// them and how far the prediction puts them in the opposite order, in % of the faster one's time
+// (a swap of points a fraction of a percent apart is within any machine's run-to-run noise).
+struct SwappedPair {
+  std::string measured_faster, measured_slower;
+  double measured_gap_pct = 0;   // (slower - faster) / faster, measured
+  double predicted_gap_pct = 0;  // (faster - slower) / slower, predicted: > 0, the other way
+};
+
 struct RankingResult {
   std::string group;
   std::string predicted_backend;
   std::vector<std::string> strategies;  // in measured order, fastest first
   std::vector<double> measured_s, predicted_s;
   double tau = 1;
-  bool preserved = true;  // the predicted order equals the measured one (tau == 1)
+  bool preserved = true;             // the predicted order equals the measured one (tau == 1)
+  std::vector<SwappedPair> swapped;  // every discordant pair, in measured order
   bool oversubscribed = false;
 };
 

@@ -228,6 +228,12 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
       }
       r.tau = kendall_tau(r.measured_s, r.predicted_s);
       r.preserved = r.tau >= 1 - 1e-12;
+      for (std::size_t i = 0; i < r.strategies.size(); ++i)
+        for (std::size_t k = i + 1; k < r.strategies.size(); ++k)
+          if (r.measured_s[i] < r.measured_s[k] && r.predicted_s[i] > r.predicted_s[k])
+            r.swapped.push_back({r.strategies[i], r.strategies[k],
+                                 (r.measured_s[k] - r.measured_s[i]) / r.measured_s[i] * 100,
+                                 (r.predicted_s[i] - r.predicted_s[k]) / r.predicted_s[k] * 100});
       report.rankings.push_back(std::move(r));
     }
   return report;
@@ -340,7 +346,13 @@ nlohmann::ordered_json compare_json(const CompareReport& report) {
                          {"mean_error_pct", s.mean_signed_pct}});
   out["summary"] = summaries;
   J rankings = J::array();
-  for (const RankingResult& r : report.rankings)
+  for (const RankingResult& r : report.rankings) {
+    nlohmann::json swapped = nlohmann::json::array();
+    for (const SwappedPair& p : r.swapped)
+      swapped.push_back({{"measured_faster", p.measured_faster},
+                         {"measured_slower", p.measured_slower},
+                         {"measured_gap_pct", p.measured_gap_pct},
+                         {"predicted_gap_pct", p.predicted_gap_pct}});
     rankings.push_back({{"group", r.group},
                         {"backend", r.predicted_backend},
                         {"strategies", r.strategies},
@@ -348,7 +360,9 @@ nlohmann::ordered_json compare_json(const CompareReport& report) {
                         {"predicted_s", r.predicted_s},
                         {"kendall_tau", r.tau},
                         {"preserved", r.preserved},
+                        {"swapped", swapped},
                         {"oversubscribed", r.oversubscribed}});
+  }
   out["rankings"] = rankings;
   out["skipped"] = report.skipped;
   return out;
@@ -408,6 +422,12 @@ std::string compare_table(const CompareReport& report) {
                   group.c_str(), r.tau, r.preserved ? "preserved" : "DIFFERS",
                   r.oversubscribed ? " *" : "") +
              order + "\n";
+      for (const SwappedPair& p : r.swapped)
+        out += strf(
+            "  %-9s %-46s   swapped: %s < %s measured %.1f %% apart, predicted %.1f %% the "
+            "other way\n",
+            "", "", p.measured_faster.c_str(), p.measured_slower.c_str(), p.measured_gap_pct,
+            p.predicted_gap_pct);
     }
   }
   for (const std::string& s : report.skipped) out += "  skipped: " + s + "\n";

@@ -529,6 +529,18 @@ class Lowering {
                list.end());
   }
 
+  // Newton-Schulz (whole or split) overwrites the update it read, one contiguous run, with the
+  // result: records piece (result, p, set) there, written by op `op_id`.
+  void result_in_place(int p, const ShardIndexSet& set, const View& data, int op_id,
+                       const std::string& what) {
+    if (data.segments.size() != 1 || data.segments[0].runs.size() != 1)
+      fail("internal: " + what + " of " + param_name(p) + " is not contiguous");
+    const Run& r = data.segments[0].runs[0];
+    const int tensor = data.segments[0].tensor;
+    forget_overlaps(p, tensor, r.tensor, set.numel());
+    entries_[p].push_back({PieceRole::result, tensor, r.tensor, set, op_id});
+  }
+
   // Writes piece (role, p, set); returns where (identity layout) and records it.
   View write(PieceRole role, int p, const ShardIndexSet& set, bool slot_only = false) {
     if (set.numel() == 0) return {};
@@ -669,12 +681,7 @@ class Lowering {
       task.rows = dp.rows();
       task.cols = dp.cols();
       task.data = read(PieceRole::update, p, set);
-      if (task.data.segments.size() != 1 || task.data.segments[0].runs.size() != 1)
-        fail("internal: the full update of " + param_name(p) + " is not contiguous");
-      const Run& r = task.data.segments[0].runs[0];
-      const int tensor = task.data.segments[0].tensor;
-      forget_overlaps(p, tensor, r.tensor, set.numel());
-      entries_[p].push_back({PieceRole::result, tensor, r.tensor, set, op.id});
+      result_in_place(p, set, task.data, op.id, "the full update");
       rop.newton_schulz.push_back(std::move(task));
     }
   }
@@ -967,14 +974,7 @@ class Lowering {
       task.gram_offset = grams;
       grams += s.gram * s.gram;
       task.data = read(PieceRole::update, p, set);
-      if (set.numel() > 0) {
-        if (task.data.segments.size() != 1 || task.data.segments[0].runs.size() != 1)
-          fail("internal: the slice of " + param_name(p) + " is not contiguous");
-        const Run& r = task.data.segments[0].runs[0];
-        const int tensor = task.data.segments[0].tensor;
-        forget_overlaps(p, tensor, r.tensor, set.numel());
-        entries_[p].push_back({PieceRole::result, tensor, r.tensor, set, op.id});
-      }
+      if (set.numel() > 0) result_in_place(p, set, task.data, op.id, "the slice");
       rop.split_ns.push_back(std::move(task));
     }
     const int ws = add_tensor("split NS workspace of plan op " + std::to_string(op.id),

@@ -183,6 +183,92 @@ std::string stage_label(const PlanBuilder& b, const std::vector<int>& params) {
   return std::to_string(params.size()) + " matrices from " + b.param(params[0]).name;
 }
 
+// Allocates `buffer` on `box` after `deps`; labelled "alloc <buffer name>" unless `label` says.
+int emit_staging_alloc(PlanBuilder& b, int buffer, const RankBox& box, int stream,
+                       std::vector<int> deps, std::string label = "") {
+  Op alloc;
+  alloc.kind = OpKind::alloc;
+  alloc.stream = stream;
+  alloc.ranks = box;
+  alloc.buffer = buffer;
+  alloc.deps = std::move(deps);
+  alloc.label = label.empty() ? "alloc " + b.buffer_name(buffer) : std::move(label);
+  return b.emit(std::move(alloc));
+}
+
+// The stage buffers of a staged gather or scatter, written once for both: each stage's collective
+// reads the buffers the stage before wrote (each released once every matrix it holds has moved
+// on) and, except the last stage, writes a new buffer for the next.
+class StageChain {
+ public:
+  StageChain(PlanBuilder& b, int stream) : b_(b), stream_(stream) {}
+
+  // One stage's `kind` collective of `part` over `group` (pieces gathered over `gathered`) after
+  // `deps`; unless `last`, into a new stage buffer over `buffer_dims` held by `buffer_box`.
+  // Returns the collective's op id.
+  int emit(const StagePart& part, OpKind kind, DimSet group, DimSet gathered, std::vector<int> deps,
+           bool last, const RankBox& buffer_box, DimSet buffer_dims) {
+    const std::string what = stage_label(b_, part.params);
+    int buffer = -1;
+    if (!last) {
+      buffer = b_.add_buffer("stage " + what, part.params, buffer_dims, false);
+      deps.push_back(
+          emit_staging_alloc(b_, buffer, buffer_box, stream_, deps, "alloc stage of " + what));
+    }
+    Op op;
+    op.kind = kind;
+    op.stream = stream_;
+    op.ranks = part.box;
+    op.group = group;
+    op.root = part.root;
+    op.params = part.params;
+    op.gathered = gathered;
+    op.deps = std::move(deps);
+    op.label = std::string(kind == OpKind::gather ? "gather " : "scatter ") + what;
+    const int id = b_.emit(std::move(op));
+    std::vector<int> read;
+    for (int p : part.params)
+      if (holder_.count(p)) read.push_back(holder_[p]);
+    std::sort(read.begin(), read.end());
+    read.erase(std::unique(read.begin(), read.end()), read.end());
+    for (int r : read) {
+      Live& l = live_.at(r);
+      l.users.push_back(id);
+      for (int p : part.params)
+        if (holder_.count(p) && holder_[p] == r) --l.left;
+      if (l.left == 0) {
+        Op release;
+        release.kind = OpKind::release;
+        release.stream = stream_;
+        release.ranks = l.box;
+        release.buffer = r;
+        release.deps = l.users;
+        release.label = "release stage of " + stage_label(b_, l.params);
+        b_.emit(std::move(release));
+        live_.erase(r);
+      }
+    }
+    for (int p : part.params) holder_.erase(p);
+    if (buffer >= 0) {
+      live_[buffer] = {buffer_box, part.params, {}, static_cast<int>(part.params.size())};
+      for (int p : part.params) holder_[p] = buffer;
+    }
+    return id;
+  }
+
+ private:
+  struct Live {
+    RankBox box;
+    std::vector<int> params;
+    std::vector<int> users;  // ops that read it; it goes after they complete
+    int left = 0;
+  };
+  PlanBuilder& b_;
+  int stream_;
+  std::map<int, Live> live_;   // buffer -> what releases it
+  std::map<int, int> holder_;  // param -> live stage buffer holding its piece
+};
+
 // With `split` dims (split Newton-Schulz), the stages over them are left out: the gather ends with
 // every member of the split group holding its slice, gathered over the other sharding dims.
 class StagedGather final : public GatherPolicy {
@@ -205,18 +291,11 @@ class StagedGather final : public GatherPolicy {
         throw PlanError("internal: one gather of matrices with different sharding dims");
     std::map<int, DimSet> gathered;
     std::map<int, std::vector<int>> after;  // param -> ops whose completion it waits for
-    std::map<int, int> holder;              // param -> live stage buffer holding its piece
-    struct Live {
-      RankBox box;
-      std::vector<int> params;
-      std::vector<int> users;  // ops that read it; it goes after they complete
-      int left = 0;
-    };
-    std::map<int, Live> live;  // buffer -> what releases it
     for (int p : staged) {
       gathered[p] = DimSet{};
       after[p] = deps;
     }
+    StageChain chain(b, stream);
     std::vector<int> done;
     for (std::size_t s = 0; s < stages.size(); ++s) {
       const DimSet group = stages[s];
@@ -225,63 +304,13 @@ class StagedGather final : public GatherPolicy {
         std::vector<int> stage_deps;
         for (int p : part.params)
           stage_deps.insert(stage_deps.end(), after[p].begin(), after[p].end());
-        int buffer = -1;
-        int alloc_id = -1;
-        if (!last) {  // the final stage lands in the owners' full-update buffer
-          buffer = b.add_buffer("stage " + stage_label(b, part.params), part.params,
-                                gathered[part.params[0]] | group, false);
-          Op alloc;
-          alloc.kind = OpKind::alloc;
-          alloc.stream = stream;
-          alloc.ranks = part.roots;
-          alloc.buffer = buffer;
-          alloc.deps = stage_deps;
-          alloc.label = "alloc stage of " + stage_label(b, part.params);
-          alloc_id = b.emit(std::move(alloc));
-        }
-        Op op;
-        op.kind = OpKind::gather;
-        op.stream = stream;
-        op.ranks = part.box;
-        op.group = group;
-        op.root = part.root;
-        op.params = part.params;
-        op.gathered = gathered[part.params[0]];
-        op.deps = stage_deps;
-        if (alloc_id >= 0) op.deps.push_back(alloc_id);
-        op.label = "gather " + stage_label(b, part.params);
-        const int gather_id = b.emit(std::move(op));
-        // Stage buffers the op read from go once every matrix they hold has moved on.
-        std::vector<int> read;
-        for (int p : part.params)
-          if (holder.count(p)) read.push_back(holder[p]);
-        std::sort(read.begin(), read.end());
-        read.erase(std::unique(read.begin(), read.end()), read.end());
-        for (int r : read) {
-          Live& l = live.at(r);
-          l.users.push_back(gather_id);
-          for (int p : part.params)
-            if (holder.count(p) && holder[p] == r) --l.left;
-          if (l.left == 0) {
-            Op release;
-            release.kind = OpKind::release;
-            release.stream = stream;
-            release.ranks = l.box;
-            release.buffer = r;
-            release.deps = l.users;
-            release.label = "release stage of " + stage_label(b, l.params);
-            b.emit(std::move(release));
-            live.erase(r);
-          }
-        }
+        // The final stage lands in the owners' full-update buffer.
+        const DimSet from = gathered[part.params[0]];
+        const int gather_id = chain.emit(part, OpKind::gather, group, from, std::move(stage_deps),
+                                         last, part.roots, from | group);
         for (int p : part.params) {
-          holder.erase(p);
           gathered[p] = gathered[p] | group;
           after[p] = {gather_id};
-        }
-        if (buffer >= 0) {
-          live[buffer] = {part.roots, part.params, {}, static_cast<int>(part.params.size())};
-          for (int p : part.params) holder[p] = buffer;
         }
         if (last) done.push_back(gather_id);
       }
@@ -315,15 +344,8 @@ class StagedRedistribute final : public RedistributePolicy {
       std::vector<DimSet> stages = gather_stages(b, staged[0], order_, split_);
       std::reverse(stages.begin(), stages.end());
       std::map<int, DimSet> remaining;  // param -> dims its pieces are still gathered over
-      std::map<int, int> holder;
-      struct Live {
-        RankBox box;
-        std::vector<int> params;
-        std::vector<int> users;
-        int left = 0;
-      };
-      std::map<int, Live> live;
       for (int p : staged) remaining[p] = minus(b.param(p).layout.shard_dims(), split_);
+      StageChain chain(b, stream);
       for (std::size_t s = 0; s < stages.size(); ++s) {
         const DimSet group = stages[s];
         const bool last = s + 1 == stages.size();
@@ -333,62 +355,13 @@ class StagedRedistribute final : public RedistributePolicy {
           std::vector<int> stage_deps;
           for (int p : part.params)
             stage_deps.insert(stage_deps.end(), after[p].begin(), after[p].end());
-          int buffer = -1;
-          int alloc_id = -1;
-          if (!last) {  // intermediate roots hold the pieces still to be split further
-            buffer = b.add_buffer("stage " + stage_label(b, part.params), part.params,
-                                  pieces[part.params[0]], false);
-            Op alloc;
-            alloc.kind = OpKind::alloc;
-            alloc.stream = stream;
-            alloc.ranks = part.box;
-            alloc.buffer = buffer;
-            alloc.deps = stage_deps;
-            alloc.label = "alloc stage of " + stage_label(b, part.params);
-            alloc_id = b.emit(std::move(alloc));
-          }
-          Op op;
-          op.kind = OpKind::scatter;
-          op.stream = stream;
-          op.ranks = part.box;
-          op.group = group;
-          op.root = part.root;
-          op.params = part.params;
-          op.gathered = pieces[part.params[0]];
-          op.deps = stage_deps;
-          if (alloc_id >= 0) op.deps.push_back(alloc_id);
-          op.label = "scatter " + stage_label(b, part.params);
-          const int scatter_id = b.emit(std::move(op));
-          std::vector<int> read;
-          for (int p : part.params)
-            if (holder.count(p)) read.push_back(holder[p]);
-          std::sort(read.begin(), read.end());
-          read.erase(std::unique(read.begin(), read.end()), read.end());
-          for (int r : read) {
-            Live& l = live.at(r);
-            l.users.push_back(scatter_id);
-            for (int p : part.params)
-              if (holder.count(p) && holder[p] == r) --l.left;
-            if (l.left == 0) {
-              Op release;
-              release.kind = OpKind::release;
-              release.stream = stream;
-              release.ranks = l.box;
-              release.buffer = r;
-              release.deps = l.users;
-              release.label = "release stage of " + stage_label(b, l.params);
-              b.emit(std::move(release));
-              live.erase(r);
-            }
-          }
+          // Intermediate roots hold the pieces still to be split further.
+          const DimSet to = pieces[part.params[0]];
+          const int scatter_id = chain.emit(part, OpKind::scatter, group, to, std::move(stage_deps),
+                                            last, part.box, to);
           for (int p : part.params) {
-            holder.erase(p);
             remaining[p] = pieces[p];
             after[p] = {scatter_id};
-          }
-          if (buffer >= 0) {
-            live[buffer] = {part.box, part.params, {}, static_cast<int>(part.params.size())};
-            for (int p : part.params) holder[p] = buffer;
           }
         }
       }
@@ -457,17 +430,6 @@ bool staged_order(const std::string& name, StageOrder& order) {
 // Alloc and release of an all_to_all staging buffer, emitted right next to their first and last
 // user, on its stream and with its deps: zero-time ops that delay nothing, so timing is unchanged
 // and rank_memory counts the staging.
-int emit_staging_alloc(PlanBuilder& b, int buffer, const RankBox& box, int stream,
-                       std::vector<int> deps) {
-  Op alloc;
-  alloc.kind = OpKind::alloc;
-  alloc.stream = stream;
-  alloc.ranks = box;
-  alloc.buffer = buffer;
-  alloc.deps = std::move(deps);
-  alloc.label = "alloc " + b.buffer_name(buffer);
-  return b.emit(std::move(alloc));
-}
 void emit_staging_release(PlanBuilder& b, int buffer, const RankBox& box, int stream, int after) {
   Op release;
   release.kind = OpKind::release;

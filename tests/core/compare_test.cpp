@@ -124,11 +124,22 @@ TEST_CASE("compare_points: errors, summaries and rankings by hand", "[core][comp
   CHECK(r.rankings[1].tau == Approx(-1));
   CHECK_FALSE(r.rankings[1].preserved);
   CHECK(r.rankings[1].oversubscribed);
+  // The swapped pair: measured a 100 < b 200 (100 % apart), predicted a 300 > b 150 (100 % the
+  // other way); the preserved group has none.
+  CHECK(r.rankings[0].swapped.empty());
+  REQUIRE(r.rankings[1].swapped.size() == 1);
+  CHECK(r.rankings[1].swapped[0].measured_faster == "a");
+  CHECK(r.rankings[1].swapped[0].measured_slower == "b");
+  CHECK(r.rankings[1].swapped[0].measured_gap_pct == Approx(100));
+  CHECK(r.rankings[1].swapped[0].predicted_gap_pct == Approx(100));
 
   const auto j = compare_json(r);
   CHECK(j["points"].size() == 5);
   CHECK(j["rankings"][1]["kendall_tau"] == Approx(-1));
+  CHECK(j["rankings"][1]["swapped"][0]["measured_gap_pct"] == Approx(100));
   CHECK_THAT(compare_table(r), Contains("DIFFERS"));
+  CHECK_THAT(compare_table(r),
+             Contains("swapped: a < b measured 100.0 % apart, predicted 100.0 % the other way"));
 }
 
 TEST_CASE("compare_points refuses points it cannot compare", "[core][compare]") {
