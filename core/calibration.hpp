@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,21 @@ CalibrationWorkload default_calibration_workload(int ranks);
 // with the experiment's optimizer settings. Ops 0, 1, 2 in that order.
 StepPlan compute_bench_plan(const DeviceMesh& mesh, const NsCallShape& shape,
                             const OptimizerConfig& optimizer);
+// The machine-speed probe of a measured point: does the machine still run compute at the speed
+// its cluster profile says? The plan's costliest Newton-Schulz call shape (most FLOPs per call,
+// over every rank) as a compute_bench_plan on the plan's mesh, and the seconds the profile gives
+// that call (compute_time of the probe plan's newton_schulz op: gpu.ns_table where it has the
+// shape, else what the model interpolates). A real backend times the probe before and after a
+// point's steps as calibrate times gpu.ns_table; measured / predicted far from 1 means the
+// profile describes another machine (or this one under other load), and compare says so.
+struct SpeedProbe {
+  NsCallShape shape;
+  StepPlan plan;
+  double predicted_s = 0;
+};
+// nullopt when the plan runs no Newton-Schulz.
+std::optional<SpeedProbe> speed_probe(const StepPlan& plan, const ClusterSpec& cluster);
+
 // The synthetic plan of an elementwise row: a 1 x numel Muon matrix (momentum, newton_schulz,
 // apply_update: ops 0, 1, 2) and a numel-element AdamW vector (adamw: op 3), replicated.
 StepPlan elementwise_bench_plan(const DeviceMesh& mesh, std::int64_t numel,

@@ -10,6 +10,10 @@
 //   phases         mean over ranks of the average step's compute / communication / exposed
 //                  communication / idle time (core/timeline.hpp's rules, the same for every
 //                  backend)
+//   machine        the measured record's speed probe (core/calibration.hpp speed_probe):
+//                  Newton-Schulz on this machine over the profile's time, before and after the
+//                  point; outside 1 +- kSpeedProbeTolerance the errors measure the profile's
+//                  machine against this one, not the model, and compare warns with the fix
 //   ranking        per group of points that differ only in the strategy (the sweep label without
 //                  its strategy.* parts: the same mesh and model sizes): Kendall's tau-b between
 //                  measured and predicted step times (1 = same order)
@@ -33,6 +37,20 @@ namespace muonbed {
 double kendall_tau(const std::vector<double>& a, const std::vector<double>& b);
 // (predicted - measured) / measured x 100.
 double error_percent(double predicted, double measured);
+
+// How far a probe may stray before its measurement no longer checks the model: the validation's
+// own error band (+-10 %).
+inline constexpr double kSpeedProbeTolerance = 0.10;
+// A measured record's probe: measured (the mean of before and after) over predicted; 0 when the
+// record has no probe.
+double speed_probe_ratio(const ExecutionInfo& execution);
+// after / before - 1: how much the machine's speed changed while the point ran; 0 without probe.
+double speed_probe_drift(const ExecutionInfo& execution);
+// "warning: ..." lines (empty when none or no probe) when the ratio or the drift is outside the
+// tolerance: the profile `cluster` does not describe the machine the steps ran on (or it ran
+// under other load), with the fix.
+std::vector<std::string> speed_probe_warnings(const ExecutionInfo& execution,
+                                              const std::string& cluster);
 
 struct PhaseTimes {
   double compute_s = 0;
@@ -61,6 +79,11 @@ struct ComparedPoint {
   std::string model;
   int ranks = 0;
   bool oversubscribed = false;  // the measured run shared cores: functional timings only
+  // The measured record's speed probe: ratio to the profile and drift during the point (0: no
+  // probe), and speed_probe_warnings' lines.
+  double probe_ratio = 0;
+  double probe_drift = 0;
+  std::vector<std::string> probe_warnings;
   ComparedBackend measured;
   std::vector<ComparedBackend> predicted;
   std::string measured_trace;  // <backend>.trace.json beside the results, "" when absent
@@ -89,7 +112,9 @@ struct RankingResult {
 
 struct ErrorSummary {
   std::string predicted_backend;
-  std::string scope;  // "all points" or "not oversubscribed"
+  // "all points", "not oversubscribed", or "steady machine": not oversubscribed and the speed
+  // probe within tolerance before and after (present when some point has a probe)
+  std::string scope;
   int points = 0;
   double median_abs_pct = 0;
   double max_abs_pct = 0;

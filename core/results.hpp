@@ -78,7 +78,13 @@
 //                    host time per step, mean over timed steps of the slowest rank's:
 //                    engine_s (the engine and op bookkeeping), handlers_s (message packing and
 //                    unpacking, alloc/release, keep copies), mpi_s (inside MPI calls), and
-//                    overhead_fraction = (engine_s + handlers_s) / step average_s
+//                    overhead_fraction = (engine_s + handlers_s) / step average_s;
+//                    speed_probe (absent when not taken: GPU backends, plans without
+//                    Newton-Schulz, files written before it): {shape: [batch, rows, cols],
+//                    predicted_s, before_s, after_s}: one Newton-Schulz call of the plan's
+//                    costliest shape timed as calibrate times gpu.ns_table, right before the
+//                    warm-up steps and right after the timed ones, beside the time the cluster
+//                    profile gives it (core/calibration.hpp speed_probe)
 //   notes            free-text remarks of the backend (approximations used, caps hit)
 //   checksum         SHA-256 (64 hex digits) of the file's text with this value empty
 //                    ("checksum": ""): an edited or damaged file fails verify_checksum (the
@@ -238,6 +244,12 @@ struct ExecutionInfo {
   double handlers_s = 0;
   double mpi_s = 0;
   double overhead_fraction = 0;
+  // The machine-speed probe (see speed_probe above); probe_predicted_s == 0: not taken.
+  std::vector<std::int64_t> probe_shape;  // batch, rows, cols
+  double probe_predicted_s = 0;
+  double probe_before_s = 0;
+  double probe_after_s = 0;
+  bool has_speed_probe() const { return probe_predicted_s > 0; }
 };
 
 struct ResultRecord {

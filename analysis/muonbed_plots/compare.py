@@ -2,7 +2,8 @@
 
   <exp>-compare-scatter          predicted vs measured step time per point and predicting backend,
                                  log-log, with y = x and the +-10 % band; points whose measured
-                                 run was oversubscribed (more ranks than cores) drawn hollow
+                                 run was oversubscribed (more ranks than cores) drawn hollow,
+                                 those whose speed probe warned ringed in orange
   <exp>-compare-points           per point, measured and predicted step times side by side, the
                                  error % of each prediction above its bar
   <exp>-compare-timeline-<point> one point's measured step (mpi.trace.json, dark, narrow) drawn
@@ -50,6 +51,19 @@ def plot_scatter(p, doc):
                        label=f"{backend}{' (oversubscribed)' if over else ''}", zorder=3)
     if not values:
         return None
+    # Points whose speed probe found the machine off its profile (or changing speed during the
+    # point): ringed, so a miss there is read as the machine's, not the model's.
+    xs, ys = [], []
+    for pt in points:
+        if not pt["measured"].get("warnings"):
+            continue
+        for pr in pt.get("predicted", []):
+            xs.append(pt["measured"]["step_s"] * 1e3)
+            ys.append(pr["step_s"] * 1e3)
+    if xs:
+        ax.scatter(xs, ys, marker="o", s=120, facecolors="none", edgecolors="#ff7f0e",
+                   linewidths=0.9, label="speed probe off (machine ≠ profile, or drifting)",
+                   zorder=4)
     lo, hi = min(values) / 1.3, max(values) * 1.3
     line = [lo, hi]
     ax.plot(line, line, color="#333333", lw=1, label="y = x", zorder=2)

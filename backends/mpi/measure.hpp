@@ -113,9 +113,16 @@ BlasInfo set_blas_threads(int threads);
 // calls, each round after a barrier, the ranks taking turns (`concurrent` false: each has the
 // machine's cores to itself, as when ranks have cores of their own) or all at once (`concurrent`:
 // they share cores, caches and memory bandwidth). Rank 0 gets per plan and kernel the median over
-// rounds of the slowest rank's mean call (other ranks an empty list).
+// rounds of the slowest rank's mean call (other ranks an empty list). `newton_schulz_only`: the
+// newton_schulz rows alone (no other kernel, no host-comm rows).
 std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, MPI_Comm world,
                                            int warmup, int repeats, double timeout_s,
-                                           bool concurrent);
+                                           bool concurrent, bool newton_schulz_only = false);
+
+// Collective: the machine-speed probe of a measured point (core/calibration.hpp speed_probe).
+// Seconds per Newton-Schulz call of the probe plan's matrix, measured as calibrate measures
+// gpu.ns_table (the ranks taking turns, the median round of the slowest rank) but with fewer
+// rounds; rank 0 gets it, other ranks 0.
+double time_newton_schulz(const StepPlan& probe_plan, MPI_Comm world, double timeout_s);
 
 }  // namespace muonbed::mpi

@@ -299,6 +299,27 @@ StepPlan compute_bench_plan(const DeviceMesh& mesh, const NsCallShape& shape,
   return b.finish("calibrate_compute", "{}");
 }
 
+std::optional<SpeedProbe> speed_probe(const StepPlan& plan, const ClusterSpec& cluster) {
+  const DeviceMesh& mesh = plan.mesh();
+  std::optional<NsCallShape> costliest;
+  double most = 0;
+  for (const Op& op : plan.ops) {
+    if (op.kind != OpKind::newton_schulz) continue;
+    for (int r : op.ranks.ranks(mesh))
+      for (const MatrixWork& m : ns_work(plan, op, r))
+        if (m.flops > most) {
+          most = m.flops;
+          costliest = NsCallShape{m.batch, m.rows, m.cols};
+        }
+  }
+  if (!costliest) return std::nullopt;
+  SpeedProbe probe;
+  probe.shape = *costliest;
+  probe.plan = compute_bench_plan(mesh, probe.shape, plan.settings.optimizer);
+  probe.predicted_s = compute_time(probe.plan, probe.plan.ops[1], 0, cluster);
+  return probe;
+}
+
 StepPlan elementwise_bench_plan(const DeviceMesh& mesh, std::int64_t numel,
                                 const OptimizerConfig& optimizer) {
   const StepPlan muon = compute_bench_plan(mesh, {1, 1, numel}, optimizer);

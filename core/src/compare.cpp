@@ -101,6 +101,46 @@ double error_percent(double predicted, double measured) {
   return (predicted - measured) / measured * 100;
 }
 
+double speed_probe_ratio(const ExecutionInfo& execution) {
+  if (!execution.has_speed_probe()) return 0;
+  return (execution.probe_before_s + execution.probe_after_s) / 2 / execution.probe_predicted_s;
+}
+
+double speed_probe_drift(const ExecutionInfo& execution) {
+  if (!execution.has_speed_probe() || !(execution.probe_before_s > 0)) return 0;
+  return execution.probe_after_s / execution.probe_before_s - 1;
+}
+
+std::vector<std::string> speed_probe_warnings(const ExecutionInfo& execution,
+                                              const std::string& cluster) {
+  std::vector<std::string> out;
+  if (!execution.has_speed_probe()) return out;
+  const auto ms = [](double s) { return strf("%.3f ms", s * 1e3); };
+  const std::vector<std::int64_t>& v = execution.probe_shape;
+  std::string shape;
+  for (std::size_t i = (v.size() == 3 && v[0] == 1) ? 1 : 0; i < v.size(); ++i)
+    shape += (shape.empty() ? "" : "x") + std::to_string(v[i]);
+  const double ratio = speed_probe_ratio(execution);
+  if (std::abs(ratio - 1) > kSpeedProbeTolerance)
+    out.push_back("warning: this machine ran the speed probe (Newton-Schulz " + shape + ") in " +
+                  ms((execution.probe_before_s + execution.probe_after_s) / 2) + ", " +
+                  strf("%.2fx", ratio) + " the " + ms(execution.probe_predicted_s) +
+                  " of cluster profile '" + cluster +
+                  "': the profile describes another machine (or this one under other load), so "
+                  "predictions made with it are off by about as much; fix: recalibrate here "
+                  "(muonbed calibrate --backend mpi --experiment FILE --ranks N --out "
+                  "PROFILE.yaml) and predict with that profile");
+  const double drift = speed_probe_drift(execution);
+  if (std::abs(drift) > kSpeedProbeTolerance)
+    out.push_back(
+        "warning: the machine's speed changed while the point ran: the speed probe took " +
+        ms(execution.probe_before_s) + " before the steps and " + ms(execution.probe_after_s) +
+        " after (" + strf("%+.1f %%)", drift * 100) +
+        "; fix: rerun the point (muonbed run FILE --point LABEL --force) on a "
+        "quiet machine");
+  return out;
+}
+
 PhaseTimes mean_phases(const ResultRecord& record) {
   PhaseTimes p;
   if (record.ranks.empty()) return p;
@@ -146,6 +186,9 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
     c.group = group_label(p.point, m);
     c.ranks = m.setup.world_size;
     c.oversubscribed = m.execution.oversubscribed;
+    c.probe_ratio = speed_probe_ratio(m.execution);
+    c.probe_drift = speed_probe_drift(m.execution);
+    c.probe_warnings = speed_probe_warnings(m.execution, m.setup.cluster);
     const auto path = [&](const std::string& b) {
       const auto it = p.paths.find(b);
       return it == p.paths.end() ? std::string() : it->second;
@@ -172,12 +215,21 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
                 "; fix: add mpi to the experiment's backend list and run it (muonbed run FILE)");
 
   // Error summaries per predicted backend.
+  // Scopes: every point; those whose ranks had cores of their own; of those, the ones whose
+  // speed probe found the machine as the profile describes it, before and after the steps (only
+  // when some point has a probe).
+  bool any_probe = false;
+  for (const ComparedPoint& c : report.points) any_probe = any_probe || c.probe_ratio > 0;
+  enum class Scope { all, not_oversubscribed, steady };
+  std::vector<Scope> scopes = {Scope::all, Scope::not_oversubscribed};
+  if (any_probe) scopes.push_back(Scope::steady);
   for (const std::string& b : kPredicted)
-    for (const bool only_real : {false, true}) {
+    for (const Scope scope : scopes) {
       std::vector<double> abs_errors;
       double signed_sum = 0;
       for (const ComparedPoint& c : report.points) {
-        if (only_real && c.oversubscribed) continue;
+        if (scope != Scope::all && c.oversubscribed) continue;
+        if (scope == Scope::steady && (!(c.probe_ratio > 0) || !c.probe_warnings.empty())) continue;
         for (const ComparedBackend& pb : c.predicted)
           if (pb.backend == b) {
             abs_errors.push_back(std::abs(pb.error_pct));
@@ -187,7 +239,9 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
       if (abs_errors.empty()) continue;
       ErrorSummary s;
       s.predicted_backend = b;
-      s.scope = only_real ? "not oversubscribed" : "all points";
+      s.scope = scope == Scope::all                  ? "all points"
+                : scope == Scope::not_oversubscribed ? "not oversubscribed"
+                                                     : "steady machine";
       s.points = static_cast<int>(abs_errors.size());
       s.median_abs_pct = median_of(abs_errors);
       s.max_abs_pct = *std::max_element(abs_errors.begin(), abs_errors.end());
@@ -324,6 +378,11 @@ nlohmann::ordered_json compare_json(const CompareReport& report) {
         {"ranks", c.ranks},
         {"oversubscribed", c.oversubscribed}};
     p["measured"] = backend(c.measured, false);
+    if (c.probe_ratio > 0) {
+      p["measured"]["speed_probe_ratio"] = c.probe_ratio;
+      p["measured"]["speed_probe_drift"] = c.probe_drift;
+    }
+    p["measured"]["warnings"] = c.probe_warnings;
     p["measured"]["trace"] = c.measured_trace;
     J pred = J::array();
     for (const ComparedBackend& b : c.predicted) {
@@ -372,7 +431,10 @@ std::string compare_table(const CompareReport& report) {
   const auto ms = [](double s) { return strf("%.2f", s * 1e3); };
   std::string out;
   out += report.experiment + ": measured (median step) beside predicted (average step), ms\n";
+  bool any_probe = false;
+  for (const ComparedPoint& c : report.points) any_probe = any_probe || c.probe_ratio > 0;
   out += strf("  %-48s %5s %9s", "point", "ranks", "measured");
+  if (any_probe) out += strf(" %7s", "machine");
   std::vector<std::string> backends;
   for (const ComparedPoint& c : report.points)
     for (const ComparedBackend& b : c.predicted)
@@ -385,6 +447,10 @@ std::string compare_table(const CompareReport& report) {
     const std::string label = c.point.size() > 48 ? c.point.substr(0, 45) + "..." : c.point;
     out += strf("  %-48s %4d%s %9s", label.c_str(), c.ranks, c.oversubscribed ? "*" : " ",
                 ms(c.measured.step_s).c_str());
+    if (any_probe)
+      out += c.probe_ratio > 0
+                 ? strf(" %6.2fx%s", c.probe_ratio, c.probe_warnings.empty() ? " " : "!")
+                 : strf(" %7s", "-");
     for (const std::string& b : backends) {
       const auto it = std::find_if(c.predicted.begin(), c.predicted.end(),
                                    [&](const ComparedBackend& x) { return x.backend == b; });
@@ -407,6 +473,37 @@ std::string compare_table(const CompareReport& report) {
   for (const ComparedPoint& c : report.points) any_over = any_over || c.oversubscribed;
   if (any_over)
     out += "  * oversubscribed (more ranks than cores): functional timings only, not a check\n";
+  if (any_probe) {
+    // One verdict on whether the profile describes the machine the steps ran on: without it the
+    // errors below may measure two machines against each other, not the model.
+    double lo = 0, hi = 0;
+    int probed = 0, off = 0;
+    for (const ComparedPoint& c : report.points) {
+      if (!(c.probe_ratio > 0)) continue;
+      lo = probed == 0 ? c.probe_ratio : std::min(lo, c.probe_ratio);
+      hi = probed == 0 ? c.probe_ratio : std::max(hi, c.probe_ratio);
+      ++probed;
+      off += c.probe_warnings.empty() ? 0 : 1;
+    }
+    out += strf(
+        "  machine: speed probe, this machine's Newton-Schulz time over the profile's "
+        "(before and after each point): %.2fx to %.2fx over %d point%s\n",
+        lo, hi, probed, probed == 1 ? "" : "s");
+    if (off > 0) {
+      out += strf("  ! %d point%s outside 1 +- %.0f %%:\n", off, off == 1 ? "" : "s",
+                  kSpeedProbeTolerance * 100);
+      // A profile from another machine puts every point off: its warning is shown for the first
+      // point only. Drift during a point is that point's own and is shown for each.
+      bool machine_shown = false;
+      for (const ComparedPoint& c : report.points)
+        for (const std::string& w : c.probe_warnings) {
+          const bool machine = w.rfind("warning: this machine", 0) == 0;
+          if (machine && machine_shown) continue;
+          machine_shown = machine_shown || machine;
+          out += "    " + c.point + ": " + w + "\n";
+        }
+    }
+  }
   out += "\nerror |predicted - measured| / measured:\n";
   for (const ErrorSummary& s : report.summaries)
     out += strf("  %-9s %-19s %3d points: median %.1f %%, max %.1f %%, mean signed %+.1f %%\n",

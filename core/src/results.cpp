@@ -700,6 +700,11 @@ std::string result_to_json(const ResultRecord& r) {
                            {"handlers_s", e.handlers_s},
                            {"mpi_s", e.mpi_s},
                            {"overhead_fraction", e.overhead_fraction}};
+  if (const ExecutionInfo& e = r.execution; !e.library.empty() && e.has_speed_probe())
+    j["execution"]["speed_probe"] = ojson{{"shape", e.probe_shape},
+                                          {"predicted_s", e.probe_predicted_s},
+                                          {"before_s", e.probe_before_s},
+                                          {"after_s", e.probe_after_s}};
   j["notes"] = r.notes;
   std::vector<std::string> bad;
   find_non_finite(j, "", bad);
@@ -842,6 +847,13 @@ ResultRecord result_from_json(const std::string& text) {
       x.handlers_s = e.at("handlers_s").get<double>();
       x.mpi_s = e.at("mpi_s").get<double>();
       x.overhead_fraction = e.at("overhead_fraction").get<double>();
+      if (e.contains("speed_probe")) {
+        const auto& p = e.at("speed_probe");
+        x.probe_shape = p.at("shape").get<std::vector<std::int64_t>>();
+        x.probe_predicted_s = p.at("predicted_s").get<double>();
+        x.probe_before_s = p.at("before_s").get<double>();
+        x.probe_after_s = p.at("after_s").get<double>();
+      }
     }
     for (const auto& n : j.at("notes")) r.notes.push_back(n.get<std::string>());
     return r;

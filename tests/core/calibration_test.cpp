@@ -4,7 +4,9 @@
 // The measured side runs under mpirun (tests/mpi/calibrate_test.sh).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -313,4 +315,35 @@ TEST_CASE("host_comm rows: a line through the median extra time per exchange",
     CHECK(fit.gpu.host_comm_us_per_message == 0.0);
     CHECK(fit.gpu.host_comm_ns_per_byte == 0.0);
   }
+}
+
+TEST_CASE("the speed probe times the plan's costliest Newton-Schulz at the profile's time",
+          "[core][calibrate]") {
+  const std::vector<Experiment> points = parse_experiment(kExperiment, "cal.yaml");
+  const auto two_ranks = std::find_if(points.begin(), points.end(),
+                                      [](const Experiment& e) { return e.mesh.world_size() == 2; });
+  REQUIRE(two_ranks != points.end());
+  const StepPlan plan = plan_experiment(*two_ranks);
+  // hidden 128: the MLP matrices (344 x 128 and 128 x 344) carry the most FLOPs per call.
+  ClusterSpec c = known_profile();
+  c.gpu.ns_kernel = "cpu-fp32";
+  c.gpu.ns_table = {{"cpu-fp32", 128, 128, 1, 5, 2.0, ""}, {"cpu-fp32", 344, 128, 1, 5, 7.0, ""}};
+  const std::optional<SpeedProbe> probe = speed_probe(plan, c);
+  REQUIRE(probe);
+  CHECK(std::min(probe->shape.rows, probe->shape.cols) == 128);
+  CHECK(std::max(probe->shape.rows, probe->shape.cols) == 344);
+  CHECK(probe->shape.batch == 1);
+  CHECK(probe->predicted_s == Approx(7e-3));  // the table's entry (orientation does not matter)
+  // The probe plan is the compute benchmark's, on the point's mesh.
+  REQUIRE(probe->plan.ops.size() == 3);
+  CHECK(probe->plan.ops[1].kind == OpKind::newton_schulz);
+  CHECK(probe->plan.mesh().world_size() == 2);
+
+  // Without a table: the FLOPs at the sustained rate plus one kernel launch, as the model
+  // charges it: 5 x (4 x 128^2 x 344 + 2 x 128^3) FLOPs at 0.1 TFLOP/s + 4 us.
+  ClusterSpec bare = known_profile();
+  const std::optional<SpeedProbe> rate = speed_probe(plan, bare);
+  REQUIRE(rate);
+  const double flops = 5.0 * (4.0 * 128 * 128 * 344 + 2.0 * 128 * 128 * 128);
+  CHECK(rate->predicted_s == Approx(flops / (0.1e12 * bare.gpu.efficiency(128)) + 4e-6));
 }

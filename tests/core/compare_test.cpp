@@ -239,3 +239,70 @@ TEST_CASE("compare_experiment reads checked results and refuses wrong ones", "[c
     CHECK_THROWS_WITH(compare_experiment(file), Contains("mpi.json") && Contains("--force"));
   }
 }
+
+TEST_CASE("compare_points: the speed probe flags a profile of another machine and drift",
+          "[core][compare]") {
+  // Point a: the machine ran the probe at 10 and 12 ms where the profile says 11 ms: ratio 1,
+  // drift +20 % -> a drift warning. Point b: 20 and 21 ms against 10: ratio 2.05, drift +5 % -> a
+  // machine warning. Point c: 9.5 and 10.2 against 10: ratio 0.985, drift +7.4 % -> steady. Point
+  // d: no probe.
+  std::vector<PointRecords> points = {
+      point("strategy.name=a,mesh.dp_shard=2", 0.100, 0.110, 2),
+      point("strategy.name=b,mesh.dp_shard=2", 0.200, 0.100, 2),
+      point("strategy.name=c,mesh.dp_shard=2", 0.400, 0.420, 2),
+      point("strategy.name=d,mesh.dp_shard=2", 0.300, 0.240, 2),
+  };
+  const auto probe = [&](int i, double before_ms, double after_ms, double predicted_ms = 10) {
+    ExecutionInfo& e = points[static_cast<std::size_t>(i)].records["mpi"].execution;
+    e.probe_shape = {1, 192, 688};
+    e.probe_predicted_s = predicted_ms * 1e-3;
+    e.probe_before_s = before_ms * 1e-3;
+    e.probe_after_s = after_ms * 1e-3;
+  };
+  probe(0, 10, 12, 11);
+  probe(1, 20, 21);
+  probe(2, 9.5, 10.2);
+  for (auto& p : points) p.records["mpi"].setup.cluster = "local-cpu";
+
+  const CompareReport r = compare_points(points);
+  REQUIRE(r.points.size() == 4);
+  CHECK(r.points[0].probe_ratio == Approx(1.0));
+  CHECK(r.points[0].probe_drift == Approx(0.2));
+  REQUIRE(r.points[0].probe_warnings.size() == 1);
+  CHECK_THAT(r.points[0].probe_warnings[0], Contains("speed changed while the point ran"));
+  CHECK_THAT(r.points[0].probe_warnings[0], Contains("10.000 ms before the steps and 12.000 ms"));
+  CHECK(r.points[1].probe_ratio == Approx(2.05));
+  REQUIRE(r.points[1].probe_warnings.size() == 1);
+  CHECK_THAT(r.points[1].probe_warnings[0], Contains("2.05x the 10.000 ms of cluster profile "
+                                                     "'local-cpu'"));
+  CHECK_THAT(r.points[1].probe_warnings[0], Contains("Newton-Schulz 192x688"));
+  CHECK_THAT(r.points[1].probe_warnings[0], Contains("fix: recalibrate here"));
+  CHECK(r.points[2].probe_ratio == Approx(0.985));
+  CHECK(r.points[2].probe_warnings.empty());
+  CHECK(r.points[3].probe_ratio == 0);  // no probe: nothing to say
+  CHECK(r.points[3].probe_warnings.empty());
+
+  // The steady scope keeps probed points without warnings: c alone (+5 %).
+  REQUIRE(r.summaries.size() == 3);
+  CHECK(r.summaries[2].scope == "steady machine");
+  CHECK(r.summaries[2].points == 1);
+  CHECK(r.summaries[2].max_abs_pct == Approx(5));
+  CHECK(r.summaries[1].points == 4);
+
+  const std::string table = compare_table(r);
+  CHECK_THAT(table, Contains("machine"));
+  CHECK_THAT(table, Contains("2.05x!"));
+  CHECK_THAT(table, Contains("0.98x "));
+  CHECK_THAT(table, Contains("0.98x to 2.05x over 3 points"));
+  CHECK_THAT(table, Contains("1.00x!"));
+  CHECK_THAT(table, Contains("! 2 points outside 1 +- 10 %"));
+  const nlohmann::ordered_json j = compare_json(r);
+  CHECK(j["points"][1]["measured"]["speed_probe_ratio"].get<double>() == Approx(2.05));
+  CHECK(j["points"][1]["measured"]["warnings"].size() == 1);
+  CHECK_FALSE(j["points"][3]["measured"].contains("speed_probe_ratio"));
+
+  // Without any probe (files written before it) there is no machine column or steady scope.
+  const CompareReport old = compare_points({point("strategy.name=a,mesh.dp_shard=2", 0.1, 0.1, 2)});
+  CHECK(old.summaries.size() == 2);
+  CHECK_THAT(compare_table(old), !Contains("machine"));
+}

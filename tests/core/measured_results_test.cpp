@@ -72,9 +72,21 @@ TEST_CASE("measured keys round-trip and stay out of other records", "[results]")
   r.execution.compute_threads = 1;
   r.execution.engine_s = 0.001;
   r.execution.overhead_fraction = 0.01;
+  const std::string without_probe = result_to_json(r);
+  CHECK(without_probe.find("speed_probe") == std::string::npos);  // not taken: absent
+  CHECK_FALSE(result_from_json(without_probe).execution.has_speed_probe());
+  r.execution.probe_shape = {1, 192, 688};
+  r.execution.probe_predicted_s = 0.006;
+  r.execution.probe_before_s = 0.0115;
+  r.execution.probe_after_s = 0.0112;
   const std::string text = result_to_json(r);
   CHECK(text.find("\"median_s\": 0.5") != std::string::npos);
   const ResultRecord back = result_from_json(text);
+  CHECK(back.execution.has_speed_probe());
+  CHECK(back.execution.probe_shape == std::vector<std::int64_t>{1, 192, 688});
+  CHECK(back.execution.probe_predicted_s == 0.006);
+  CHECK(back.execution.probe_before_s == 0.0115);
+  CHECK(back.execution.probe_after_s == 0.0112);
   CHECK(back.step.measured.timed_steps == 3);
   CHECK(back.step.measured.warmup_steps == 2);
   CHECK(back.execution.hosts == std::vector<std::string>{"a", "b"});

@@ -78,6 +78,10 @@ run)
     if [ "$(nproc)" -ge 4 ]; then mode=threads workers=1; fi
     [ "$(field "$r" "r['execution']['ranks_per_host'], r['execution']['blas_threads'] >= 0, r['execution']['compute_mode'], r['execution']['compute_threads']")" = "[2] True $mode $workers" ] ||
       fail "$r: execution provenance: $(field "$r" "r['execution']")"
+    # The speed probe: taken before and after the steps, in seconds like the profile's time
+    # for it (a unit slip would put them 1000x apart), on a Muon matrix of the model.
+    [ "$(field "$r" "(lambda p: len(p['shape']) == 3 and all(x > 0 for x in p['shape']) and all(0.01 < p[k] / p['predicted_s'] < 100 for k in ('before_s', 'after_s')))(r['execution']['speed_probe'])")" = "True" ] ||
+      fail "$r: speed probe missing or in the wrong unit: $(field "$r" "r['execution'].get('speed_probe')")"
     [ "$(field "$r" "0 < r['step']['min_s'] <= r['step']['median_s'] <= r['step']['p95_s'] <= r['step']['worst_s'], r['step']['stddev_s'] >= 0")" = "True True" ] ||
       fail "$r: statistics out of order: $(field "$r" "r['step']")"
     [ "$(field "$r" "all(c['time_s'] > 0 and c['algbw_GBps'] > 0 for c in r['collectives']) and len(r['collectives']) > 0")" = "True" ] ||

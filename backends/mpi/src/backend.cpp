@@ -26,6 +26,8 @@
 
 #include "backends/mpi/executor.hpp"
 #include "backends/mpi/measure.hpp"
+#include "core/calibration.hpp"
+#include "core/compare.hpp"
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
 #include "core/plan_json.hpp"
@@ -67,6 +69,11 @@ struct Job {
   std::string kind = "plan";
   bool concurrent = false;  // compute: every rank at once (else one at a time)
   nlohmann::json compute_plans = nlohmann::json::array();
+  // The machine-speed probe (core/calibration.hpp speed_probe), timed before and after the
+  // point's steps by the mpi backend; null: none.
+  nlohmann::json probe_plan;
+  std::vector<std::int64_t> probe_shape;
+  double probe_predicted_s = 0;
 };
 
 nlohmann::json to_json(const Job& j) {
@@ -90,7 +97,10 @@ nlohmann::json to_json(const Job& j) {
           {"check_data", j.check_data},
           {"kind", j.kind},
           {"concurrent", j.concurrent},
-          {"compute_plans", j.compute_plans}};
+          {"compute_plans", j.compute_plans},
+          {"probe_plan", j.probe_plan},
+          {"probe_shape", j.probe_shape},
+          {"probe_predicted_s", j.probe_predicted_s}};
 }
 
 Job job_from_json(const nlohmann::json& v) {
@@ -116,6 +126,10 @@ Job job_from_json(const nlohmann::json& v) {
   j.kind = v.value("kind", std::string("plan"));
   j.concurrent = v.value("concurrent", false);
   if (v.contains("compute_plans")) j.compute_plans = v.at("compute_plans");
+  if (v.contains("probe_plan")) j.probe_plan = v.at("probe_plan");
+  if (v.contains("probe_shape"))
+    j.probe_shape = v.at("probe_shape").get<std::vector<std::int64_t>>();
+  j.probe_predicted_s = v.value("probe_predicted_s", 0.0);
   return j;
 }
 
@@ -164,6 +178,21 @@ Job make_job(const Experiment& experiment, const StepPlan& plan, const RunSettin
       job.compute_mode = std::string(mpi::to_string(mpi::parse_compute_mode(v)));
     } catch (const Error& e) {
       throw Error(std::string("MUONBED_MPI_COMPUTE: ") + e.what());
+    }
+  }
+  const char* probe_setting = env("MUONBED_MPI_SPEED_PROBE");
+  if (probe_setting != nullptr && std::string(probe_setting) != "on" &&
+      std::string(probe_setting) != "off")
+    throw Error(std::string("MUONBED_MPI_SPEED_PROBE='") + probe_setting + "': use on or off");
+  if (probe_setting == nullptr || std::string(probe_setting) == "on") {
+    try {
+      if (const std::optional<SpeedProbe> probe = speed_probe(plan, experiment.cluster)) {
+        job.probe_plan = plan_to_json(probe->plan);
+        job.probe_shape = {probe->shape.batch, probe->shape.rows, probe->shape.cols};
+        job.probe_predicted_s = probe->predicted_s;
+      }
+    } catch (const PlanError&) {
+      // A profile without a compute rate: nothing to check the machine against.
     }
   }
   if (const char* v = env("MUONBED_BLAS_THREADS")) {
@@ -246,7 +275,30 @@ std::optional<PointRun> execute_job(const Job& job, bool& wrong_world) {
     settings.check_data = job.check_data;
     std::optional<mpi::Measured> m;
     if (job.backend == "mpi") {
+      // The speed probe brackets the steps: the machine's speed before and after them, against
+      // the profile's (compare flags a profile made on another machine, or drift during the point).
+      const bool probe = job.probe_predicted_s > 0 && !job.probe_plan.is_null();
+      std::optional<StepPlan> probe_plan;
+      if (probe) probe_plan = plan_from_json(job.probe_plan);
+      const double before =
+          probe ? mpi::time_newton_schulz(*probe_plan, MPI_COMM_WORLD, job.timeout_s) : 0;
       m = mpi::measure(*plan, MPI_COMM_WORLD, options, settings);
+      const double after =
+          probe ? mpi::time_newton_schulz(*probe_plan, MPI_COMM_WORLD, job.timeout_s) : 0;
+      if (m && probe) {
+        ExecutionInfo& e = m->record.execution;
+        e.probe_shape = job.probe_shape;
+        e.probe_predicted_s = job.probe_predicted_s;
+        e.probe_before_s = before;
+        e.probe_after_s = after;
+        m->record.notes.push_back(
+            "mpi: speed probe: one Newton-Schulz call of the plan's costliest shape timed as "
+            "calibrate times gpu.ns_table, before and after the steps (execution.speed_probe), "
+            "against cluster profile '" +
+            job.cluster_name + "'");
+        for (std::string& w : speed_probe_warnings(e, job.cluster_name))
+          m->record.notes.push_back(std::move(w));
+      }
     } else {
       const mpi::JobRunner runner = mpi::find_job_runner(job.backend);
       if (runner == nullptr)

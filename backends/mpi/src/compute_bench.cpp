@@ -116,7 +116,7 @@ double median(std::vector<double> v) {
 
 std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, MPI_Comm world,
                                            int warmup, int repeats, double timeout_s,
-                                           bool concurrent) {
+                                           bool concurrent, bool newton_schulz_only) {
   int rank = 0, size = 1;
   MUONBED_MPI_CHECK(MPI_Comm_rank(world, &rank));
   MUONBED_MPI_CHECK(MPI_Comm_size(world, &size));
@@ -178,6 +178,7 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
     };
     std::vector<double> times(static_cast<std::size_t>(kKernels * repeats));
     for (int j = 0; j < (elementwise ? kElementwise : kKernels); ++j) {
+      if (newton_schulz_only && (elementwise || j != 1)) continue;
       // Warm-up calls, the first of them timed to size the rounds.
       barrier();
       auto t0 = Clock::now();
@@ -208,7 +209,7 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
   const int partner = (rank ^ 1) < size ? (rank ^ 1) : -1;
   std::vector<double> host;  // per Newton-Schulz plan and size: extra seconds per exchange
   for (const StepPlan& plan : plans) {
-    if (elementwise_plan(plan)) continue;
+    if (elementwise_plan(plan) || newton_schulz_only) continue;
     const RankProgram program = lower_rank_program(plan, rank);
     cpu::RankStore store(program);
     cpu::fill_parameters(plan, program, store, 1);
@@ -270,7 +271,7 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
     const DistributedParam& p = plan.model.params.front();
     const NsCallShape shape{p.batch(), p.rows(), p.cols()};
     if (elementwise_plan(plan)) {
-      for (int j = 0; j < kElementwise; ++j) {
+      for (int j = 0; j < (newton_schulz_only ? 0 : kElementwise); ++j) {
         const std::size_t first = at + static_cast<std::size_t>(j * repeats);
         std::vector<double> v(slowest.begin() + static_cast<std::ptrdiff_t>(first),
                               slowest.begin() + static_cast<std::ptrdiff_t>(first + repeats));
@@ -289,6 +290,7 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
       std::vector<double> v(slowest.begin() + static_cast<std::ptrdiff_t>(at),
                             slowest.begin() + static_cast<std::ptrdiff_t>(at + repeats));
       at += static_cast<std::size_t>(repeats);
+      if (newton_schulz_only && j != 1) continue;
       ComputeBenchRow r;
       r.kernel = names[j];
       r.shape = shape;
@@ -308,7 +310,7 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
   }
   std::size_t h = 0;
   for (const StepPlan& plan : plans) {
-    if (elementwise_plan(plan)) continue;
+    if (elementwise_plan(plan) || newton_schulz_only) continue;
     const DistributedParam& p = plan.model.params.front();
     for (const std::int64_t message : kHostCommMessageBytes) {
       const double extra = host_max[h++];
@@ -323,6 +325,14 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
     }
   }
   return rows;
+}
+
+double time_newton_schulz(const StepPlan& probe_plan, MPI_Comm world, double timeout_s) {
+  // Two warm-up calls and three rounds: the probe runs twice per measured point, so it is kept
+  // to a fraction of a second, and the median of three rounds already drops one disturbed round.
+  const std::vector<ComputeBenchRow> rows =
+      compute_bench({probe_plan}, world, 2, 3, timeout_s, false, true);
+  return rows.empty() ? 0 : rows.front().seconds;
 }
 
 }  // namespace muonbed::mpi
