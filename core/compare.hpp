@@ -14,6 +14,8 @@
 //                  Newton-Schulz on this machine over the profile's time, before and after the
 //                  point; outside 1 +- kSpeedProbeTolerance the errors measure the profile's
 //                  machine against this one, not the model, and compare warns with the fix
+//   runs           with several results folders of the same experiment, the measured step is
+//                  the median over the runs and the table shows their spread
 //   ranking        per group of points that differ only in the strategy (the sweep label without
 //                  its strategy.* parts: the same mesh and model sizes): Kendall's tau-b between
 //                  measured and predicted step times (1 = same order)
@@ -84,6 +86,11 @@ struct ComparedPoint {
   double probe_ratio = 0;
   double probe_drift = 0;
   std::vector<std::string> probe_warnings;
+  // Several runs of the experiment combined (compare_experiment with more than one results
+  // folder): each run's measured step in folder order, and their spread, (max - min) / min x 100.
+  // measured.step_s is then the median over runs; phases, trace and probe are the median run's.
+  std::vector<double> runs_s;
+  double spread_pct = 0;
   ComparedBackend measured;
   std::vector<ComparedBackend> predicted;
   std::string measured_trace;  // <backend>.trace.json beside the results, "" when absent
@@ -128,7 +135,8 @@ struct CompareReport {
   std::vector<ComparedPoint> points;
   std::vector<RankingResult> rankings;
   std::vector<ErrorSummary> summaries;
-  std::vector<std::string> skipped;  // points without a measured backend, with the reason
+  std::vector<std::string> skipped;   // points without a measured backend, with the reason
+  std::vector<std::string> run_dirs;  // the results folders combined (output_dir first)
 };
 
 // A point's records by backend, for compare_points (tests build these by hand).
@@ -137,6 +145,11 @@ struct PointRecords {
   std::map<std::string, ResultRecord> records;  // backend -> record
   std::map<std::string, std::string> paths;     // backend -> results file ("" in tests)
   std::map<std::string, std::string> traces;    // backend -> trace file when present
+  // Measured records of the same point from other runs of the experiment (same measured
+  // backend), with their files and traces ("" when absent): see ComparedPoint::runs_s.
+  std::vector<ResultRecord> more_runs;
+  std::vector<std::string> more_run_paths;
+  std::vector<std::string> more_run_traces;
 };
 
 // The comparison of points whose records are already read. Every point needs one measured record
@@ -149,6 +162,13 @@ CompareReport compare_points(const std::vector<PointRecords>& points);
 // backend.
 CompareReport compare_experiment(const std::string& experiment_file,
                                  const std::string& output_dir = "");
+// The same over several runs of the experiment, one results folder each (the first holds the
+// predicted results and receives compare.json): every point's measured step is the median over
+// the runs, with their spread (a machine's run-to-run noise, beside the model's error). Every
+// folder needs every point's measured result; predicted ones are read from the first only
+// (they are deterministic).
+CompareReport compare_experiment(const std::string& experiment_file,
+                                 const std::vector<std::string>& output_dirs);
 
 // The report as JSON (what analysis/compare.py plots) and as text tables.
 nlohmann::ordered_json compare_json(const CompareReport& report);

@@ -3,9 +3,11 @@
   <exp>-compare-scatter          predicted vs measured step time per point and predicting backend,
                                  log-log, with y = x and the +-10 % band; points whose measured
                                  run was oversubscribed (more ranks than cores) drawn hollow,
-                                 those whose speed probe warned ringed in orange
+                                 those whose speed probe warned ringed in orange; with several
+                                 runs combined, a grey bar spans each point's runs
   <exp>-compare-points           per point, measured and predicted step times side by side, the
-                                 error % of each prediction above its bar
+                                 error % of each prediction above its bar (the range of the
+                                 runs on the measured bar when runs are combined)
   <exp>-compare-timeline-<point> one point's measured step (mpi.trace.json, dark, narrow) drawn
                                  over the predicted one (sim.trace.json, light, wide), per rank
                                  and stream: the two traces share the simulator's format
@@ -60,6 +62,18 @@ def plot_scatter(p, doc):
         for pr in pt.get("predicted", []):
             xs.append(pt["measured"]["step_s"] * 1e3)
             ys.append(pr["step_s"] * 1e3)
+    # Several runs combined: each point's measured range over the runs, as a horizontal bar.
+    labelled = False
+    for pt in points:
+        runs = pt["measured"].get("runs_s") or []
+        if len(runs) < 2:
+            continue
+        for pr in pt.get("predicted", []):
+            y = pr["step_s"] * 1e3
+            ax.plot([min(runs) * 1e3, max(runs) * 1e3], [y, y], color="#777777", lw=0.8,
+                    zorder=2, label=None if labelled else "range of the runs")
+            labelled = True
+            values += [min(runs) * 1e3, max(runs) * 1e3]
     if xs:
         ax.scatter(xs, ys, marker="o", s=120, facecolors="none", edgecolors="#ff7f0e",
                    linewidths=0.9, label="speed probe off (machine ≠ profile, or drifting)",
@@ -110,6 +124,13 @@ def plot_points(p, doc):
         ax.bar(i - 0.4 + width / 2, m, width, color="#333333", hatch="//" if over else None,
                edgecolor="white" if over else "#333333",
                label="measured (median)" if i == 0 else None)
+        runs = pt["measured"].get("runs_s") or []
+        if len(runs) > 1:  # the runs' range: the machine's run-to-run noise
+            lo_run, hi_run = min(runs) * 1e3, max(runs) * 1e3
+            top = max(top, hi_run)
+            ax.errorbar(i - 0.4 + width / 2, m, yerr=[[m - lo_run], [hi_run - m]], fmt="none",
+                        ecolor="#ff7f0e", elinewidth=1, capsize=2,
+                        label="range of runs" if i == 0 else None, zorder=4)
         for j, b in enumerate(backends):
             pr = next((x for x in pt.get("predicted", []) if x["backend"] == b), None)
             if pr is None:

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include "core/errors.hpp"
@@ -195,6 +196,36 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
     };
     c.measured = compared(*measured, m, path(*measured));
     if (const auto t = p.traces.find(*measured); t != p.traces.end()) c.measured_trace = t->second;
+    if (!p.more_runs.empty()) {
+      // Runs in folder order: this record, then the others. The median run (the lower middle
+      // one for an even count) lends its phases, trace and probe; the step is the median.
+      std::vector<const ResultRecord*> runs = {&m};
+      for (const ResultRecord& r : p.more_runs) runs.push_back(&r);
+      for (const ResultRecord* r : runs) c.runs_s.push_back(compared_step_seconds(*r));
+      std::vector<std::size_t> order(runs.size());
+      std::iota(order.begin(), order.end(), std::size_t{0});
+      std::sort(order.begin(), order.end(),
+                [&](std::size_t a, std::size_t b) { return c.runs_s[a] < c.runs_s[b]; });
+      const std::size_t mid = order[(order.size() - 1) / 2];
+      const auto at = [](const std::vector<std::string>& v, std::size_t i) {
+        return i < v.size() ? v[i] : std::string();
+      };
+      if (mid > 0) {
+        c.measured = compared(*measured, *runs[mid], at(p.more_run_paths, mid - 1));
+        c.measured_trace = at(p.more_run_traces, mid - 1);
+      }
+      c.measured.step_s = median_of(c.runs_s);
+      const auto [lo, hi] = std::minmax_element(c.runs_s.begin(), c.runs_s.end());
+      c.spread_pct = *lo > 0 ? (*hi - *lo) / *lo * 100 : 0;
+      c.probe_ratio = speed_probe_ratio(runs[mid]->execution);
+      c.probe_drift = speed_probe_drift(runs[mid]->execution);
+      c.probe_warnings.clear();
+      for (std::size_t i = 0; i < runs.size(); ++i) {
+        c.oversubscribed = c.oversubscribed || runs[i]->execution.oversubscribed;
+        for (const std::string& w : speed_probe_warnings(runs[i]->execution, m.setup.cluster))
+          c.probe_warnings.push_back("run " + std::to_string(i + 1) + ": " + w);
+      }
+    }
     for (const std::string& b : kPredicted) {
       const auto it = p.records.find(b);
       if (it == p.records.end()) continue;
@@ -295,39 +326,86 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
 
 CompareReport compare_experiment(const std::string& experiment_file,
                                  const std::string& output_dir) {
+  return compare_experiment(experiment_file, std::vector<std::string>{output_dir});
+}
+
+CompareReport compare_experiment(const std::string& experiment_file,
+                                 const std::vector<std::string>& output_dirs) {
+  const std::vector<std::string> dirs =
+      output_dirs.empty() ? std::vector<std::string>{""} : output_dirs;
+  for (std::size_t i = 0; i < dirs.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j) {
+      std::error_code ec;
+      if (fs::weakly_canonical(dirs[i], ec) == fs::weakly_canonical(dirs[j], ec))
+        throw Error("results folder '" + dirs[i] +
+                    "' is given twice: one run would count twice in the median; fix: give each "
+                    "run's folder once");
+    }
   std::vector<Experiment> all = load_experiment(experiment_file);
   std::vector<PointRecords> points;
   std::vector<std::string> missing;
-  for (Experiment& point : all) {
-    if (!output_dir.empty()) point.output_dir = output_dir;
+  std::string missing_fix;
+  // One results file of a point, checked: present (else listed as missing), readable with its
+  // checksum, and made for this configuration of the point.
+  const auto read = [&](const Experiment& point, const std::string& label,
+                        const std::string& backend,
+                        const std::string& dir) -> std::optional<ResultRecord> {
+    const std::string path = result_path(point, backend);
+    std::error_code ec;
+    if (!fs::exists(path, ec)) {
+      missing.push_back(path);
+      if (missing_fix.empty() || !dir.empty())
+        missing_fix = "muonbed run " + experiment_file + (dir.empty() ? "" : " --output " + dir);
+      return std::nullopt;
+    }
+    ResultRecord r;
+    try {
+      r = read_result_file(path);
+    } catch (const std::exception& e) {
+      throw Error(path + ": " + e.what() + "; fix: muonbed run " + experiment_file +
+                  (dir.empty() ? "" : " --output " + dir) + " --force --point '" + label +
+                  "' makes it again");
+    }
+    const std::string want =
+        point_identity(point.name, point.point_label, backend, point.resolved_yaml);
+    if (r.backend != backend || r.provenance.point_id != want)
+      throw Error(path + " was made for another configuration of point '" + label +
+                  "' (its point id " + r.provenance.point_id + ", this experiment's " + want +
+                  "): the experiment file, its cluster profile or the results folder changed "
+                  "since; fix: muonbed run " +
+                  experiment_file + (dir.empty() ? "" : " --output " + dir) +
+                  " (it reruns the points whose configuration changed)");
+    return r;
+  };
+  const auto trace_of = [](const std::string& path, const std::string& backend) {
+    const std::string trace = (fs::path(path).parent_path() / (backend + ".trace.json")).string();
+    std::error_code ec;
+    return fs::exists(trace, ec) ? trace : std::string();
+  };
+  for (Experiment point : all) {
     PointRecords pr;
     pr.point = point.point_label.empty() ? "default" : point.point_label;
+    if (!dirs.front().empty()) point.output_dir = dirs.front();
     for (const std::string& backend : point.backends) {
+      std::optional<ResultRecord> r = read(point, pr.point, backend, dirs.front());
+      if (!r) continue;
       const std::string path = result_path(point, backend);
-      std::error_code ec;
-      if (!fs::exists(path, ec)) {
-        missing.push_back(path);
-        continue;
-      }
-      ResultRecord r;
-      try {
-        r = read_result_file(path);
-      } catch (const std::exception& e) {
-        throw Error(path + ": " + e.what() + "; fix: muonbed run " + experiment_file +
-                    " --force --point '" + pr.point + "' makes it again");
-      }
-      const std::string want =
-          point_identity(point.name, point.point_label, backend, point.resolved_yaml);
-      if (r.backend != backend || r.provenance.point_id != want)
-        throw Error(path + " was made for another configuration of point '" + pr.point +
-                    "' (its point id " + r.provenance.point_id + ", this experiment's " + want +
-                    "): the experiment file, its cluster profile or the results folder changed "
-                    "since; fix: muonbed run " +
-                    experiment_file + " (it reruns the points whose configuration changed)");
-      pr.records[backend] = std::move(r);
+      pr.records[backend] = std::move(*r);
       pr.paths[backend] = path;
-      const std::string trace = (fs::path(path).parent_path() / (backend + ".trace.json")).string();
-      if (fs::exists(trace, ec)) pr.traces[backend] = trace;
+      if (std::string trace = trace_of(path, backend); !trace.empty()) pr.traces[backend] = trace;
+    }
+    // The other runs: the measured backend compare_points will use (mpi before nccl).
+    const auto measured = std::find_if(kMeasured.begin(), kMeasured.end(), [&](const auto& b) {
+      return std::find(point.backends.begin(), point.backends.end(), b) != point.backends.end();
+    });
+    for (std::size_t d = 1; d < dirs.size() && measured != kMeasured.end(); ++d) {
+      point.output_dir = dirs[d];
+      std::optional<ResultRecord> r = read(point, pr.point, *measured, dirs[d]);
+      if (!r) continue;
+      const std::string path = result_path(point, *measured);
+      pr.more_runs.push_back(std::move(*r));
+      pr.more_run_paths.push_back(path);
+      pr.more_run_traces.push_back(trace_of(path, *measured));
     }
     points.push_back(std::move(pr));
   }
@@ -335,15 +413,17 @@ CompareReport compare_experiment(const std::string& experiment_file,
     std::string list;
     for (std::size_t i = 0; i < missing.size() && i < 10; ++i) list += "\n  " + missing[i];
     if (missing.size() > 10) list += "\n  ... and " + std::to_string(missing.size() - 10) + " more";
-    throw Error(
-        std::to_string(missing.size()) + " result file" + (missing.size() == 1 ? " is" : "s are") +
-        " missing for " + experiment_file + ":" + list + "\n  fix: muonbed run " + experiment_file +
-        (output_dir.empty() ? "" : " --output " + output_dir) + " (it runs only what is missing)");
+    throw Error(std::to_string(missing.size()) + " result file" +
+                (missing.size() == 1 ? " is" : "s are") + " missing for " + experiment_file + ":" +
+                list + "\n  fix: " + missing_fix + " (it runs only what is missing)");
   }
   CompareReport report = compare_points(points);
   report.file = experiment_file;
   report.experiment = all.empty() ? "" : all.front().name;
-  report.output_dir = all.empty() ? "" : all.front().output_dir;
+  report.output_dir =
+      all.empty() ? "" : (dirs.front().empty() ? all.front().output_dir : dirs.front());
+  for (const std::string& d : dirs)
+    report.run_dirs.push_back(d.empty() && !all.empty() ? all.front().output_dir : d);
   return report;
 }
 
@@ -365,6 +445,8 @@ nlohmann::ordered_json compare_json(const CompareReport& report) {
   out["experiment"] = report.experiment;
   out["file"] = report.file;
   out["output"] = report.output_dir;
+  out["runs"] =
+      report.run_dirs.empty() ? std::vector<std::string>{report.output_dir} : report.run_dirs;
   out["step_time"] =
       "measured: median of the timed steps; predicted: average step; error_pct = (predicted - "
       "measured) / measured x 100";
@@ -383,6 +465,10 @@ nlohmann::ordered_json compare_json(const CompareReport& report) {
       p["measured"]["speed_probe_drift"] = c.probe_drift;
     }
     p["measured"]["warnings"] = c.probe_warnings;
+    if (!c.runs_s.empty()) {
+      p["measured"]["runs_s"] = c.runs_s;
+      p["measured"]["spread_pct"] = c.spread_pct;
+    }
     p["measured"]["trace"] = c.measured_trace;
     J pred = J::array();
     for (const ComparedBackend& b : c.predicted) {
@@ -430,10 +516,16 @@ nlohmann::ordered_json compare_json(const CompareReport& report) {
 std::string compare_table(const CompareReport& report) {
   const auto ms = [](double s) { return strf("%.2f", s * 1e3); };
   std::string out;
-  out += report.experiment + ": measured (median step) beside predicted (average step), ms\n";
+  const std::size_t runs = std::max<std::size_t>(1, report.run_dirs.size());
+  bool any_runs = false;
+  for (const ComparedPoint& c : report.points) any_runs = any_runs || c.runs_s.size() > 1;
+  out += report.experiment + ": measured (median step" +
+         (any_runs ? ", median over " + std::to_string(runs) + " runs" : std::string()) +
+         ") beside predicted (average step), ms\n";
   bool any_probe = false;
   for (const ComparedPoint& c : report.points) any_probe = any_probe || c.probe_ratio > 0;
   out += strf("  %-48s %5s %9s", "point", "ranks", "measured");
+  if (any_runs) out += strf(" %7s", "spread");
   if (any_probe) out += strf(" %7s", "machine");
   std::vector<std::string> backends;
   for (const ComparedPoint& c : report.points)
@@ -447,6 +539,7 @@ std::string compare_table(const CompareReport& report) {
     const std::string label = c.point.size() > 48 ? c.point.substr(0, 45) + "..." : c.point;
     out += strf("  %-48s %4d%s %9s", label.c_str(), c.ranks, c.oversubscribed ? "*" : " ",
                 ms(c.measured.step_s).c_str());
+    if (any_runs) out += c.runs_s.size() > 1 ? strf(" %6.1f%%", c.spread_pct) : strf(" %7s", "-");
     if (any_probe)
       out += c.probe_ratio > 0
                  ? strf(" %6.2fx%s", c.probe_ratio, c.probe_warnings.empty() ? " " : "!")
@@ -473,17 +566,27 @@ std::string compare_table(const CompareReport& report) {
   for (const ComparedPoint& c : report.points) any_over = any_over || c.oversubscribed;
   if (any_over)
     out += "  * oversubscribed (more ranks than cores): functional timings only, not a check\n";
+  if (any_runs) {
+    std::vector<double> spreads;
+    for (const ComparedPoint& c : report.points)
+      if (c.runs_s.size() > 1 && !c.oversubscribed) spreads.push_back(c.spread_pct);
+    if (!spreads.empty())
+      out += strf(
+          "  spread: (slowest - fastest run) / fastest, the machine's run-to-run noise: median "
+          "%.1f %%, max %.1f %% over %zu points not oversubscribed\n",
+          median_of(spreads), *std::max_element(spreads.begin(), spreads.end()), spreads.size());
+  }
   if (any_probe) {
     // One verdict on whether the profile describes the machine the steps ran on: without it the
     // errors below may measure two machines against each other, not the model.
     double lo = 0, hi = 0;
     int probed = 0, off = 0;
     for (const ComparedPoint& c : report.points) {
+      off += c.probe_warnings.empty() ? 0 : 1;  // of any run, when runs are combined
       if (!(c.probe_ratio > 0)) continue;
       lo = probed == 0 ? c.probe_ratio : std::min(lo, c.probe_ratio);
       hi = probed == 0 ? c.probe_ratio : std::max(hi, c.probe_ratio);
       ++probed;
-      off += c.probe_warnings.empty() ? 0 : 1;
     }
     out += strf(
         "  machine: speed probe, this machine's Newton-Schulz time over the profile's "
@@ -497,7 +600,7 @@ std::string compare_table(const CompareReport& report) {
       bool machine_shown = false;
       for (const ComparedPoint& c : report.points)
         for (const std::string& w : c.probe_warnings) {
-          const bool machine = w.rfind("warning: this machine", 0) == 0;
+          const bool machine = w.find("warning: this machine") != std::string::npos;
           if (machine && machine_shown) continue;
           machine_shown = machine_shown || machine;
           out += "    " + c.point + ": " + w + "\n";

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/compare.hpp"
 #include "core/errors.hpp"
@@ -23,9 +24,9 @@ namespace fs = std::filesystem;
 
 struct CompareOptions {
   std::string file;
-  std::string output;    // results folder ("" = the experiment's)
-  std::string json;      // also write the JSON here
-  std::string plots;     // plots folder ("" = <output>/compare)
+  std::vector<std::string> outputs;  // results folders, one per run (none: the experiment's)
+  std::string json;                  // also write the JSON here
+  std::string plots;                 // plots folder ("" = <output>/compare)
   std::string timeline;  // point of the timeline overlay ("" = the first not oversubscribed)
   bool no_plots = false;
 };
@@ -37,7 +38,7 @@ std::string quote(const std::string& text) {
 }
 
 int run_compare(const CompareOptions& o) {
-  const CompareReport report = compare_experiment(o.file, o.output);
+  const CompareReport report = compare_experiment(o.file, o.outputs);
   std::cout << compare_table(report);
   const std::string text = compare_json(report).dump(1) + "\n";
   const fs::path results(report.output_dir);
@@ -81,7 +82,11 @@ void add_compare_command(CLI::App& app, int& exit_code) {
       "compare", "Measured (mpi, nccl) beside predicted (analytic, sim): error, phases, ranking");
   cmd->add_option("experiment", o->file, "experiment YAML file whose results to compare")
       ->required();
-  cmd->add_option("--output", o->output, "results folder (default: the file's output)");
+  cmd->add_option("--output", o->outputs,
+                  "results folder (default: the file's output); repeat it to combine runs of "
+                  "the experiment: the measured step is then the median over the runs, with "
+                  "their spread")
+      ->type_name("DIR");
   cmd->add_option("--json", o->json, "also write the comparison as JSON to this file");
   cmd->add_option("--plots", o->plots, "plots folder (default: <results>/compare)");
   cmd->add_option("--timeline", o->timeline,
@@ -91,6 +96,8 @@ void add_compare_command(CLI::App& app, int& exit_code) {
   cmd->footer(R"(Examples:
   muonbed run experiments/validate_cpu.yaml && muonbed compare experiments/validate_cpu.yaml
   muonbed compare experiments/mpi_quickstart.yaml --json cmp.json --no-plots
+  for i in 1 2 3; do muonbed run experiments/validate_cpu.yaml --output results/v$i; done
+  muonbed compare experiments/validate_cpu.yaml --output results/v1 --output results/v2 --output results/v3
 Step time: the measured median over timed steps against the predicted average step; error % =
 (predicted - measured) / measured. Ranking: Kendall's tau between measured and predicted step
 times of the points that differ only in the strategy (same mesh and model). Results are read

@@ -179,10 +179,13 @@ void write(const std::string& path, const std::string& text) {
 
 // Writes each point's analytic result, and an "mpi" record made from it (times x `scale`):
 // result files that compare reads exactly as it reads real ones.
-void write_results(const std::string& file, double scale) {
-  for (const Experiment& point : load_experiment(file)) {
+// `output`: another results folder, as `muonbed run FILE --output DIR` writes there.
+void write_results(const std::string& file, double scale, const std::string& output = "",
+                   bool predicted = true) {
+  for (Experiment point : load_experiment(file)) {
+    if (!output.empty()) point.output_dir = output;
     PointRun run = run_point(point, "analytic");
-    write_point(point, run);
+    if (predicted) write_point(point, run);
     PointRun measured = run;
     ResultRecord& m = measured.record;
     m.backend = "mpi";
@@ -219,6 +222,35 @@ TEST_CASE("compare_experiment reads checked results and refuses wrong ones", "[c
     }
     REQUIRE(r.rankings.size() == 1);
     CHECK(r.rankings[0].preserved);
+  }
+  SECTION("several runs: the median over runs, their spread, every run's file required") {
+    const std::string out2 = dir / "run2", out3 = dir / "run3";
+    write_results(file, 1.25);
+    write_results(file, 1.0, out2, false);  // measured only: predictions come from the first
+    CHECK_THROWS_WITH(compare_experiment(file, std::vector<std::string>{out, out2, out3}),
+                      Contains("run3") && Contains("mpi.json") &&
+                          Contains("muonbed run " + file + " --output " + out3));
+    write_results(file, 2.0, out3, false);
+    const CompareReport r = compare_experiment(file, std::vector<std::string>{out, out2, out3});
+    REQUIRE(r.points.size() == 2);
+    CHECK(r.run_dirs == std::vector<std::string>{out, out2, out3});
+    CHECK(r.output_dir == out);
+    for (const ComparedPoint& p : r.points) {
+      REQUIRE(p.runs_s.size() == 3);
+      CHECK(p.runs_s[1] / p.runs_s[0] == Approx(1.0 / 1.25));
+      CHECK(p.spread_pct == Approx(100));                       // (2.0 - 1.0) / 1.0
+      CHECK(p.predicted[0].error_pct == Approx(-20));           // the median run: x1.25
+      CHECK(p.measured.path.find("run") == std::string::npos);  // the median run is the first
+    }
+    const std::string table = compare_table(r);
+    CHECK_THAT(table, Contains("median over 3 runs") && Contains("spread") &&
+                          Contains("median 100.0 %, max 100.0 %"));
+    // Two runs: the median is the mean of the two, the lower one lends its details.
+    const CompareReport two = compare_experiment(file, std::vector<std::string>{out, out2});
+    CHECK(two.points[0].predicted[0].error_pct == Approx(100 * (1 / 1.125 - 1)));
+    CHECK_THAT(two.points[0].measured.path, Contains("run2"));
+    CHECK_THROWS_WITH(compare_experiment(file, std::vector<std::string>{out, out2, out + "/"}),
+                      Contains("given twice") && Contains("fix:"));
   }
   SECTION("results of another configuration are refused") {
     write_results(file, 1.0);
@@ -305,4 +337,39 @@ TEST_CASE("compare_points: the speed probe flags a profile of another machine an
   const CompareReport old = compare_points({point("strategy.name=a,mesh.dp_shard=2", 0.1, 0.1, 2)});
   CHECK(old.summaries.size() == 2);
   CHECK_THAT(compare_table(old), !Contains("machine"));
+}
+
+TEST_CASE("compare_points: runs combined by hand", "[core][compare]") {
+  // One point measured in three runs at 100, 130 and 110 ms (predicted 121 ms): the median run
+  // is the third, 110 ms: error +10 %, spread 30 %, its phases; the probe warned in run 2 only.
+  PointRecords p = point("strategy.name=a,mesh.dp_shard=2", 0.100, 0.121, 2);
+  p.more_runs = {record("mpi", 0.130, 2), record("mpi", 0.110, 2)};
+  p.more_run_paths = {"run2/mpi.json", "run3/mpi.json"};
+  p.more_run_traces = {"", "run3/mpi.trace.json"};
+  ExecutionInfo& warned = p.more_runs[0].execution;
+  warned.probe_shape = {1, 64, 64};
+  warned.probe_predicted_s = 1e-3;
+  warned.probe_before_s = 1e-3;
+  warned.probe_after_s = 1.5e-3;
+  const CompareReport r = compare_points({p});
+  REQUIRE(r.points.size() == 1);
+  const ComparedPoint& c = r.points[0];
+  CHECK(c.runs_s == std::vector<double>{0.100, 0.130, 0.110});
+  CHECK(c.measured.step_s == Approx(0.110));
+  CHECK(c.spread_pct == Approx(30));
+  CHECK(c.predicted[0].error_pct == Approx(10));
+  CHECK(c.measured.path == "run3/mpi.json");
+  CHECK(c.measured_trace == "run3/mpi.trace.json");
+  CHECK(c.measured.phases.compute_s == Approx(0.110 * 3 / 4));  // the median run's
+  CHECK(c.probe_ratio == 0);                                    // the median run has no probe
+  REQUIRE(c.probe_warnings.size() == 2);  // run 2: off the profile (1.25x) and drifting (+50 %)
+  CHECK_THAT(c.probe_warnings[0], Contains("run 2: warning: this machine"));
+  CHECK_THAT(c.probe_warnings[1], Contains("run 2: warning: the machine's speed changed"));
+  const nlohmann::ordered_json j = compare_json(r);
+  CHECK(j["points"][0]["measured"]["runs_s"].size() == 3);
+  CHECK(j["points"][0]["measured"]["spread_pct"].get<double>() == Approx(30));
+  // One run: no runs, no spread column.
+  CHECK(compare_points({point("strategy.name=a,mesh.dp_shard=2", 0.1, 0.1, 2)})
+            .points[0]
+            .runs_s.empty());
 }

@@ -107,7 +107,27 @@ run)
   else
     echo "note: matplotlib missing for /usr/bin/python3: plots not checked"
   fi
-  echo "PASS: muonbed run --backend mpi writes measured results, traces and manifests, resumes, plots"
+  # compare over two runs of the experiment: the measured step is the median of the runs'
+  # (their mean with two), each point has both runs' steps, and the table shows the spread.
+  "$muonbed" run tiny.yaml --output out2 --backend mpi --no-plots >run2.log 2>&1 ||
+    { cat run2.log; fail "second run into out2 failed"; }
+  "$muonbed" compare tiny.yaml --output out --output out2 >compare.log 2>&1 ||
+    { cat compare.log; fail "muonbed compare over two runs failed"; }
+  cat compare.log
+  grep -q "median over 2 runs" compare.log || fail "compare does not say it combined 2 runs"
+  grep -q "spread: (slowest - fastest run)" compare.log || fail "compare shows no spread"
+  grep -q "machine: speed probe" compare.log || fail "compare shows no speed probe verdict"
+  [ "$(field out/compare.json "r['runs'] == ['out', 'out2'] and all(len(p['measured']['runs_s']) == 2 and abs(p['measured']['step_s'] - sum(p['measured']['runs_s']) / 2) < 1e-12 for p in r['points'])")" = "True" ] ||
+    fail "compare.json: runs or median over runs wrong: $(cat out/compare.json | head -c 2000)"
+  if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+    ls out/compare/tiny-compare-scatter.png out/compare/tiny-compare-points.png >/dev/null ||
+      { ls out/compare; fail "compare drew no scatter or bars"; }
+  fi
+  "$muonbed" compare tiny.yaml --output out --output missing-run --no-plots >missing.log 2>&1 &&
+    fail "compare must refuse a run folder without results"
+  grep -q "fix: muonbed run tiny.yaml --output missing-run" missing.log ||
+    { cat missing.log; fail "no fix named for the missing run"; }
+  echo "PASS: muonbed run --backend mpi writes measured results, traces and manifests, resumes, plots; compare combines runs"
   ;;
 user_mpirun)
   write_experiment "owner" "2, 4"
