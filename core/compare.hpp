@@ -18,7 +18,9 @@
 //                  the median over the runs and the table shows their spread
 //   ranking        per group of points that differ only in the strategy (the sweep label without
 //                  its strategy.* parts: the same mesh and model sizes): Kendall's tau-b between
-//                  measured and predicted step times (1 = same order)
+//                  measured and predicted step times (1 = same order); each swapped pair
+//                  beside the measurement's own noise (runs' spread, or within one run twice
+//                  the steps' standard deviation): a swap inside it is "within noise"
 #pragma once
 
 #include <map>
@@ -91,6 +93,10 @@ struct ComparedPoint {
   // measured.step_s is then the median over runs; phases, trace and probe are the median run's.
   std::vector<double> runs_s;
   double spread_pct = 0;
+  // How far apart two measurements of this point may land by chance, in %: the runs' spread
+  // when runs are combined, else twice the timed steps' standard deviation over their median
+  // (within one run: it misses drift between runs, so it is a lower bound).
+  double noise_pct = 0;
   ComparedBackend measured;
   std::vector<ComparedBackend> predicted;
   std::string measured_trace;  // <backend>.trace.json beside the results, "" when absent
@@ -104,6 +110,10 @@ struct SwappedPair {
   std::string measured_faster, measured_slower;
   double measured_gap_pct = 0;   // (slower - faster) / faster, measured
   double predicted_gap_pct = 0;  // (faster - slower) / slower, predicted: > 0, the other way
+  // The larger noise_pct of the two points, and whether the measured gap is inside it: then the
+  // measurement itself cannot order the pair, and the swap is no evidence against the model.
+  double noise_pct = 0;
+  bool within_noise = false;
 };
 
 struct RankingResult {
@@ -112,8 +122,9 @@ struct RankingResult {
   std::vector<std::string> strategies;  // in measured order, fastest first
   std::vector<double> measured_s, predicted_s;
   double tau = 1;
-  bool preserved = true;             // the predicted order equals the measured one (tau == 1)
-  std::vector<SwappedPair> swapped;  // every discordant pair, in measured order
+  bool preserved = true;               // the predicted order equals the measured one (tau == 1)
+  std::vector<SwappedPair> swapped;    // every discordant pair, in measured order
+  bool preserved_within_noise = true;  // every swapped pair is within_noise
   bool oversubscribed = false;
 };
 

@@ -159,6 +159,12 @@ PhaseTimes mean_phases(const ResultRecord& record) {
   return p;
 }
 
+// Twice the timed steps' standard deviation over their median, in % (0 without timed steps).
+double within_run_noise_pct(const ResultRecord& record) {
+  const StepStatistics& s = record.step.measured;
+  return s.timed_steps > 1 && s.median_s > 0 ? 2 * s.stddev_s / s.median_s * 100 : 0;
+}
+
 double compared_step_seconds(const ResultRecord& record) {
   return record.step.measured.timed_steps > 0 && record.step.measured.median_s > 0
              ? record.step.measured.median_s
@@ -238,6 +244,7 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
       throw Error("point '" + p.point + "' has a measured result (" + *measured +
                   ") but no predicted one (analytic, sim) to compare it with; fix: add analytic "
                   "and/or sim to the experiment's backend list and run it again");
+    c.noise_pct = c.runs_s.size() > 1 ? c.spread_pct : within_run_noise_pct(m);
     report.points.push_back(std::move(c));
   }
   if (report.points.empty())
@@ -315,10 +322,15 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
       r.preserved = r.tau >= 1 - 1e-12;
       for (std::size_t i = 0; i < r.strategies.size(); ++i)
         for (std::size_t k = i + 1; k < r.strategies.size(); ++k)
-          if (r.measured_s[i] < r.measured_s[k] && r.predicted_s[i] > r.predicted_s[k])
-            r.swapped.push_back({r.strategies[i], r.strategies[k],
-                                 (r.measured_s[k] - r.measured_s[i]) / r.measured_s[i] * 100,
-                                 (r.predicted_s[i] - r.predicted_s[k]) / r.predicted_s[k] * 100});
+          if (r.measured_s[i] < r.measured_s[k] && r.predicted_s[i] > r.predicted_s[k]) {
+            SwappedPair pair{r.strategies[i], r.strategies[k],
+                             (r.measured_s[k] - r.measured_s[i]) / r.measured_s[i] * 100,
+                             (r.predicted_s[i] - r.predicted_s[k]) / r.predicted_s[k] * 100};
+            pair.noise_pct = std::max(members[order[i]]->noise_pct, members[order[k]]->noise_pct);
+            pair.within_noise = pair.measured_gap_pct <= pair.noise_pct;
+            r.preserved_within_noise = r.preserved_within_noise && pair.within_noise;
+            r.swapped.push_back(pair);
+          }
       report.rankings.push_back(std::move(r));
     }
   return report;
@@ -465,6 +477,7 @@ nlohmann::ordered_json compare_json(const CompareReport& report) {
       p["measured"]["speed_probe_drift"] = c.probe_drift;
     }
     p["measured"]["warnings"] = c.probe_warnings;
+    p["measured"]["noise_pct"] = c.noise_pct;
     if (!c.runs_s.empty()) {
       p["measured"]["runs_s"] = c.runs_s;
       p["measured"]["spread_pct"] = c.spread_pct;
@@ -497,7 +510,9 @@ nlohmann::ordered_json compare_json(const CompareReport& report) {
       swapped.push_back({{"measured_faster", p.measured_faster},
                          {"measured_slower", p.measured_slower},
                          {"measured_gap_pct", p.measured_gap_pct},
-                         {"predicted_gap_pct", p.predicted_gap_pct}});
+                         {"predicted_gap_pct", p.predicted_gap_pct},
+                         {"noise_pct", p.noise_pct},
+                         {"within_noise", p.within_noise}});
     rankings.push_back({{"group", r.group},
                         {"backend", r.predicted_backend},
                         {"strategies", r.strategies},
@@ -505,6 +520,7 @@ nlohmann::ordered_json compare_json(const CompareReport& report) {
                         {"predicted_s", r.predicted_s},
                         {"kendall_tau", r.tau},
                         {"preserved", r.preserved},
+                        {"preserved_within_noise", r.preserved_within_noise},
                         {"swapped", swapped},
                         {"oversubscribed", r.oversubscribed}});
   }
@@ -619,15 +635,19 @@ std::string compare_table(const CompareReport& report) {
       for (const std::string& s : r.strategies) order += (order.empty() ? "" : " < ") + s;
       const std::string group = r.group.size() > 46 ? r.group.substr(0, 43) + "..." : r.group;
       out += strf("  %-9s %-46s tau %+.2f %s%s  measured: ", r.predicted_backend.c_str(),
-                  group.c_str(), r.tau, r.preserved ? "preserved" : "DIFFERS",
+                  group.c_str(), r.tau,
+                  r.preserved                ? "preserved"
+                  : r.preserved_within_noise ? "DIFFERS within noise"
+                                             : "DIFFERS",
                   r.oversubscribed ? " *" : "") +
              order + "\n";
       for (const SwappedPair& p : r.swapped)
         out += strf(
             "  %-9s %-46s   swapped: %s < %s measured %.1f %% apart, predicted %.1f %% the "
-            "other way\n",
+            "other way; noise %.1f %%%s\n",
             "", "", p.measured_faster.c_str(), p.measured_slower.c_str(), p.measured_gap_pct,
-            p.predicted_gap_pct);
+            p.predicted_gap_pct, p.noise_pct,
+            p.within_noise ? ": within it, the measurement cannot order them" : "");
     }
   }
   for (const std::string& s : report.skipped) out += "  skipped: " + s + "\n";

@@ -357,6 +357,7 @@ TEST_CASE("compare_points: runs combined by hand", "[core][compare]") {
   CHECK(c.runs_s == std::vector<double>{0.100, 0.130, 0.110});
   CHECK(c.measured.step_s == Approx(0.110));
   CHECK(c.spread_pct == Approx(30));
+  CHECK(c.noise_pct == Approx(30));  // with runs, their spread
   CHECK(c.predicted[0].error_pct == Approx(10));
   CHECK(c.measured.path == "run3/mpi.json");
   CHECK(c.measured_trace == "run3/mpi.trace.json");
@@ -372,4 +373,39 @@ TEST_CASE("compare_points: runs combined by hand", "[core][compare]") {
   CHECK(compare_points({point("strategy.name=a,mesh.dp_shard=2", 0.1, 0.1, 2)})
             .points[0]
             .runs_s.empty());
+}
+
+TEST_CASE("compare_points: a swap inside the measurement's noise is named so", "[core][compare]") {
+  // Mesh 2: a 100 ms, b 104 ms measured (4 % apart), predicted the other way; a's timed steps
+  // have a standard deviation of 5 ms: noise 2 x 5 / 100 = 10 % > 4 % -> within noise.
+  // Mesh 4: c 100 ms, d 150 ms (50 % apart), predicted the other way, noise 2 x 1 / 150 =
+  // 1.3 % -> a real disagreement.
+  std::vector<PointRecords> points = {
+      point("strategy.name=a,mesh.dp_shard=2", 0.100, 0.120, 2),
+      point("strategy.name=b,mesh.dp_shard=2", 0.104, 0.110, 2),
+      point("strategy.name=c,mesh.dp_shard=4", 0.100, 0.200, 4),
+      point("strategy.name=d,mesh.dp_shard=4", 0.150, 0.140, 4),
+  };
+  points[0].records["mpi"].step.measured.stddev_s = 0.005;
+  points[3].records["mpi"].step.measured.stddev_s = 0.001;
+  const CompareReport r = compare_points(points);
+  CHECK(r.points[0].noise_pct == Approx(10));
+  CHECK(r.points[1].noise_pct == 0);
+  REQUIRE(r.rankings.size() == 2);
+  REQUIRE(r.rankings[0].swapped.size() == 1);
+  CHECK(r.rankings[0].swapped[0].noise_pct == Approx(10));
+  CHECK(r.rankings[0].swapped[0].within_noise);
+  CHECK(r.rankings[0].preserved_within_noise);
+  REQUIRE(r.rankings[1].swapped.size() == 1);
+  CHECK(r.rankings[1].swapped[0].noise_pct == Approx(2.0 / 150 * 100));
+  CHECK_FALSE(r.rankings[1].swapped[0].within_noise);
+  CHECK_FALSE(r.rankings[1].preserved_within_noise);
+  const std::string table = compare_table(r);
+  CHECK_THAT(table, Contains("DIFFERS within noise"));
+  CHECK_THAT(table, Contains("noise 10.0 %: within it, the measurement cannot order them"));
+  CHECK_THAT(table, Contains("noise 1.3 %\n"));
+  const auto j = compare_json(r);
+  CHECK(j["rankings"][0]["swapped"][0]["within_noise"].get<bool>());
+  CHECK_FALSE(j["rankings"][1]["preserved_within_noise"].get<bool>());
+  // Combined runs: the runs' spread is the noise (see "runs combined by hand").
 }
