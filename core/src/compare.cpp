@@ -192,46 +192,44 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
     c.model = m.setup.model;
     c.group = group_label(p.point, m);
     c.ranks = m.setup.world_size;
-    c.oversubscribed = m.execution.oversubscribed;
-    c.probe_ratio = speed_probe_ratio(m.execution);
-    c.probe_drift = speed_probe_drift(m.execution);
-    c.probe_warnings = speed_probe_warnings(m.execution, m.setup.cluster);
     const auto path = [&](const std::string& b) {
       const auto it = p.paths.find(b);
       return it == p.paths.end() ? std::string() : it->second;
     };
-    c.measured = compared(*measured, m, path(*measured));
-    if (const auto t = p.traces.find(*measured); t != p.traces.end()) c.measured_trace = t->second;
-    if (!p.more_runs.empty()) {
-      // Runs in folder order: this record, then the others. The median run (the lower middle
-      // one for an even count) lends its phases, trace and probe; the step is the median.
-      std::vector<const ResultRecord*> runs = {&m};
-      for (const ResultRecord& r : p.more_runs) runs.push_back(&r);
-      for (const ResultRecord* r : runs) c.runs_s.push_back(compared_step_seconds(*r));
-      std::vector<std::size_t> order(runs.size());
-      std::iota(order.begin(), order.end(), std::size_t{0});
-      std::sort(order.begin(), order.end(),
-                [&](std::size_t a, std::size_t b) { return c.runs_s[a] < c.runs_s[b]; });
-      const std::size_t mid = order[(order.size() - 1) / 2];
-      const auto at = [](const std::vector<std::string>& v, std::size_t i) {
-        return i < v.size() ? v[i] : std::string();
-      };
-      if (mid > 0) {
-        c.measured = compared(*measured, *runs[mid], at(p.more_run_paths, mid - 1));
-        c.measured_trace = at(p.more_run_traces, mid - 1);
-      }
-      c.measured.step_s = median_of(c.runs_s);
-      const auto [lo, hi] = std::minmax_element(c.runs_s.begin(), c.runs_s.end());
-      c.spread_pct = *lo > 0 ? (*hi - *lo) / *lo * 100 : 0;
-      c.probe_ratio = speed_probe_ratio(runs[mid]->execution);
-      c.probe_drift = speed_probe_drift(runs[mid]->execution);
-      c.probe_warnings.clear();
-      for (std::size_t i = 0; i < runs.size(); ++i) {
-        c.oversubscribed = c.oversubscribed || runs[i]->execution.oversubscribed;
-        for (const std::string& w : speed_probe_warnings(runs[i]->execution, m.setup.cluster))
-          c.probe_warnings.push_back("run " + std::to_string(i + 1) + ": " + w);
-      }
+    // The runs in folder order: this record, then those of the other results folders (none for
+    // one run). The median run (the lower middle one for an even count) lends its phases, trace
+    // and probe; the step is the median over the runs.
+    std::vector<const ResultRecord*> runs = {&m};
+    std::vector<std::string> run_paths = {path(*measured)}, run_traces = {""};
+    if (const auto t = p.traces.find(*measured); t != p.traces.end()) run_traces[0] = t->second;
+    for (std::size_t i = 0; i < p.more_runs.size(); ++i) {
+      runs.push_back(&p.more_runs[i]);
+      run_paths.push_back(i < p.more_run_paths.size() ? p.more_run_paths[i] : "");
+      run_traces.push_back(i < p.more_run_traces.size() ? p.more_run_traces[i] : "");
     }
+    std::vector<double> steps;
+    for (const ResultRecord* r : runs) steps.push_back(compared_step_seconds(*r));
+    std::vector<std::size_t> order(runs.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return steps[a] < steps[b]; });
+    const std::size_t mid = order[(order.size() - 1) / 2];
+    c.measured = compared(*measured, *runs[mid], run_paths[mid]);
+    c.measured.step_s = median_of(steps);
+    c.measured_trace = run_traces[mid];
+    c.probe_ratio = speed_probe_ratio(runs[mid]->execution);
+    c.probe_drift = speed_probe_drift(runs[mid]->execution);
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      c.oversubscribed = c.oversubscribed || runs[i]->execution.oversubscribed;
+      for (const std::string& w : speed_probe_warnings(runs[i]->execution, m.setup.cluster))
+        c.probe_warnings.push_back(runs.size() > 1 ? "run " + std::to_string(i + 1) + ": " + w : w);
+    }
+    if (runs.size() > 1) {
+      c.runs_s = steps;
+      const auto [lo, hi] = std::minmax_element(steps.begin(), steps.end());
+      c.spread_pct = *lo > 0 ? (*hi - *lo) / *lo * 100 : 0;
+    }
+    c.noise_pct = runs.size() > 1 ? c.spread_pct : within_run_noise_pct(m);
     for (const std::string& b : kPredicted) {
       const auto it = p.records.find(b);
       if (it == p.records.end()) continue;
@@ -244,7 +242,6 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
       throw Error("point '" + p.point + "' has a measured result (" + *measured +
                   ") but no predicted one (analytic, sim) to compare it with; fix: add analytic "
                   "and/or sim to the experiment's backend list and run it again");
-    c.noise_pct = c.runs_s.size() > 1 ? c.spread_pct : within_run_noise_pct(m);
     report.points.push_back(std::move(c));
   }
   if (report.points.empty())

@@ -4,7 +4,7 @@
 // wait in a barrier, as a rank's idle threads wait in a step) or all ranks at once.
 // Per kernel and round the slowest rank's mean call counts; each row is the median over rounds.
 // Then, per Newton-Schulz shape and with every rank at once, the host cost of messages (rows
-// "host_comm", see host_comm_bench below).
+// "host_comm": Newton-Schulz while a MessageStream exchanges messages with a partner).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -61,7 +61,6 @@ class MessageStream {
     MUONBED_MPI_CHECK(MPI_Testall(2, requests_, &done, MPI_STATUSES_IGNORE));
     if (!done) return;
     finish();
-    bytes_done_ += 2.0 * static_cast<double>(out_wire_.size());
     ++exchanges_done_;
     if (posted_ < budget_) post();
   }
@@ -75,7 +74,6 @@ class MessageStream {
     }
   }
 
-  double bytes_done() const { return bytes_done_; }  // sent + received in progress()
   int exchanges_done() const { return exchanges_done_; }
 
  private:
@@ -100,7 +98,6 @@ class MessageStream {
   std::int64_t count_;
   int budget_;
   int posted_ = 0, completed_ = 0, exchanges_done_ = 0;
-  double bytes_done_ = 0;
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   std::vector<float> out_values_, in_values_;
   std::vector<std::byte> out_wire_, in_wire_;
