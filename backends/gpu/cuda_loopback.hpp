@@ -34,6 +34,12 @@ struct CudaLoopbackOptions {
   DeviceOptions device;
   bool graph = false;
   LowerOptions lower;
+  // Timing runs: parameters and each step's gradients drawn on the device, state starting at
+  // zero (DeviceRank::fill_random_static), with no host copy of any tensor. The reference data
+  // (cpu::fill_parameters / fill_gradients, one host thread per element) takes about a minute
+  // per billion parameters and step; device data takes milliseconds, and the step's GPU work is
+  // the same. store() then throws: such a run is timed, never checked.
+  bool random_device_data = false;
 };
 
 struct StepTime {

@@ -91,6 +91,12 @@ class DeviceRank {
   void upload_static(const cpu::RankStore& store);     // every static tensor
   void upload_gradients(const cpu::RankStore& store);  // the gradient pieces of the step
   void download_static(cpu::RankStore& store) const;
+  // Timing runs without host data (CudaLoopbackOptions::random_device_data): parameters drawn on
+  // the device, uniform in [-0.02, 0.02), every other static tensor zero (the optimizer state a
+  // run starts from); then per step the gradient pieces, drawn on the device in the same range.
+  // Never the reference's values: such a run is timed, not checked.
+  void fill_random_static(std::uint64_t seed);
+  void fill_random_gradients(std::uint64_t seed, int step);
   // The per-step device inputs of step `step` (QK-clip scales, AdamW scalars).
   void prepare_step(std::uint64_t seed, int step);
 

@@ -43,6 +43,9 @@ struct NcclOptions {
   bool graph = false;    // capture each step pattern once as a CUDA graph, then replay it
   double timeout_s = 60;
   LowerOptions lower;
+  // Timed runs: data drawn on the device, none on the host (CudaLoopbackOptions'
+  // random_device_data); store() then throws.
+  bool random_device_data = false;
   // backends/mpi's fault injection (MUONBED_MPI_FAULT): rank R exits, throws or hangs (its host
   // thread stops issuing) when it is about to issue plan op OP of step S.
   mpi::Fault fault;

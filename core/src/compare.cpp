@@ -395,7 +395,18 @@ CompareReport compare_experiment(const std::string& experiment_file,
     PointRecords pr;
     pr.point = point.point_label.empty() ? "default" : point.point_label;
     if (!dirs.front().empty()) point.output_dir = dirs.front();
-    for (const std::string& backend : point.backends) {
+    // The file's backends (a missing result is an error), and every other backend whose result
+    // is there: `muonbed run FILE --backend nccl` measures a point whose file lists only the
+    // predictions, and its result belongs in the comparison.
+    std::vector<std::string> backends = point.backends;
+    for (const std::vector<std::string>* names : {&kMeasured, &kPredicted})
+      for (const std::string& b : *names) {
+        std::error_code ec;
+        if (std::find(backends.begin(), backends.end(), b) == backends.end() &&
+            fs::exists(result_path(point, b), ec))
+          backends.push_back(b);
+      }
+    for (const std::string& backend : backends) {
       std::optional<ResultRecord> r = read(point, pr.point, backend, dirs.front());
       if (!r) continue;
       const std::string path = result_path(point, backend);
@@ -404,9 +415,8 @@ CompareReport compare_experiment(const std::string& experiment_file,
       if (std::string trace = trace_of(path, backend); !trace.empty()) pr.traces[backend] = trace;
     }
     // The other runs: the measured backend compare_points will use (mpi before nccl).
-    const auto measured = std::find_if(kMeasured.begin(), kMeasured.end(), [&](const auto& b) {
-      return std::find(point.backends.begin(), point.backends.end(), b) != point.backends.end();
-    });
+    const auto measured = std::find_if(kMeasured.begin(), kMeasured.end(),
+                                       [&](const auto& b) { return pr.records.count(b) > 0; });
     for (std::size_t d = 1; d < dirs.size() && measured != kMeasured.end(); ++d) {
       point.output_dir = dirs[d];
       std::optional<ResultRecord> r = read(point, pr.point, *measured, dirs[d]);

@@ -11,15 +11,20 @@
 // broken plans and names what differs (a split NS whose Gram all-reduce is skipped included).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 
 #include "backends/cpu/check.hpp"
 #include "backends/cpu/data.hpp"
+#include "backends/cpu/handlers.hpp"
 #include "backends/loopback/loopback.hpp"
 #include "core/errors.hpp"
 #include "core/plan_json.hpp"
+#include "kernels/bf16.hpp"
+#include "kernels/newton_schulz.hpp"
 #include "tests/common/equivalence_cases.hpp"
 #include "tests/common/strategy_matrix.hpp"
 
@@ -459,4 +464,79 @@ TEST_CASE("negative control: split Newton-Schulz with its Gram all-reduce skippe
       cpu::first_mismatch(plan, executor.store(0), reference, testing::kSplitNsTolerance);
   REQUIRE(mismatch.has_value());
   CHECK_THAT(mismatch->message, Catch::StartsWith("rank 0: parameter of 'layers."));
+}
+
+// ------------------------------------------------------------------------------------------------
+// The bf16 Newton-Schulz check (cpu::kBf16NsCheck) that the GPU executors are held to, on the
+// host: a loopback run whose NS is the CPU's bf16 emulation (what the GPU kernels compute, up to
+// rounding order) passes it and not the bitwise check; a run whose NS drops its update, or
+// halves it, fails it, naming a parameter.
+
+namespace {
+
+// The CPU handlers with NS run by `ns` on each task's matrices (then rounded to the comm dtype).
+LoopbackOptions with_ns(
+    std::function<void(std::vector<float>&, const MatrixShape&, const NsConfig&)> ns) {
+  LoopbackOptions options;
+  options.compute = [ns](const RankOp& op, cpu::RankStore& store, const cpu::StepContext& context) {
+    if (op.kind != OpKind::newton_schulz) return cpu::run_compute(op, store, context);
+    for (const auto& t : op.newton_schulz) {
+      std::vector<float> x = store.read(t.data);
+      ns(x, MatrixShape{t.batch, t.rows, t.cols}, context.ns);
+      if (context.plan->settings.comm_dtype() == DType::bf16)
+        round_to_bf16(x.data(), static_cast<std::int64_t>(x.size()));
+      store.write(t.data, x.data());
+    }
+    cpu::run_keep(op, store);
+  };
+  return options;
+}
+
+std::string check_with(const StepPlan& plan, const Model& model, const LoopbackOptions& base,
+                       const cpu::CheckTolerance& tolerance) {
+  LoopbackOptions options = base;
+  options.seed = kSeed;
+  LoopbackExecutor executor(plan, options);
+  executor.run(kSteps);
+  cpu::ReferenceRun reference(plan, model, RoutingRules{}, kSeed);
+  reference.run_to(kSteps);
+  for (int r = 0; r < plan.model.mesh.world_size(); ++r)
+    if (auto m = cpu::first_mismatch(plan, executor.store(r), reference, tolerance))
+      return m->message;
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("bf16 NS check: bf16 emulation passes, a dropped or halved update fails",
+          "[equivalence][bf16_check]") {
+  const auto bf16 = with_ns([](std::vector<float>& x, const MatrixShape& s, const NsConfig& c) {
+    newton_schulz(x.data(), x.data(), s, c, NsPrecision::bf16);
+  });
+  const auto dropped = with_ns([](std::vector<float>& x, const MatrixShape&, const NsConfig&) {
+    std::fill(x.begin(), x.end(), 0.0f);
+  });
+  const auto halved = with_ns([](std::vector<float>& x, const MatrixShape& s, const NsConfig& c) {
+    newton_schulz(x.data(), x.data(), s, c, NsPrecision::fp32);
+    for (float& v : x) v *= 0.5f;
+  });
+  for (const Model& model : {*find_preset("tiny-dense"), odd_model()})
+    for (const auto& dims : std::vector<std::vector<MeshDim>>{
+             {{"dp_shard", 1, DimRole::fsdp}},
+             {{"dp_shard", 4, DimRole::fsdp}},
+             {{"dp_shard", 2, DimRole::fsdp}, {"tp", 3, DimRole::tp}}})
+      for (const Variant& variant : kVariants) {
+        const ShardedModel sharded = parallelize(model, DeviceMesh(dims, 8), ParallelRules{});
+        const StepPlan plan = build_plan(sharded, StrategyOptions{}, settings_of(variant, model));
+        INFO(model.name << ", " << DeviceMesh(dims, 8).describe() << ", " << variant.name);
+        CHECK(check_with(plan, model, bf16, cpu::kBf16NsCheck) == "");
+        // The check is not vacuous: bf16 NS is not the reference's bits...
+        CHECK_THAT(check_with(plan, model, bf16, cpu::CheckTolerance{}),
+                   Catch::Contains("parameter of"));
+        // ...and an update that is missing or half as large is caught.
+        CHECK_THAT(check_with(plan, model, dropped, cpu::kBf16NsCheck),
+                   Catch::Contains("parameter of") && Catch::Contains("allowed difference"));
+        CHECK_THAT(check_with(plan, model, halved, cpu::kBf16NsCheck),
+                   Catch::Contains("parameter of"));
+      }
 }

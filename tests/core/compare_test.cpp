@@ -181,14 +181,14 @@ void write(const std::string& path, const std::string& text) {
 // result files that compare reads exactly as it reads real ones.
 // `output`: another results folder, as `muonbed run FILE --output DIR` writes there.
 void write_results(const std::string& file, double scale, const std::string& output = "",
-                   bool predicted = true) {
+                   bool predicted = true, const std::string& measured_backend = "mpi") {
   for (Experiment point : load_experiment(file)) {
     if (!output.empty()) point.output_dir = output;
     PointRun run = run_point(point, "analytic");
     if (predicted) write_point(point, run);
     PointRun measured = run;
     ResultRecord& m = measured.record;
-    m.backend = "mpi";
+    m.backend = measured_backend;
     m.fidelity = "measured";
     m.step.average_s *= scale;
     m.step.measured.timed_steps = 3;
@@ -251,6 +251,21 @@ TEST_CASE("compare_experiment reads checked results and refuses wrong ones", "[c
     CHECK_THAT(two.points[0].measured.path, Contains("run2"));
     CHECK_THROWS_WITH(compare_experiment(file, std::vector<std::string>{out, out2, out + "/"}),
                       Contains("given twice") && Contains("fix:"));
+  }
+  SECTION("a measured backend the file does not list (run --backend nccl) is compared") {
+    std::string text = experiment_text(out);
+    text.replace(text.find("backend: [mpi, analytic]"), 24, "backend: [analytic]");
+    write(file, text);
+    // Before: the file lists only analytic, so compare looked for nothing else and said
+    // "nothing to compare: no point has a measured result".
+    write_results(file, 1.25, "", true, "nccl");
+    const CompareReport r = compare_experiment(file);
+    REQUIRE(r.points.size() == 2);
+    for (const ComparedPoint& p : r.points) {
+      CHECK(p.measured.backend == "nccl");
+      REQUIRE(p.predicted.size() == 1);
+      CHECK(p.predicted[0].error_pct == Approx(-20));
+    }
   }
   SECTION("results of another configuration are refused") {
     write_results(file, 1.0);

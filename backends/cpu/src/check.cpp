@@ -1,10 +1,12 @@
 // The reference check of executed plans (see backends/cpu/check.hpp).
 #include "backends/cpu/check.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iomanip>
 #include <sstream>
+#include <string_view>
 
 #include "backends/cpu/data.hpp"
 #include "core/errors.hpp"
@@ -50,6 +52,7 @@ ReferenceRun::ReferenceRun(const StepPlan& plan, Model model, RoutingRules routi
       optimizer_(std::move(model), plan.settings.optimizer, std::move(routing),
                  reference_options()) {
   params_ = random_params<float>(optimizer_.model(), seed_);
+  initial_ = params_;
   for (const auto& dp : plan.model.params)
     if (optimizer_.kind(static_cast<std::size_t>(dp.source)) != dp.optimizer)
       throw PlanError("the reference routes '" + dp.name + "' to another optimizer than the plan");
@@ -68,6 +71,12 @@ void ReferenceRun::run_to(int steps) {
 
 std::optional<Mismatch> first_mismatch(const StepPlan& plan, const RankStore& store,
                                        const ReferenceRun& reference, double tolerance) {
+  return first_mismatch(plan, store, reference, CheckTolerance{tolerance, 0});
+}
+
+std::optional<Mismatch> first_mismatch(const StepPlan& plan, const RankStore& store,
+                                       const ReferenceRun& reference,
+                                       const CheckTolerance& tolerance) {
   const RankProgram& program = store.program();
   for (const auto& dp : plan.model.params) {
     const ParamPieces& pieces = program.params.at(dp.index);
@@ -80,17 +89,33 @@ std::optional<Mismatch> first_mismatch(const StepPlan& plan, const RankStore& st
         {"adam_m", {&pieces.adam_m, &reference.optimizer().adam_m(s)}},
         {"adam_v", {&pieces.adam_v, &reference.optimizer().adam_v(s)}},
     };
+    // The parameter's largest movement since step 0 (over all of it, not only this rank's piece).
+    double movement_bound = 0;
+    if (tolerance.movement > 0) {
+      const std::vector<float>& now = reference.params().at(s);
+      const std::vector<float>& before = reference.initial_params().at(s);
+      std::int64_t numel = 1;
+      for (const std::int64_t d : dp.shape) numel *= d;
+      double moved = 0;
+      for (std::int64_t f = 0; f < numel; ++f) {
+        const auto i = static_cast<std::size_t>(slice.offset + f);
+        moved = std::max(moved, std::abs(static_cast<double>(now.at(i)) - before.at(i)));
+      }
+      movement_bound = tolerance.movement * moved;
+    }
     for (const auto& [name, what] : roles) {
       const auto& [ref, want] = what;
       if (!ref->present()) continue;
+      const double allowed = std::max(tolerance.absolute,
+                                      std::string_view(name) == "parameter" ? movement_bound : 0.0);
       const float* got = store.data(ref->tensor) + ref->offset;
       std::optional<Mismatch> found;
       for_each_element(ref->set, dp.shape, [&](std::int64_t f, std::int64_t p) {
         if (found) return;
         const float w = want->at(static_cast<std::size_t>(slice.offset + f));
         if (std::memcmp(&got[p], &w, sizeof w) == 0) return;
-        if (tolerance > 0 && std::isfinite(got[p]) &&
-            std::abs(static_cast<double>(got[p]) - w) <= tolerance)
+        if (allowed > 0 && std::isfinite(got[p]) &&
+            std::abs(static_cast<double>(got[p]) - w) <= allowed)
           return;
         Mismatch m;
         m.rank = store.rank();
@@ -99,12 +124,14 @@ std::optional<Mismatch> first_mismatch(const StepPlan& plan, const RankStore& st
         m.element = f;
         m.got = got[p];
         m.want = w;
+        std::ostringstream bound;
+        if (allowed > 0) bound << " (allowed difference " << std::setprecision(3) << allowed << ")";
         m.message = "rank " + std::to_string(m.rank) + ": " + m.tensor +
                     " differs from the single-device reference after " +
                     std::to_string(reference.steps()) + " step" +
                     (reference.steps() == 1 ? "" : "s") + " at element " +
                     multi_index(f, dp.shape) + " (first of its piece " + ref->set.to_string() +
-                    "): got " + value(m.got) + ", want " + value(m.want);
+                    "): got " + value(m.got) + ", want " + value(m.want) + bound.str();
         found = std::move(m);
       });
       if (found) return found;

@@ -196,15 +196,19 @@ CudaLoopbackExecutor::CudaLoopbackExecutor(const StepPlan& plan, CudaLoopbackOpt
   cpu::check_can_run(plan);
   const int world = plan.model.mesh.world_size();
   for (int r = 0; r < world; ++r) programs_.push_back(lower_rank_program(plan, r, options_.lower));
-  for (int r = 0; r < world; ++r) {
-    stores_.push_back(std::make_unique<cpu::RankStore>(programs_[static_cast<std::size_t>(r)]));
-    cpu::fill_parameters(plan, programs_[static_cast<std::size_t>(r)], *stores_.back(),
-                         options_.seed);
-  }
+  if (!options_.random_device_data)
+    for (int r = 0; r < world; ++r) {
+      stores_.push_back(std::make_unique<cpu::RankStore>(programs_[static_cast<std::size_t>(r)]));
+      cpu::fill_parameters(plan, programs_[static_cast<std::size_t>(r)], *stores_.back(),
+                           options_.seed);
+    }
   for (int r = 0; r < world; ++r) {
     devices_.push_back(std::make_unique<DeviceRank>(plan, programs_[static_cast<std::size_t>(r)],
                                                     options_.device));
-    devices_.back()->upload_static(*stores_[static_cast<std::size_t>(r)]);
+    if (options_.random_device_data)
+      devices_.back()->fill_random_static(options_.seed);
+    else
+      devices_.back()->upload_static(*stores_[static_cast<std::size_t>(r)]);
   }
   events_ = std::make_unique<Events>();
   MUONBED_GPU_CHECK(cudaStreamCreateWithFlags(&events_->origin, cudaStreamNonBlocking));
@@ -240,8 +244,12 @@ void CudaLoopbackExecutor::issue_step(int step) {
 void CudaLoopbackExecutor::run_step() {
   const int step = steps_;
   for (std::size_t r = 0; r < devices_.size(); ++r) {
-    cpu::fill_gradients(plan_, programs_[r], *stores_[r], options_.seed, step);
-    devices_[r]->upload_gradients(*stores_[r]);
+    if (options_.random_device_data) {
+      devices_[r]->fill_random_gradients(options_.seed, step);
+    } else {
+      cpu::fill_gradients(plan_, programs_[r], *stores_[r], options_.seed, step);
+      devices_[r]->upload_gradients(*stores_[r]);
+    }
     devices_[r]->prepare_step(options_.seed, step);
   }
   // The uploads above ran on the legacy stream; the origin stream is non-blocking.
@@ -293,6 +301,10 @@ void CudaLoopbackExecutor::run_step() {
 }
 
 const cpu::RankStore& CudaLoopbackExecutor::store(int rank) {
+  if (options_.random_device_data)
+    throw ExecutionError(
+        "CUDA loopback: this run drew its data on the device (random_device_data) and keeps no "
+        "host copy to check; fix: run without it to compare with the reference");
   const auto r = static_cast<std::size_t>(rank);
   if (!downloaded_.at(r)) {
     devices_[r]->download_static(*stores_[r]);

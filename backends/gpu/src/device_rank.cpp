@@ -305,6 +305,56 @@ void DeviceRank::download_static(cpu::RankStore& store) const {
   }
 }
 
+namespace {
+
+constexpr double kRandomDataScale = 0.02;
+
+// A compute context of the rank (fill_uniform_cuda queues on a CudaContext's stream), or a
+// temporary one where no plan stream of this rank computes.
+template <typename Fn>
+void with_context(DeviceRank::Impl& m, Fn&& fn) {
+  for (auto& c : m.contexts)
+    if (c) return fn(*c);
+  CudaContext own(m.options.device);
+  fn(own);
+  own.synchronize();
+}
+
+}  // namespace
+
+void DeviceRank::fill_random_static(std::uint64_t seed) {
+  Impl& m = *impl_;
+  with_context(m, [&](CudaContext& ctx) {
+    for (const ProgramTensor& t : program_->tensors) {
+      if (t.transient || t.numel == 0) continue;
+      float* at = m.base() + layout_.tensor_offset[static_cast<std::size_t>(t.id)];
+      if (t.role == PieceRole::parameter || t.role == PieceRole::gradient)
+        fill_uniform_cuda(ctx, at, t.numel, seed,
+                          (static_cast<std::uint64_t>(rank()) << 32) + static_cast<unsigned>(t.id),
+                          kRandomDataScale);
+      else
+        MUONBED_GPU_CHECK(
+            cudaMemsetAsync(at, 0, static_cast<std::size_t>(t.numel) * 4, ctx.stream()));
+    }
+  });
+}
+
+void DeviceRank::fill_random_gradients(std::uint64_t seed, int step) {
+  Impl& m = *impl_;
+  with_context(m, [&](CudaContext& ctx) {
+    for (const ParamPieces& pieces : program_->params) {
+      const PieceRef& g = pieces.gradient;
+      if (!g.present() || g.set.numel() == 0) continue;
+      const std::int64_t at = layout_.tensor_offset[static_cast<std::size_t>(g.tensor)] + g.offset;
+      // A stream per (step, rank): each step's gradients are fresh, never a replay of the last.
+      fill_uniform_cuda(
+          ctx, m.base() + at, g.set.numel(), seed,
+          (static_cast<std::uint64_t>(step + 1) << 40) + (static_cast<std::uint64_t>(rank()) << 20),
+          kRandomDataScale, at);
+    }
+  });
+}
+
 void DeviceRank::prepare_step(std::uint64_t seed, int step) {
   Impl& m = *impl_;
   if (m.qk_floats > 0) {

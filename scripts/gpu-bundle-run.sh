@@ -1,0 +1,260 @@
+#!/usr/bin/env bash
+# The device half of scripts/gpu-bundle: runs on the lent GPU machine from the repository root,
+#
+#   bash gpu-bundle/run.sh [STAGE...]          (default: every stage, in the order below)
+#
+# A lent machine gives 15 minutes of device time in all (its start and every call included), so
+# the default run is sized to finish within MUONBED_BUNDLE_BUDGET seconds (default 400): every
+# stage gets its share (STAGE_SECONDS below) or what is left of the budget, whichever is less, is
+# stopped when it overruns (`timeout`), and is skipped when under 15 s are left. After every
+# stage the results so far are packed into $OUT/gpu-run.tgz (atomically) and summary.txt gets a
+# line: a device call that times out still returns everything that finished.
+#
+# Stages, most important first:
+#   tests      gpu_tests: CUDA kernels vs the CPU, the CUDA loopback equivalence matrix with its
+#              negative control, captured graph == eager bits
+#   nccl       nccl_equivalence under the carried mpirun -np 1 (world size 1)
+#   loopback   the quickstart's five strategies as 8 logical ranks on the GPU, eager and graph
+#   llama      llama-7b (16 layers on an 80 GB card) at world size 1, eager vs graph, with op
+#              times (host overhead); then `muonbed run --backend nccl` of it, eager and graph
+#   validate8  the 8-rank validate_cpu points on this machine's cores: calibrate --backend mpi
+#              at 8 ranks, run them with that profile, compare (CPU only; no oversubscription)
+#   ns         `muonbed bench ns` per kernel version, PyTorch's Muon NS, the comparison table
+#
+# Knobs for a rerun of part of it (environment): MUONBED_SHARE_<stage>=SECONDS,
+# MUONBED_GPU_TESTS_FILTER (a Catch2 spec, e.g. "[loopback]"), MUONBED_LOOPBACK_REPEATS,
+# MUONBED_VALIDATE8_PROFILE (a profile already calibrated on this kind of machine: calibrate is
+# skipped), MUONBED_VALIDATE8_RUNS (1 or 2).
+#
+# scripts/gpu-bundle --dry-run runs this same script on a machine without a GPU with a small
+# budget: paths, libraries, mpirun and the packing are checked; the GPU stages report SKIPPED.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+start_s=$(date +%s)
+budget=${MUONBED_BUNDLE_BUDGET:-400}
+declare -A STAGE_SECONDS=([tests]=90 [nccl]=40 [loopback]=60 [llama]=110 [validate8]=140
+  [ns]=90)
+default_stages=(tests nccl loopback llama validate8 ns)
+
+dest=${OUT:-$here/out}
+mkdir -p "$dest"
+out=$(mktemp -d)   # scratch: logs and JSON, packed into $dest/gpu-run.tgz after each stage
+pl=$(mktemp -d)    # the unpacked payload: binaries, libraries, Open MPI
+trap 'rm -rf "$pl" "$out"' EXIT
+summary=$dest/summary.txt
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+pack() {  # the results so far, replaced atomically (a timeout between stages loses nothing)
+  tar czf "$dest/.gpu-run.tgz.tmp" -C "$out" . 2>/dev/null && mv -f "$dest/.gpu-run.tgz.tmp" \
+    "$dest/gpu-run.tgz"
+}
+
+tar xJf "$here/payload.tar.xz" -C "$pl" || { note "gpu-bundle: cannot unpack the payload"; exit 1; }
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=("${default_stages[@]}")
+
+# Libraries: the payload's, Open MPI's, then the machine's CUDA runtime, cuBLAS and NCCL. Where
+# the machine keeps one elsewhere (PyTorch's wheels carry cuBLAS and NCCL), its folder is found.
+libs="$pl/lib:$pl/ompi/lib/x86_64-linux-gnu/openmpi/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib"
+libs+=${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+for _ in 1 2 3; do
+  missing=$(LD_LIBRARY_PATH=$libs ldd "$pl"/bin/* 2>/dev/null | awk '/not found/ {print $1}' |
+    sort -u)
+  [ -z "$missing" ] && break
+  for name in $missing; do
+    found=$(find /usr/local /opt /usr/lib /usr/lib64 -name "$name" 2>/dev/null | head -1)
+    [ -n "$found" ] && libs+=":$(dirname "$found")" && note "gpu-bundle: $name from $found"
+  done
+done
+if [ -n "$missing" ]; then
+  note "gpu-bundle: libraries not found on this machine: $missing"
+  exit 1
+fi
+export OPAL_PREFIX=$pl/ompi PMIX_INSTALL_PREFIX=$pl/ompi/pmix2
+export PMIX_MCA_mca_base_component_path=$pl/ompi/pmix2/lib/pmix
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export MUONBED_MPIRUN=$pl/ompi/bin/mpirun MUONBED_GPU_WORKER=$pl/bin/muonbed-gpu-worker
+export PATH=$pl/ompi/bin:$PATH
+mb=$pl/bin/muonbed
+
+{
+  date -u +"date %Y-%m-%dT%H:%M:%SZ"
+  echo "host $(hostname) cores $(nproc) kernel $(uname -r)"
+  cat "$here/provenance.txt" 2>/dev/null
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
+    --format=csv 2>&1 || echo "nvidia-smi: not available"
+  nvidia-smi 2>&1 | head -5
+  for lib in libcudart.so libcublas.so libnccl.so; do
+    echo "$lib: $(LD_LIBRARY_PATH=$libs ldd "$pl/bin/gpu_tests" "$pl/bin/nccl_equivalence" |
+      awk -v l="$lib" 'index($1, l) == 1 {print $3; exit}' | xargs -r readlink -f)"
+  done
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+    'nccl', torch.cuda.nccl.version())" 2>&1 | tail -1
+} >"$out/device.txt" 2>&1
+cat "$out/device.txt"
+memory_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null |
+  head -1)
+
+status=0
+run() {  # run NAME CMD...: logs to $out/NAME.log, under the stage's time limit
+  local name=$1
+  shift
+  local now left
+  now=$(date +%s)
+  left=$((stage_deadline - now))
+  if [ "$left" -lt 5 ]; then
+    note "$name skipped: the stage's time is spent"
+    status=1
+    return
+  fi
+  echo "== $name (limit ${left}s): $*"
+  local t0=$now
+  LD_LIBRARY_PATH=$libs timeout -k 5 "$left" "$@" 2>&1 | tee "$out/$name.log"
+  local rc=${PIPESTATUS[0]}
+  local verdict=ok
+  case $rc in
+    0) ;;
+    77) verdict="SKIPPED (no usable GPU)" ;;
+    124 | 137) verdict="TIMED OUT after ${left}s" ;;
+    *) verdict=FAILED ;;
+  esac
+  note "$name exit $rc ($verdict) $(($(date +%s) - t0))s"
+  [ "$rc" -eq 0 ] || status=1
+}
+
+# MUONBED_GPU_TESTS_FILTER: a Catch2 test spec (e.g. "[loopback]") to rerun part of gpu_tests.
+stage_tests() {
+  run gpu_tests "$pl/bin/gpu_tests" --durations yes ${MUONBED_GPU_TESTS_FILTER:+"$MUONBED_GPU_TESTS_FILTER"}
+}
+
+stage_nccl() {
+  run nccl_equivalence "$pl/ompi/bin/mpirun" -np 1 --bind-to none \
+    -x LD_LIBRARY_PATH="$libs" "$pl/bin/nccl_equivalence"
+}
+
+stage_loopback() {
+  # Data drawn on the device (no --check): the step's GPU work without a host fill per step.
+  run loopback "$pl/bin/muonbed-gpu-worker" loopback "$root/experiments/gpu_loopback.yaml" \
+    --mode both ${MUONBED_LOOPBACK_REPEATS:+--repeats "$MUONBED_LOOPBACK_REPEATS"} \
+    --json "$out/loopback.json"
+}
+
+stage_llama() {
+  local exp=$root/experiments/gpu_llama7b_h100.yaml
+  [ "${memory_mib:-0}" -ge 120000 ] && exp=$root/experiments/gpu_llama7b.yaml
+  run llama_loopback "$pl/bin/muonbed-gpu-worker" loopback "$exp" --mode both --op-times \
+    --json "$out/llama_loopback.json"
+  local results=$out/llama_nccl
+  mkdir -p "$results"
+  cp "$exp" "$results/"
+  ln -sfn "$root/experiments/clusters" "$results/clusters"
+  run llama_nccl_eager "$mb" run "$results/$(basename "$exp")" --backend nccl --no-plots --force \
+    --output "$results/eager"
+  MUONBED_NCCL_GRAPH=1 run llama_nccl_graph "$mb" run "$results/$(basename "$exp")" \
+    --backend nccl --no-plots --force --output "$results/graph"
+  # Predicted beside measured: the analytic model on the same point, then compare per mode.
+  for mode in eager graph; do
+    run "llama_analytic_$mode" "$mb" run "$results/$(basename "$exp")" --backend analytic \
+      --no-plots --force --output "$results/$mode"
+  done
+  run llama_compare_eager "$mb" compare "$results/$(basename "$exp")" --output "$results/eager" \
+    --no-plots --json "$results/compare_eager.json"
+  run llama_compare_graph "$mb" compare "$results/$(basename "$exp")" --output "$results/graph" \
+    --no-plots --json "$results/compare_graph.json"
+  rm -f "$results/clusters"
+}
+
+# validate_cpu's 8-rank points with a profile calibrated here, at 8 ranks (the 2-core VMs can
+# only oversubscribe them). Analytic predictions beside the measured steps (no SimGrid here).
+stage_validate8() {
+  local v=$out/validate8
+  mkdir -p "$v"
+  local ranks=8
+  [ "$(nproc)" -lt 8 ] && ranks=2  # a dry run on a small machine: the same commands, 2 ranks
+  # MUONBED_VALIDATE8_PROFILE: a profile calibrated earlier on this kind of machine (the run
+  # then skips calibrate; the speed probe of every point says whether this machine matches it).
+  local profile=${MUONBED_VALIDATE8_PROFILE:-}
+  if [ -n "$profile" ] && [ "$ranks" -eq 8 ]; then
+    cp "$root/$profile" "$v/" && profile=$v/$(basename "$profile")
+  else
+    profile=$v/gpu-host-cpu$ranks.yaml
+    run validate8_calibrate "$mb" calibrate --backend mpi --experiment \
+      "$root/experiments/validate_cpu.yaml" --ranks "$ranks" --out "$profile" \
+      --note "the lent GPU machine's CPU cores ($(nproc)), $ranks MPI ranks, gpu-bundle"
+  fi
+  [ -s "$profile" ] || return
+  sed -e "s|^cluster: .*|cluster: $profile|" \
+    -e "s|^name: validate_cpu|name: validate_cpu$ranks|" \
+    -e "s|mesh.dp_shard: \[.*\]|mesh.dp_shard: [$ranks]|" \
+    -e "s|^backend: .*|backend: [mpi, analytic]|" \
+    "$root/experiments/validate_cpu.yaml" >"$v/validate_cpu$ranks.yaml"
+  run validate8_run1 "$mb" run "$v/validate_cpu$ranks.yaml" --no-plots --force --output "$v/run1"
+  [ "${MUONBED_VALIDATE8_RUNS:-2}" -ge 2 ] &&
+    run validate8_run2 "$mb" run "$v/validate_cpu$ranks.yaml" --no-plots --force --output "$v/run2"
+  local outs=(--output "$v/run1")
+  [ -d "$v/run2" ] && outs+=(--output "$v/run2")
+  run validate8_compare "$mb" compare "$v/validate_cpu$ranks.yaml" "${outs[@]}" --no-plots \
+    --json "$v/compare.json"
+  cp "$out/validate8_compare.log" "$dest/validate8.txt" 2>/dev/null
+}
+
+stage_ns() {
+  local versions jsons=()
+  versions=$(LD_LIBRARY_PATH=$libs "$mb" bench ns --list-versions | awk '{print $1}')
+  for v in $versions; do
+    run "bench_ns_v$v" "$mb" bench ns --device gpu --kernel-version "$v" \
+      --json "$out/bench_ns_v$v.json"
+    [ -s "$out/bench_ns_v$v.json" ] && jsons+=("$out/bench_ns_v$v.json")
+  done
+  # The shapes calibration needs beyond the default list: a batched MoE expert stack (DeepSeek-
+  # style 128 experts of 768 x 2048) and llama-7b's attention / MLP matrices, with the newest
+  # version alone.
+  local newest=${versions##*$'\n'}
+  [ -n "$newest" ] && run bench_ns_plan_shapes "$mb" bench ns --device gpu --kernel-version \
+    "$newest" --model "" --shape 128x768x2048 --shape 32x768x2048 --shape 4096x4096 \
+    --shape 4096x11008 --json "$out/bench_ns_plan_shapes.json"
+  # The bare python3 is deliberate: on the GPU machine it is the interpreter that has torch.
+  PYTHONUNBUFFERED=1 run bench_torch python3 "$here/bench_torch_muon.py" --json \
+    "$out/bench_torch.json"
+  if [ ${#jsons[@]} -gt 0 ]; then
+    local torch_args=()
+    [ -s "$out/bench_torch.json" ] && torch_args=(--torch "$out/bench_torch.json")
+    run compare_ns python3 "$here/compare_ns.py" "${torch_args[@]}" "${jsons[@]}"
+    cp "$out/compare_ns.log" "$dest/compare_ns.md" 2>/dev/null
+  fi
+}
+
+for stage in "${stages[@]}"; do
+  if ! declare -F "stage_$stage" >/dev/null; then
+    note "unknown stage $stage (${default_stages[*]})"
+    status=1
+    continue
+  fi
+  now=$(date +%s)
+  left=$((start_s + budget - now))
+  if [ "$left" -lt 15 ]; then
+    note "stage $stage skipped: the bundle's budget (${budget}s) is spent"
+    status=1
+    continue
+  fi
+  share_var=MUONBED_SHARE_$stage
+  share=${!share_var:-${STAGE_SECONDS[$stage]}}
+  [ "$share" -gt "$left" ] && share=$left
+  stage_deadline=$((now + share))
+  note "## stage $stage (share ${share}s, $((now - start_s))s into the run)"
+  "stage_$stage"
+  pack
+done
+
+# Figures where this machine's python3 has matplotlib (else plot the JSON at home).
+for py in /usr/bin/python3 python3; do
+  if "$py" -c "import matplotlib" 2>/dev/null; then
+    "$py" "$here/plot_gpu_run.py" "$out" "$out" >"$out/plots.log" 2>&1
+    break
+  fi
+done
+note "gpu-bundle: done in $(($(date +%s) - start_s))s, status $status"
+pack
+exit $status
