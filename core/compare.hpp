@@ -148,6 +148,7 @@ struct CompareReport {
   std::vector<ErrorSummary> summaries;
   std::vector<std::string> skipped;   // points without a measured backend, with the reason
   std::vector<std::string> run_dirs;  // the results folders combined (output_dir first)
+  std::vector<std::string> notes;     // e.g. a results folder that is a copy of another
 };
 
 // A point's records by backend, for compare_points (tests build these by hand).

@@ -35,6 +35,10 @@
 
 namespace muonbed {
 
+// The simulator's step fidelity models every transfer: O(ranks^2) transfers per collective, so
+// above this many ranks one point takes hours. Larger meshes use flow fidelity (or auto).
+inline constexpr int kMaxStepFidelityRanks = 2048;
+
 struct Experiment {
   std::string name;
   std::string file;         // the YAML it came from

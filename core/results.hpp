@@ -96,6 +96,7 @@
 #include <vector>
 
 #include "core/cluster.hpp"
+#include "core/output_files.hpp"
 #include "core/plan.hpp"
 
 namespace muonbed {
@@ -367,15 +368,6 @@ std::string result_identity(const std::string& resolved_yaml, const std::string&
 // 16 hex digits of SHA-256 over the experiment name, point label, backend and result_identity.
 std::string point_identity(const std::string& experiment, const std::string& point,
                            const std::string& backend, const std::string& resolved_yaml);
-// Writes `text` to `path` atomically (a temporary file in the same folder, then rename), creating
-// the folder. Throws Error with the path, the system's reason and the fix on failure.
-void write_file_atomically(const std::string& path, const std::string& text);
-// Creates `folder` (and its parents) unless it exists; throws Error with the system's reason and
-// the fix when it cannot, or when the path is not a folder (a file, a symbolic link loop).
-void prepare_folder(const std::string& folder);
-// prepare_folder, then proves the folder writable by creating and removing a file in it: a
-// command checks its output folders this way before any work.
-void check_writable_folder(const std::string& folder);
 ResultRecord read_result_file(const std::string& path);
 
 // Where a point's results go: <output_dir>/<point slug>/<backend>.json. The slug is the point
@@ -384,12 +376,5 @@ ResultRecord read_result_file(const std::string& path);
 // prefix and a 64-bit hash of the whole label.
 std::string result_path(const Experiment& experiment, const std::string& backend);
 std::string point_slug(const std::string& point_label);
-
-// Temporary files of write_file_atomically: "<file name>.muonbed-tmp-<writer pid>" in the
-// target's folder. Only names of this form (for a file muonbed writes) are ever cleaned up.
-inline constexpr const char* kTempMarker = ".muonbed-tmp-";
-std::string temp_file_name(const std::string& file_name, long pid);
-// True when `name` is such a temporary file; sets the target's file name and the writer's pid.
-bool parse_temp_file_name(const std::string& name, std::string& file_name, long& pid);
 
 }  // namespace muonbed

@@ -22,6 +22,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/plan.hpp"
@@ -146,6 +147,23 @@ void register_gather_policy(const std::string& name, GatherPolicyFactory factory
 void register_redistribute_policy(const std::string& name, RedistributePolicyFactory factory);
 
 std::vector<std::string> strategy_names();
+
+// Which strategy options a strategy reads: whether `option` (a key of `strategy:` in an
+// experiment, e.g. "chunk_sizing") can change the plan of strategy `s.name` given s's other
+// options. An option no point of an experiment reads is an error (core/src/experiment.cpp), and
+// the summaries show an option only where it applies. Conditions: chunk_size is dead under
+// chunk_sizing: ns_cost; with small_param_threshold > 0 the small matrices run as replicated,
+// which reads prefetch_count, comm_lanes and order whatever the strategy; order does not change
+// replicated's step (every rank orthogonalizes every matrix).
+bool strategy_reads_option(const StrategyOptions& s, std::string_view option);
+// The strategies that read `option` at all, for messages: "owner, all_to_all".
+std::string strategies_reading_option(std::string_view option);
+// Whether `option` of `s` has the value a StrategyOptions{} has (a default value that nothing
+// reads is no setting at all; a non-default one would be silently ignored).
+bool strategy_option_is_default(const StrategyOptions& s, std::string_view option);
+// Every option `s.name` does not read, set to its default: a point carries only the settings
+// that apply to it (its resolved configuration, summaries and plan show nothing else).
+void reset_unread_options(StrategyOptions& s);
 
 // Anchor presets: what published systems run, as options of the built-in strategies, so one
 // experiment compares them with muonbed's own best on the same model and cluster. The sources

@@ -2,6 +2,7 @@
 footer, and deterministic, safely named output files."""
 
 import os
+import stat
 
 from .common import file_part, get, short_hash
 
@@ -60,10 +61,45 @@ class Plotter:
                         "Creator": None}
             elif ext == "svg":
                 meta = {"Date": None, "Creator": None}
-            fig.savefig(path, format=ext, dpi=150, metadata=meta)
+            write_file(path, lambda f, ext=ext, meta=meta:
+                       fig.savefig(f, format=ext, dpi=150, metadata=meta))
             self.written.append(path)
         if not self.keep_figures:
             self.plt.close(fig)
+
+
+def write_file(path, write):
+    """Writes a file as muonbed's C++ writer does (core/output_files.hpp): a symbolic link is
+    followed (the file it points to is written, the link stays); a character device or FIFO is
+    written through in place; a regular file is replaced atomically (a temporary file beside it,
+    then rename), so a reader never sees half a figure; anything else is refused. `write` gets
+    a binary file object."""
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        st = None
+    if st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+        with open(real, "wb") as f:
+            write(f)
+        return
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise OSError(f"{path}: not a regular file (a folder or device stands there); "
+                      "choose another output folder")
+    temp = f"{real}.muonbed-tmp-{os.getpid()}"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        if st is not None:
+            os.chmod(temp, stat.S_IMODE(st.st_mode))
+        os.replace(temp, real)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
 
 
 def setup_style(matplotlib):

@@ -530,10 +530,35 @@ ClusterSpec calibrated_profile(const CalibrationInput& in) {
   return c;
 }
 
+namespace {
+
+std::string fmt_hex_escape(unsigned char u) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  return std::string("\\x") + kHex[u >> 4] + kHex[u & 15];
+}
+
+}  // namespace
+
 std::string calibrated_profile_yaml(const ClusterSpec& cluster,
                                     const std::vector<std::string>& header) {
   std::string out;
-  for (const std::string& line : header) out += (line.empty() ? "#" : "# " + line) + "\n";
+  // A header line holds free text (--note, host names): a line break in it would end the comment
+  // and put whatever follows into the profile, so control characters are written as escapes.
+  for (const std::string& line : header) {
+    std::string text;
+    for (const char c : line) {
+      const auto u = static_cast<unsigned char>(c);
+      if (c == '\n')
+        text += "\\n";
+      else if (c == '\r')
+        text += "\\r";
+      else if (u < 0x20 || u == 0x7f)
+        text += fmt_hex_escape(u);
+      else
+        text += c;
+    }
+    out += (text.empty() ? "#" : "# " + text) + "\n";
+  }
   YAML::Emitter e;
   yaml_util::emit_cluster(e, cluster);
   out += e.c_str();

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <initializer_list>
 #include <limits>
+#include <map>
 
 #include <yaml-cpp/yaml.h>
 
@@ -274,6 +275,7 @@ void read_ns_table(const Context& ctx, const Field& field, GpuSpec& gpu) {
       "ns_table: [{version: v2, shape: [4096, 4096], ms: 2.749}, {version: v2, shape: [128, "
       "4096, 4096], ms: 333.8}]";
   std::vector<NsTiming> table;
+  std::map<std::string, std::string> seen;  // entry identity -> the item that gave it
   for (const Field& item : list_items(ctx, field)) {
     const MapReader e(ctx, item, kNsEntryKeys);
     e.require("version", example);
@@ -297,6 +299,17 @@ void read_ns_table(const Context& ctx, const Field& field, GpuSpec& gpu) {
     e.read("steps", t.steps, 1, 1000);
     e.read("ms", t.ms, 0, kMaxMeasuredMs, true);
     e.read("source", t.source);
+    // Two times for one call would leave the model to pick one silently.
+    const std::string key = t.version + " " + std::to_string(t.batch) + "x" +
+                            std::to_string(t.rows) + "x" + std::to_string(t.cols) + " " +
+                            std::to_string(t.steps);
+    if (const auto [at, fresh] = seen.emplace(key, item.path); !fresh)
+      fail(ctx, item,
+           "'" + item.path + "' repeats the entry of " + at->second + " (version " + t.version +
+               ", shape " + (t.batch > 1 ? std::to_string(t.batch) + "x" : "") +
+               std::to_string(t.rows) + "x" + std::to_string(t.cols) + ", " +
+               std::to_string(t.steps) + " steps)",
+           "keep one time per version, shape and steps (the median of your measurements)");
     table.push_back(std::move(t));
   }
   gpu.ns_table = std::move(table);
@@ -313,6 +326,7 @@ void read_elementwise_table(const Context& ctx, const Field& field, GpuSpec& gpu
       "elementwise_table: [{kernel: adamw, numel: 1048576, ms: 4.1}, {kernel: momentum, numel: "
       "1048576, ms: 1.2}]";
   std::vector<ElementwiseTiming> table;
+  std::map<std::string, std::string> seen;
   for (const Field& item : list_items(ctx, field)) {
     const MapReader e(ctx, item, kElementwiseEntryKeys);
     require_each(e, {"kernel", "numel", "ms"}, example);
@@ -321,6 +335,12 @@ void read_elementwise_table(const Context& ctx, const Field& field, GpuSpec& gpu
     e.read("numel", t.numel, 1, std::int64_t{1} << 40);
     e.read("ms", t.ms, 0, kMaxMeasuredMs, true);
     e.read("source", t.source);
+    if (const auto [at, fresh] = seen.emplace(t.kernel + " " + std::to_string(t.numel), item.path);
+        !fresh)
+      fail(ctx, item,
+           "'" + item.path + "' repeats the entry of " + at->second + " (kernel " + t.kernel +
+               ", numel " + std::to_string(t.numel) + ")",
+           "keep one time per kernel and numel (the median of your measurements)");
     table.push_back(std::move(t));
   }
   gpu.elementwise_table = std::move(table);
@@ -513,11 +533,18 @@ void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::str
                           : "use one of: " + join(versions));
 }
 
-std::string resolve_cluster_file(const std::string& name_or_path, const std::string& relative_to) {
+// Where names and relative paths are looked up: the folder of `relative_to` (an experiment file
+// or a folder), "." without one.
+static fs::path lookup_folder(const std::string& relative_to) {
   std::error_code ec;
   fs::path base = relative_to.empty() ? fs::path(".") : fs::path(relative_to);
   if (!fs::is_directory(base, ec)) base = base.parent_path();
-  if (base.empty()) base = ".";
+  return base.empty() ? fs::path(".") : base;
+}
+
+std::string resolve_cluster_file(const std::string& name_or_path, const std::string& relative_to) {
+  std::error_code ec;
+  const fs::path base = lookup_folder(relative_to);
   const fs::path given(name_or_path);
   const bool path_like = name_or_path.find('/') != std::string::npos ||
                          given.extension() == ".yaml" || given.extension() == ".yml";
@@ -537,11 +564,19 @@ std::string resolve_cluster_file(const std::string& name_or_path, const std::str
   return "";
 }
 
+std::string cluster_folder_at(const std::string& name_or_path, const std::string& relative_to) {
+  std::error_code ec;
+  const fs::path base = lookup_folder(relative_to);
+  const fs::path given(name_or_path);
+  for (const fs::path& candidate : {base / given, given})
+    if (!name_or_path.empty() && fs::is_directory(candidate, ec))
+      return candidate.lexically_normal().string();
+  return "";
+}
+
 std::vector<std::string> cluster_names(const std::string& relative_to) {
   std::error_code ec;
-  fs::path base = relative_to.empty() ? fs::path(".") : fs::path(relative_to);
-  if (!fs::is_directory(base, ec)) base = base.parent_path();
-  if (base.empty()) base = ".";
+  const fs::path base = lookup_folder(relative_to);
   std::vector<std::string> names;
   for (const fs::path& dir :
        {base / "clusters", fs::path(MUONBED_SOURCE_DIR) / "experiments" / "clusters"}) {
@@ -722,6 +757,11 @@ ClusterSpec load_cluster_file(const std::string& path) {
 std::string find_cluster_file(const std::string& name_or_path, const std::string& relative_to) {
   std::string found = resolve_cluster_file(name_or_path, relative_to);
   if (!found.empty()) return found;
+  if (const std::string folder = cluster_folder_at(name_or_path, relative_to); !folder.empty())
+    throw ConfigError(
+        SourceLocation{relative_to, 0, 0},
+        "cluster '" + name_or_path + "' is a folder ('" + folder + "'), not a cluster YAML file",
+        "give the profile's file, e.g. " + (fs::path(name_or_path) / "NAME.yaml").string());
   throw ConfigError(
       SourceLocation{relative_to, 0, 0},
       "cluster '" + name_or_path + "' not found" +

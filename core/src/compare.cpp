@@ -338,6 +338,53 @@ CompareReport compare_experiment(const std::string& experiment_file,
   return compare_experiment(experiment_file, std::vector<std::string>{output_dir});
 }
 
+namespace {
+
+// Step times a record may hold: positive, finite, at most a million seconds (11.6 days per
+// optimizer step is beyond any plan muonbed makes), and a measured median among its own samples.
+constexpr double kMaxStepSeconds = 1e6;
+
+std::string implausible(const ResultRecord& r) {
+  const auto bad = [](double v) { return !std::isfinite(v) || v <= 0 || v > kMaxStepSeconds; };
+  const auto num = [](double v) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.6g s", v);
+    return std::string(text);
+  };
+  if (bad(r.step.average_s) || bad(r.step.worst_s))
+    return "its step time (average " + num(r.step.average_s) + ", worst " + num(r.step.worst_s) +
+           ") is outside (0, 1e6 s]";
+  if (r.step.worst_s < r.step.average_s * (1 - 1e-9))
+    return "its worst step " + num(r.step.worst_s) + " is shorter than its average " +
+           num(r.step.average_s);
+  const StepStatistics& m = r.step.measured;
+  if (m.timed_steps > 0) {
+    if (bad(m.median_s) || bad(m.min_s) || bad(m.p95_s) || !std::isfinite(m.stddev_s) ||
+        m.stddev_s < 0)
+      return "its measured statistics (median " + num(m.median_s) + ", min " + num(m.min_s) +
+             ", p95 " + num(m.p95_s) + ") are outside (0, 1e6 s]";
+    const double slack = 1e-9 * m.p95_s;
+    if (m.min_s > m.median_s + slack || m.median_s > m.p95_s + slack)
+      return "its median step " + num(m.median_s) + " lies outside its own samples (min " +
+             num(m.min_s) + ", p95 " + num(m.p95_s) + ")";
+  }
+  return "";
+}
+
+// What tells two measured runs apart: their records' timestamps and step times. Two folders
+// whose measured records all agree are one run copied, not two runs.
+std::string run_signature(const std::vector<const ResultRecord*>& records) {
+  std::string out;
+  for (const ResultRecord* r : records) {
+    char text[96];
+    std::snprintf(text, sizeof text, "|%.17g,%.17g", r->step.average_s, r->step.measured.median_s);
+    out += r->timestamp + text;
+  }
+  return out;
+}
+
+}  // namespace
+
 CompareReport compare_experiment(const std::string& experiment_file,
                                  const std::vector<std::string>& output_dirs) {
   const std::vector<std::string> dirs =
@@ -384,6 +431,11 @@ CompareReport compare_experiment(const std::string& experiment_file,
                   "since; fix: muonbed run " +
                   experiment_file + (dir.empty() ? "" : " --output " + dir) +
                   " (it reruns the points whose configuration changed)");
+    if (const std::string why = implausible(r); !why.empty())
+      throw Error(path + ": " + why + "; the file was edited or is corrupt, and compare does " +
+                  "not use it; fix: muonbed run " + experiment_file +
+                  (dir.empty() ? "" : " --output " + dir) + " --force --point '" + label +
+                  "' makes it again");
     return r;
   };
   const auto trace_of = [](const std::string& path, const std::string& backend) {
@@ -436,12 +488,58 @@ CompareReport compare_experiment(const std::string& experiment_file,
                 (missing.size() == 1 ? " is" : "s are") + " missing for " + experiment_file + ":" +
                 list + "\n  fix: " + missing_fix + " (it runs only what is missing)");
   }
+  // A folder that is a copy of another (same records) would count one run twice in the median:
+  // it is dropped, and the report says so.
+  std::vector<std::string> notes;
+  std::vector<std::string> used_dirs = {dirs.front()};
+  if (dirs.size() > 1 && !points.empty()) {
+    std::vector<std::string> signatures;
+    std::vector<const ResultRecord*> first;
+    for (const PointRecords& p : points)
+      for (const std::string& b : kMeasured)
+        if (const auto it = p.records.find(b); it != p.records.end()) {
+          first.push_back(&it->second);
+          break;
+        }
+    signatures.push_back(run_signature(first));
+    std::vector<bool> keep(dirs.size(), true);
+    for (std::size_t d = 1; d < dirs.size(); ++d) {
+      std::vector<const ResultRecord*> run;
+      for (const PointRecords& p : points)
+        if (d - 1 < p.more_runs.size()) run.push_back(&p.more_runs[d - 1]);
+      const std::string sig = run_signature(run);
+      const auto same = static_cast<std::size_t>(
+          std::find(signatures.begin(), signatures.end(), sig) - signatures.begin());
+      signatures.push_back(sig);
+      if (same < d && run.size() == first.size()) {
+        keep[d] = false;
+        notes.push_back("results folder '" + dirs[d] + "' holds the same measured results as '" +
+                        dirs[same] + "' (a copy): counted as one run");
+      } else {
+        used_dirs.push_back(dirs[d]);
+      }
+    }
+    for (PointRecords& p : points) {
+      std::vector<ResultRecord> runs;
+      std::vector<std::string> paths, traces;
+      for (std::size_t d = 1; d < dirs.size(); ++d)
+        if (keep[d] && d - 1 < p.more_runs.size()) {
+          runs.push_back(std::move(p.more_runs[d - 1]));
+          paths.push_back(p.more_run_paths[d - 1]);
+          traces.push_back(p.more_run_traces[d - 1]);
+        }
+      p.more_runs = std::move(runs);
+      p.more_run_paths = std::move(paths);
+      p.more_run_traces = std::move(traces);
+    }
+  }
   CompareReport report = compare_points(points);
+  report.notes = std::move(notes);
   report.file = experiment_file;
   report.experiment = all.empty() ? "" : all.front().name;
   report.output_dir =
       all.empty() ? "" : (dirs.front().empty() ? all.front().output_dir : dirs.front());
-  for (const std::string& d : dirs)
+  for (const std::string& d : used_dirs)
     report.run_dirs.push_back(d.empty() && !all.empty() ? all.front().output_dir : d);
   return report;
 }
@@ -533,6 +631,7 @@ nlohmann::ordered_json compare_json(const CompareReport& report) {
   }
   out["rankings"] = rankings;
   out["skipped"] = report.skipped;
+  out["notes"] = report.notes;
   return out;
 }
 
@@ -658,6 +757,7 @@ std::string compare_table(const CompareReport& report) {
     }
   }
   for (const std::string& s : report.skipped) out += "  skipped: " + s + "\n";
+  for (const std::string& n : report.notes) out += "  note: " + n + "\n";
   return out;
 }
 

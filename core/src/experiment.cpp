@@ -239,6 +239,10 @@ ClusterSpec load_named_cluster(const Context& ctx, const Field& at, const std::s
                                ClusterCache& clusters) {
   const std::string path = resolve_cluster_file(name, ctx.file);
   if (path.empty()) {
+    if (const std::string folder = cluster_folder_at(name, ctx.file); !folder.empty())
+      fail(ctx, at,
+           "cluster '" + name + "' is a folder ('" + folder + "'), not a cluster YAML file",
+           "give the profile's file, e.g. cluster: " + (fs::path(name) / "NAME.yaml").string());
     const std::vector<std::string> names = cluster_names(ctx.file);
     fail(ctx, at, "cluster '" + name + "' not found" + did_you_mean(name, names),
          "use one of: " + join(names) + ", or a path to a cluster YAML file");
@@ -876,11 +880,22 @@ void read_optimizer(const Context& ctx, const MapReader& top, const Model& model
   }
 }
 
+// Where a strategy option was given, and whether any point reads it (see read_strategy and
+// check_strategy_options).
+struct OptionUse {
+  Context ctx;                       // the first point that gives it
+  YAML::Node at;                     // its key there (or its sweep value)
+  std::set<std::string> strategies;  // the strategies of the points that give it
+  bool read = false;                 // some point's strategy reads it
+};
+using OptionUses = std::map<std::string, OptionUse>;
+
 void read_strategy(const Context& ctx, const MapReader& top, const MeshSection& mesh,
-                   const Model& model, StrategyOptions& s) {
+                   const Model& model, StrategyOptions& s, OptionUses& uses) {
   const Field* field = top.find("strategy");
   if (!field) return;
   const MapReader st(ctx, *field, kStrategyKeys);
+
   if (st.find("preset")) {  // the preset first; the other keys override it
     std::string preset;
     st.read_choice("preset", preset, strategy_preset_names());
@@ -978,6 +993,22 @@ void read_strategy(const Context& ctx, const MapReader& top, const MeshSection& 
       }
     }
   }
+  // Which options this point gives a setting that its strategy reads (an option no point reads
+  // is an error: check_strategy_options), then the unread ones back to their defaults.
+  for (const std::string& key : kStrategyKeys) {
+    const Field* f = st.find(key);
+    if (f == nullptr || strategy_option_is_default(s, key)) continue;
+    auto [it, fresh] = uses.try_emplace(key);
+    if (fresh) {
+      it->second.ctx = ctx;
+      // A swept option's key is written into the tree without a mark: point at its value in
+      // `sweep:` then.
+      it->second.at = f->key.IsDefined() && !f->key.Mark().is_null() ? f->key : f->value;
+    }
+    it->second.strategies.insert(s.name);
+    it->second.read = it->second.read || strategy_reads_option(s, key);
+  }
+  reset_unread_options(s);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1387,7 +1418,28 @@ using LayoutKey = std::pair<std::uint64_t, std::uint64_t>;
 struct ParseCache {
   std::map<LayoutKey, std::shared_ptr<const ShardedModel>> shards;
   ClusterCache clusters;
+  OptionUses options;  // strategy options given, over every point
 };
+
+// An option that no point's strategy reads would be silently ignored: an error at the option,
+// naming the strategies it applies to. (In a sweep over strategies an option that some points
+// read is kept: it applies where it can, and the summaries show it only there.)
+void check_strategy_options(const OptionUses& uses) {
+  for (const auto& [key, use] : uses) {
+    if (use.read) continue;
+    std::string given;
+    for (const std::string& name : use.strategies) given += (given.empty() ? "" : ", ") + name;
+    const std::string readers = strategies_reading_option(key);
+    std::string why;
+    if (key == "chunk_size" && readers.find(*use.strategies.begin()) != std::string::npos)
+      why = " (chunk_sizing: ns_cost sizes the chunks by NS cost, one matrix per owner)";
+    fail(use.ctx, use.at,
+         "'strategy." + key + "' does not apply to strategy " + given + why +
+             ": nothing would read it",
+         why.empty() ? "remove it, or use a strategy it applies to (" + readers + ")"
+                     : "remove it, or set chunk_sizing: count to size chunks by count");
+  }
+}
 
 std::uint64_t placements_key(const ModelSection& model) {
   Fingerprint f;
@@ -1407,6 +1459,22 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* c
     if (e.name.empty())
       fail(ctx, *f, "'name' is empty", "name the experiment, e.g. name: quickstart");
     check_text(ctx, *f, e.name, kMaxNameBytes, "name", "name: quickstart");
+    // The name is a folder name too (results/<name>): never one that leaves results/.
+    if (e.name == "." || e.name == ".." || e.name.find('/') != std::string::npos ||
+        e.name.find('\\') != std::string::npos)
+      fail(ctx, *f,
+           "'name' = '" + e.name + "' is not a folder name (it names results/" + e.name +
+               ", which " +
+               (e.name.find('/') != std::string::npos || e.name.find('\\') != std::string::npos
+                    ? "has a path separator"
+                    : "leaves results/") +
+               ")",
+           "use a plain name without '/', '\\', '.' or '..', e.g. name: quickstart");
+  } else if (e.name == "." || e.name == ".." || e.name.empty()) {
+    throw ConfigError(SourceLocation{ctx.file, 0, 0},
+                      "the experiment has no 'name' and its file name '" +
+                          fs::path(ctx.file).filename().string() + "' gives none",
+                      "add a name, e.g. name: quickstart");
   }
   e.cluster = read_cluster(ctx, top, cache->clusters);
   const MeshSection ms =
@@ -1417,7 +1485,7 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* c
   e.model = model.model;
   read_parallel(ctx, top, e.model, e.parallel);
   read_optimizer(ctx, top, e.model, e.optimizer, e.parallel.routing);
-  read_strategy(ctx, top, ms, e.model, e.strategy);
+  read_strategy(ctx, top, ms, e.model, e.strategy, cache->options);
 
   e.backends = {"sim"};  // the main job: the simulator (muonbed run)
   if (const Field* f = top.find("backend")) {
@@ -1440,6 +1508,12 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* c
   if (const Field* f = top.find("sim")) {
     const MapReader sim(ctx, *f, kSimKeys);
     sim.read_choice("fidelity", e.sim_fidelity, kFidelities);
+    if (e.sim_fidelity == "step" && e.mesh.world_size() > kMaxStepFidelityRanks)
+      fail(ctx, *sim.find("fidelity"),
+           "sim.fidelity step models every transfer, and this mesh has " +
+               std::to_string(e.mesh.world_size()) + " ranks (step fidelity takes hours above " +
+               std::to_string(kMaxStepFidelityRanks) + ")",
+           "use fidelity: flow (or auto, which picks step only up to 256 ranks)");
   }
   top.read("steps", e.steps, 0, 1000000);
   top.read("repeats", e.repeats, 1, 1000000);
@@ -1533,6 +1607,13 @@ std::vector<SweepAxis> read_sweep(const Context& ctx, const Field& sweep, const 
     const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : show(entry.first);
     const Field field{entry.first, entry.second, "sweep." + key};
     const bool known = std::find(schema.begin(), schema.end(), key) != schema.end();
+    // A key of an earlier muonbed version gets its new name, as it does outside the sweep.
+    for (const auto& [old_key, now] : kRenamedOptimizerKeys)
+      if (!known && key == "optimizer." + old_key)
+        fail(ctx, entry.first,
+             "sweep key 'optimizer." + old_key +
+                 "' was renamed (muonbed follows torch.optim.Muon's and AdamW's names)",
+             "sweep optimizer." + now.substr(0, now.find(':')) + " instead (" + now + ")");
     if (!known && !is_mesh_dim_key(key, dims))
       fail(ctx, entry.first, "unknown sweep key " + quote(key) + did_you_mean(key, candidates),
            "a sweep key is a dotted key of the experiment schema, e.g. strategy.name, "
@@ -1684,7 +1765,11 @@ std::vector<Experiment> parse_file(const std::string& yaml_text, const std::stri
   const MapReader top(ctx, root, "", kTopKeys);
   const Field* sweep = top.find("sweep");
   ParseCache cache;
-  if (!sweep) return {parse_point(ctx, root, &cache)};
+  if (!sweep) {
+    std::vector<Experiment> one = {parse_point(ctx, root, &cache)};
+    check_strategy_options(cache.options);
+    return one;
+  }
 
   const std::vector<SweepAxis> axes = read_sweep(ctx, *sweep, root);
   std::size_t count = 1;
@@ -1751,6 +1836,7 @@ std::vector<Experiment> parse_file(const std::string& yaml_text, const std::stri
                "' (names that differ only in upper/lower case collide on some file systems)",
            "make the swept values differ in more than letter case");
   }
+  check_strategy_options(cache.options);
   return points;
 }
 

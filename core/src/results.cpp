@@ -4,10 +4,6 @@
 // and the JSON reader/writer with atomic file writes. See core/results.hpp for the schema.
 #include "core/results.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -863,80 +859,6 @@ ResultRecord result_from_json(const std::string& text) {
   }
 }
 
-namespace {
-
-[[noreturn]] void path_failure(const std::string& what, const std::string& path, int error) {
-  throw Error(what + " '" + path + "': " + std::strerror(error) +
-              "; fix: " + path_error_fix(error, true));
-}
-
-}  // namespace
-
-void prepare_folder(const std::string& folder) {
-  namespace fs = std::filesystem;
-  const fs::path dir = folder.empty() ? fs::path(".") : fs::path(folder);
-  struct stat existing {};
-  if (::stat(dir.c_str(), &existing) == 0 && !S_ISDIR(existing.st_mode))
-    throw Error("'" + dir.string() +
-                "' is a file, not a folder; fix: choose another folder (e.g. --output DIR), or "
-                "move that file away");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) path_failure("cannot create the folder", dir.string(), ec.value());
-  struct stat info {};
-  if (::stat(dir.c_str(), &info) != 0) path_failure("cannot use the folder", dir.string(), errno);
-  if (!S_ISDIR(info.st_mode)) path_failure("cannot use the folder", dir.string(), ENOTDIR);
-}
-
-void check_writable_folder(const std::string& folder) {
-  namespace fs = std::filesystem;
-  prepare_folder(folder);
-  // Writing is the only sure test (permissions, read-only mounts, ACLs, a full disk's quota).
-  const fs::path probe =
-      (folder.empty() ? fs::path(".") : fs::path(folder)) / temp_file_name(".probe", getpid());
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) path_failure("cannot write into the folder", folder, errno);
-  ::close(fd);
-  ::unlink(probe.c_str());
-}
-
-void write_file_atomically(const std::string& path, const std::string& text) {
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  if (target.has_parent_path()) prepare_folder(target.parent_path().string());
-  struct stat info {};
-  if (::stat(target.c_str(), &info) == 0 && S_ISDIR(info.st_mode))
-    path_failure("cannot write", path, EISDIR);
-  // Same folder as the target, so rename() is atomic; pid keeps concurrent writers apart. The
-  // name is muonbed's own (temp_file_name), so cleanup never mistakes a user's file for it.
-  // POSIX calls, so each failure reports its own errno (a stream's errno may be stale).
-  const fs::path temp = target.parent_path() / temp_file_name(target.filename().string(), getpid());
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) path_failure("cannot write", path, errno);
-  std::size_t written = 0;
-  while (written < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int error = n < 0 ? errno : ENOSPC;
-      ::close(fd);
-      ::unlink(temp.c_str());
-      path_failure("writing failed for", path, error);
-    }
-    written += static_cast<std::size_t>(n);
-  }
-  if (::close(fd) != 0) {
-    const int error = errno;
-    ::unlink(temp.c_str());
-    path_failure("writing failed for", path, error);
-  }
-  if (::rename(temp.c_str(), target.c_str()) != 0) {
-    const int error = errno;  // before unlink() may change it
-    ::unlink(temp.c_str());
-    path_failure("cannot move the finished file to", path, error);
-  }
-}
-
 ResultRecord read_result_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -947,22 +869,6 @@ ResultRecord read_result_file(const std::string& path) {
   std::stringstream buffer;
   buffer << in.rdbuf();
   return result_from_json(buffer.str());
-}
-
-std::string temp_file_name(const std::string& file_name, long pid) {
-  return file_name + kTempMarker + std::to_string(pid);
-}
-
-bool parse_temp_file_name(const std::string& name, std::string& file_name, long& pid) {
-  const std::size_t at = name.rfind(kTempMarker);
-  if (at == std::string::npos || at == 0) return false;
-  const std::string digits = name.substr(at + std::string_view(kTempMarker).size());
-  if (digits.empty() || digits.size() > 9 ||
-      digits.find_first_not_of("0123456789") != std::string::npos)
-    return false;
-  file_name = name.substr(0, at);
-  pid = std::stol(digits);
-  return true;
 }
 
 // Percent-encoding of every byte outside a small safe set ('%' itself included) is injective:

@@ -703,6 +703,96 @@ std::vector<std::string> strategy_names() {
   return {"sequential", "replicated", "owner", "all_to_all", "owner_allgather"};
 }
 
+namespace {
+
+// Option -> the strategies that read it (see strategy_reads_option; traced through build_plan,
+// compose, make_units and the Scheduler, and checked plan by plan).
+const std::vector<std::pair<std::string_view, std::vector<std::string_view>>>& option_readers() {
+  static const std::vector<std::pair<std::string_view, std::vector<std::string_view>>> table = {
+      {"name", {"sequential", "replicated", "owner", "all_to_all", "owner_allgather"}},
+      {"preset", {"sequential", "replicated", "owner", "all_to_all", "owner_allgather"}},
+      {"grad_sync", {"sequential", "replicated", "owner", "all_to_all", "owner_allgather"}},
+      {"assign", {"sequential", "owner", "all_to_all", "owner_allgather"}},
+      {"explicit_owners", {"sequential", "owner", "all_to_all", "owner_allgather"}},
+      {"small_param_threshold", {"sequential", "owner", "all_to_all", "owner_allgather"}},
+      {"async_gpu_parallelism", {"owner"}},
+      {"prefetch_count", {"replicated", "owner", "owner_allgather"}},
+      {"gather", {"sequential", "owner"}},
+      {"split_ns", {"sequential", "owner"}},
+      {"comm_lanes", {"replicated", "owner", "all_to_all", "owner_allgather"}},
+      {"order", {"sequential", "owner", "all_to_all", "owner_allgather"}},
+      {"chunk_size", {"all_to_all", "owner_allgather"}},
+      {"chunk_by_shape", {"all_to_all", "owner_allgather"}},
+      {"chunk_sizing", {"all_to_all", "owner_allgather"}},
+      {"max_chunks_in_flight", {"all_to_all"}},
+  };
+  return table;
+}
+
+}  // namespace
+
+bool strategy_reads_option(const StrategyOptions& s, std::string_view option) {
+  if (option == "chunk_size" && s.chunk_sizing == "ns_cost") return false;
+  // The small matrices' replicated pipeline reads these whatever the strategy.
+  if (s.small_param_threshold > 0 &&
+      (option == "prefetch_count" || option == "comm_lanes" || option == "order"))
+    return true;
+  for (const auto& [key, readers] : option_readers())
+    if (key == option) return std::find(readers.begin(), readers.end(), s.name) != readers.end();
+  return true;  // an option this table does not know is not refused here
+}
+
+std::string strategies_reading_option(std::string_view option) {
+  for (const auto& [key, readers] : option_readers())
+    if (key == option) {
+      std::string out;
+      for (const std::string_view r : readers) out += (out.empty() ? "" : ", ") + std::string(r);
+      return out;
+    }
+  return "every strategy";
+}
+
+bool strategy_option_is_default(const StrategyOptions& s, std::string_view option) {
+  const StrategyOptions d;
+  if (option == "assign") return s.assign == d.assign;
+  if (option == "explicit_owners") return s.explicit_owners.empty();
+  if (option == "async_gpu_parallelism") return s.async_gpu_parallelism == d.async_gpu_parallelism;
+  if (option == "prefetch_count") return s.prefetch_count == d.prefetch_count;
+  if (option == "gather") return s.gather == d.gather;
+  if (option == "chunk_size") return s.chunk_size == d.chunk_size;
+  if (option == "max_chunks_in_flight") return s.max_chunks_in_flight == d.max_chunks_in_flight;
+  if (option == "small_param_threshold") return s.small_param_threshold == d.small_param_threshold;
+  if (option == "comm_lanes") return s.comm_lanes == d.comm_lanes;
+  if (option == "order") return s.order == d.order;
+  if (option == "chunk_by_shape") return s.chunk_by_shape == d.chunk_by_shape;
+  if (option == "chunk_sizing") return s.chunk_sizing == d.chunk_sizing;
+  if (option == "split_ns") return !s.split_ns.enabled;
+  if (option == "grad_sync") return !s.grad_sync.enabled;
+  return false;  // name, preset: always a setting
+}
+
+void reset_unread_options(StrategyOptions& s) {
+  std::vector<std::string_view> unread;
+  for (const auto& [key, readers] : option_readers())
+    if (!strategy_reads_option(s, key)) unread.push_back(key);
+  const StrategyOptions d;
+  for (const std::string_view key : unread) {
+    if (key == "assign") s.assign = d.assign;
+    if (key == "explicit_owners") s.explicit_owners.clear();
+    if (key == "async_gpu_parallelism") s.async_gpu_parallelism = d.async_gpu_parallelism;
+    if (key == "prefetch_count") s.prefetch_count = d.prefetch_count;
+    if (key == "gather") s.gather = d.gather;
+    if (key == "chunk_size") s.chunk_size = d.chunk_size;
+    if (key == "max_chunks_in_flight") s.max_chunks_in_flight = d.max_chunks_in_flight;
+    if (key == "small_param_threshold") s.small_param_threshold = d.small_param_threshold;
+    if (key == "comm_lanes") s.comm_lanes = d.comm_lanes;
+    if (key == "order") s.order = d.order;
+    if (key == "chunk_by_shape") s.chunk_by_shape = d.chunk_by_shape;
+    if (key == "chunk_sizing") s.chunk_sizing = d.chunk_sizing;
+    if (key == "split_ns") s.split_ns = d.split_ns;
+  }
+}
+
 std::string StrategyOptions::to_json_text() const {
   nlohmann::ordered_json j;
   j["name"] = name;

@@ -3,6 +3,8 @@
 // value and the fix. See yaml_util.hpp.
 #include "core/src/yaml_util.hpp"
 
+#include "core/output_files.hpp"
+
 #include <yaml-cpp/eventhandler.h>
 
 #include <algorithm>
@@ -315,6 +317,7 @@ std::string read_text_file(const std::string& path, const std::string& what) {
     throw ConfigError(at, "cannot open " + what + " '" + path + "': " + std::strerror(error),
                       path_error_fix(error));
   }
+  note_input_file(fd, path);  // no output of this command may replace it (core/output_files.hpp)
   // Read at most kMaxInputBytes + 1 bytes: a device or pipe that never ends (/dev/zero) or a huge
   // file is refused without reading it whole.
   std::string text;
@@ -340,6 +343,25 @@ std::string read_text_file(const std::string& path, const std::string& what) {
                           "in 100 KiB)",
                       "pass the experiment's YAML file; describe big models with model.dense or "
                       "model.moe instead of listing every parameter");
+  // A byte-order mark of UTF-16 or UTF-32 (editors on Windows save so): the text is not UTF-8,
+  // and yaml-cpp would report a syntax error somewhere else.
+  const auto starts = [&](std::initializer_list<unsigned char> bom) {
+    if (text.size() < bom.size()) return false;
+    std::size_t i = 0;
+    for (const unsigned char b : bom)
+      if (static_cast<unsigned char>(text[i++]) != b) return false;
+    return true;
+  };
+  const char* encoding = starts({0xFF, 0xFE, 0x00, 0x00}) || starts({0x00, 0x00, 0xFE, 0xFF})
+                             ? "UTF-32"
+                         : starts({0xFF, 0xFE}) || starts({0xFE, 0xFF}) ? "UTF-16"
+                                                                        : nullptr;
+  if (encoding != nullptr)
+    throw ConfigError(at,
+                      "the " + what + " '" + path + "' is " + encoding +
+                          " text (it starts with a " + encoding + " byte-order mark)",
+                      std::string(encoding) + ": save it as UTF-8 (e.g. iconv -f " + encoding +
+                          " -t UTF-8 FILE > NEW.yaml)");
   return text;
 }
 

@@ -131,6 +131,9 @@ void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::str
                       bool complete, ClusterSpec& spec);
 // The cluster file a name or path resolves to, or "" if none exists.
 std::string resolve_cluster_file(const std::string& name_or_path, const std::string& relative_to);
+// The folder `name_or_path` names (beside `relative_to`, or from the current directory), or ""
+// when it names none: a cluster given as a folder is refused saying so.
+std::string cluster_folder_at(const std::string& name_or_path, const std::string& relative_to);
 // Names of the cluster files reachable by name from `relative_to` (sorted, unique).
 std::vector<std::string> cluster_names(const std::string& relative_to);
 // Dotted paths of every cluster key ("gpu", "gpu.peak_tflops", ...), for sweep-key checks.

@@ -12,12 +12,15 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include "core/cluster.hpp"
 #include "core/collective_bench.hpp"
 #include "core/cost_model.hpp"
 #include "core/errors.hpp"
+#include "core/experiment.hpp"
+#include "core/process.hpp"
 #include "core/results.hpp"
 #include "core/run_point.hpp"
 #include "experiments/cli/backends.hpp"
@@ -103,6 +106,9 @@ void build_mesh(const BenchCollectiveOptions& o, const ClusterSpec& cluster,
   spec.group = group;
 }
 
+// Ranks a real backend may start on one machine for a bench (calibrate's limit too).
+constexpr int kMaxRealBenchRanks = 1024;
+
 int run_bench_collective(const BenchCollectiveOptions& o) {
   std::string backend = o.backend;
   if (backend.empty()) backend = find_backend("sim") ? "sim" : "analytic";
@@ -119,6 +125,7 @@ int run_bench_collective(const BenchCollectiveOptions& o) {
                       "analytic");
   }
   const bool predicting = backend == "analytic" || backend == "sim";
+  if (!o.json_path.empty()) check_output_file(o.json_path, "--json");  // before any work
   Experiment e;
   e.name = "bench_collective";
   // A real backend measures this machine: its profile only names it (local-cpu unless given).
@@ -147,6 +154,30 @@ int run_bench_collective(const BenchCollectiveOptions& o) {
                         std::to_string(e.cluster.nodes) + " nodes x " + std::to_string(gpn) + ")",
                     "use fewer GPUs or a cluster with more nodes");
   const std::vector<std::int64_t> sizes = parse_size_range(o.sizes);
+  if (!predicting) {
+    // A real backend runs every rank on this machine and holds each size several times per
+    // rank (send and receive buffers, wire staging): refused before any rank starts.
+    if (world > kMaxRealBenchRanks)
+      throw cli_error(std::to_string(world) +
+                          " ranks of a real backend on one machine is more than " +
+                          std::to_string(kMaxRealBenchRanks),
+                      "use at most " + std::to_string(kMaxRealBenchRanks) +
+                          " ranks here, or --backend sim / analytic for larger groups");
+    const long long available = available_memory_bytes();
+    const double need = 4.0 * static_cast<double>(sizes.back()) * world;
+    if (available > 0 && need > static_cast<double>(available))
+      throw cli_error(fmt::format("the largest size ({} B) on {} ranks needs about {:.2f} GiB "
+                                  "(4 buffers of that size per rank), but this machine has "
+                                  "{:.2f} GiB available",
+                                  sizes.back(), world, need / (1 << 30),
+                                  static_cast<double>(available) / (1 << 30)),
+                      "use smaller --sizes or fewer ranks");
+  }
+  if (backend == "sim" && o.fidelity == "step" && world > kMaxStepFidelityRanks)
+    throw cli_error("--fidelity step models every transfer, and " + std::to_string(world) +
+                        " ranks would take hours (the limit is " +
+                        std::to_string(kMaxStepFidelityRanks) + ")",
+                    "use --fidelity flow or auto");
   {
     YAML::Emitter out;
     out << YAML::BeginMap << YAML::Key << "bench" << YAML::Value << "collective";
@@ -266,11 +297,10 @@ int run_bench_ns(BenchNsOptions& o) {
   for (const std::string& s : o.shapes) o.bench.shapes.push_back(parse_shape(s));
   // The JSON file is written after the runs: its folder must be usable before them.
   if (!o.bench.json_path.empty()) {
-    const std::filesystem::path json(o.bench.json_path);
-    check_writable_folder(json.has_parent_path() ? json.parent_path().string() : ".");
-    if (std::filesystem::is_directory(json))
+    if (std::filesystem::is_directory(o.bench.json_path))
       throw ConfigError(SourceLocation{}, "--json '" + o.bench.json_path + "' is a folder",
                         "give a file name, e.g. --json ns.json");
+    check_output_file(o.bench.json_path, "--json");
   }
   return run_ns_benchmark(o.bench, std::cout);
 }
@@ -331,9 +361,13 @@ Exit code 1 means a kernel disagreed with the CPU reference (it is reported, nev
   coll->add_option("--op", c->op, "the collective")
       ->check(CLI::IsMember(collective_bench_ops()))
       ->capture_default_str();
-  coll->add_option("--gpus", c->gpus, "ranks, all in one group (rank r on GPU r of the cluster)")
-      ->capture_default_str();
-  coll->add_option("--mesh", c->mesh, "a mesh instead: NAME=SIZE,... outermost first");
+  CLI::Option* gpus =
+      coll->add_option("--gpus", c->gpus,
+                       "ranks, all in one group (rank r on GPU r of the cluster); not with --mesh")
+          ->check(CLI::Range(2, 16384))
+          ->capture_default_str();
+  coll->add_option("--mesh", c->mesh, "a mesh instead: NAME=SIZE,... outermost first")
+      ->excludes(gpus);
   coll->add_option("--group", c->group, "with --mesh: the dim(s) the collective spans (1 or 2)");
   coll->add_option("--sizes", c->sizes, "MIN:MAX[:FACTOR] (nccl-tests' -b -e -f) or one size")
       ->capture_default_str();
@@ -341,8 +375,10 @@ Exit code 1 means a kernel disagreed with the CPU reference (it is reported, nev
       ->capture_default_str();
   coll->add_option("--dtype", c->dtype, "float or bfloat16")->capture_default_str();
   coll->add_option("--warmup", c->warmup, "real backends: untimed iterations (nccl-tests' -w)")
+      ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   coll->add_option("--iters", c->iterations, "real backends: timed iterations (nccl-tests' -n)")
+      ->check(CLI::Range(1, 10000))
       ->capture_default_str();
   coll->add_option("--fidelity", c->fidelity, "sim: step, flow or auto")
       ->check(CLI::IsMember({"step", "flow", "auto"}))

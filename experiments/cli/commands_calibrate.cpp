@@ -25,6 +25,7 @@
 #include "core/collective_bench.hpp"
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
+#include "core/process.hpp"
 #include "core/results.hpp"
 #include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"
@@ -88,16 +89,6 @@ double memory_GiB_per_rank(int ranks) {
   return std::max(0.001, std::floor(gib / std::max(1, ranks) * 10) / 10);
 }
 
-std::string command_line(const CalibrateOptions& o) {
-  std::string out = "muonbed calibrate --backend " + o.backend;
-  if (!o.experiment.empty()) out += " --experiment " + o.experiment;
-  out += " --ranks " + std::to_string(o.ranks) + " --out " + o.out;
-  if (!o.name.empty()) out += " --name " + o.name;
-  if (!o.note.empty()) out += " --note '" + o.note + "'";
-  if (o.concurrent) out += " --concurrent";
-  return out;
-}
-
 std::vector<std::string> relaunch_args(const CalibrateOptions& o) {
   std::vector<std::string> args = {"calibrate", "--backend", o.backend};
   if (!o.experiment.empty()) args.insert(args.end(), {"--experiment", o.experiment});
@@ -109,6 +100,12 @@ std::vector<std::string> relaunch_args(const CalibrateOptions& o) {
   args.insert(args.end(), {"--runs", std::to_string(o.runs)});
   if (o.concurrent) args.push_back("--concurrent");
   return args;
+}
+
+// The command that ran, with every option (what rank 0 was started with), quoted so that it can
+// be pasted back into a shell whatever --name and --note hold.
+std::string command_line(const CalibrateOptions& o) {
+  return "muonbed " + shell_words(relaunch_args(o));
 }
 
 std::string shape_text(const NsCallShape& s) {
@@ -326,8 +323,12 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
       "  nic, network              placeholders: one machine, no network is measured",
   };
   const std::string yaml = calibrated_profile_yaml(profile, header);
-  write_file_atomically(o.out, yaml);
-  const ClusterSpec back = load_cluster_file(o.out);  // the loader must accept what we wrote
+  // The new profile replaces an old one only after the loader users run has read it back.
+  WriteOptions write;
+  write.what = "cluster profile";
+  write.validate = [](const std::string& temp) { (void)load_cluster_file(temp); };
+  write_output_file(o.out, yaml, write);
+  const ClusterSpec& back = profile;  // validate above read the file back with the loader
   std::cout << fmt::format(
       "# profile '{}': NS table {} shapes; GEMM peak {:.1f} GFLOP/s; elementwise {:.2f} GB/s + "
       "{:.1f} us per kernel; host comm {:.1f} us/message + {:.3f} ns/byte; link {:.2f} GB/s, "
@@ -362,9 +363,14 @@ int run_calibrate(CalibrateOptions& o) {
   if (std::filesystem::is_directory(out))
     throw calibrate_error("--out '" + o.out + "' is a folder",
                           "give a file name, e.g. --out " + (out / "local-cpu.yaml").string());
-  check_writable_folder(out.has_parent_path() ? out.parent_path().string() : ".");
+  check_output_file(o.out, "--out");
   std::vector<Experiment> points;
   if (!o.experiment.empty()) points = load_experiment(o.experiment);
+  // Refused now, not after minutes of measuring (write_output_file would refuse it too).
+  if (is_input_file(o.out))
+    throw calibrate_error("--out '" + o.out + "' is the experiment this command reads",
+                          "write the profile to another file, e.g. --out " +
+                              (out.parent_path() / "my-machine.yaml").string());
   if (o.ranks == 0) {
     o.ranks = 2;
     if (!points.empty()) {
@@ -405,18 +411,23 @@ void add_calibrate_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--out", o->out, "the profile to write (YAML)")->required();
   cmd->add_option("--name", o->name, "the profile's name (default: the file's stem)");
   cmd->add_option("--note", o->note, "a line for the profile's header: what this machine is");
-  cmd->add_option("--warmup", o->warmup, "untimed rounds before timing")->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "untimed rounds before timing")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
   cmd->add_option("--repeats", o->repeats, "timed compute rounds (median reported)")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   cmd->add_option("--iters", o->iters, "timed iterations per collective size and run")
+      ->check(CLI::Range(1, 10000))
       ->capture_default_str();
   cmd->add_flag("--concurrent", o->concurrent,
                 "time compute on all ranks at once (they share cores) instead of one at a time");
   cmd->add_option("--runs", o->runs, "runs per collective size (the median one is kept)")
+      ->check(CLI::Range(1, 100))
       ->capture_default_str();
   cmd->footer(R"(Examples:
   muonbed calibrate --backend mpi --experiment experiments/validate_cpu.yaml --out my-cpu.yaml
-  muonbed run experiments/validate_cpu.yaml --cluster my-cpu.yaml   (then: muonbed compare)
+  then set `cluster: my-cpu.yaml` in the experiment, muonbed run it, and muonbed compare it
 Calibration uses microbenchmarks only (never the step times the profile is judged by). The
 profile is written atomically, read back with the loader, and its header says where, when and
 how it was measured.)");

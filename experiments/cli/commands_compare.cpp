@@ -12,6 +12,8 @@
 
 #include "core/compare.hpp"
 #include "core/errors.hpp"
+#include "core/experiment.hpp"
+#include "core/process.hpp"
 #include "core/results.hpp"
 #include "experiments/cli/commands.hpp"
 #include "muonbed/config.hpp"
@@ -31,13 +33,17 @@ struct CompareOptions {
   bool no_plots = false;
 };
 
-std::string quote(const std::string& text) {
-  std::string out = "'";
-  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 int run_compare(const CompareOptions& o) {
+  // Checked before any work: a plots folder that is a file (or anything but a folder).
+  std::error_code ec;
+  if (!o.plots.empty() && fs::exists(o.plots, ec) && !fs::is_directory(o.plots, ec))
+    throw ConfigError(SourceLocation{"compare", 0, 0},
+                      "--plots '" + o.plots + "' is a file, not a folder",
+                      "give a folder for the figures, e.g. --plots compare-plots");
+  if (!o.json.empty()) {
+    (void)load_experiment(o.file);  // its file is then an input that --json may not replace
+    check_output_file(o.json, "--json");
+  }
   const CompareReport report = compare_experiment(o.file, o.outputs);
   std::cout << compare_table(report);
   const std::string text = compare_json(report).dump(1) + "\n";
@@ -65,9 +71,9 @@ int run_compare(const CompareOptions& o) {
     return 0;
   }
   const std::string plots = o.plots.empty() ? (results / "compare").string() : o.plots;
-  std::string command = "/usr/bin/python3 " + quote(script.string()) + " " + quote(main_json) +
-                        " --out " + quote(plots);
-  if (!o.timeline.empty()) command += " --timeline " + quote(o.timeline);
+  std::string command = "/usr/bin/python3 " + shell_quote(script.string()) + " " +
+                        shell_quote(main_json) + " --out " + shell_quote(plots);
+  if (!o.timeline.empty()) command += " --timeline " + shell_quote(o.timeline);
   std::cout << std::flush;
   if (std::system(command.c_str()) != 0)
     throw Error("plotting failed: '" + command + "' exited with an error (its message is above)");

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -26,6 +27,7 @@
 
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
+#include "core/process.hpp"
 #include "core/results.hpp"
 #include "core/run_point.hpp"
 #include "experiments/cli/backends.hpp"
@@ -52,6 +54,7 @@ struct RunOptions {
   std::string fidelity;
   int trace_ranks = 64;
   bool force = false;
+  bool force_replace = false;
   bool no_plots = false;
 };
 
@@ -129,6 +132,16 @@ PointOutcome run_one(const Experiment& point, const StepPlan& plan, const std::s
 
 // Checks that this build can run every requested backend before any work starts.
 void check_backends(const std::vector<Experiment>& points, const RunOptions& o) {
+  for (std::size_t i = 0; i < o.backends.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (o.backends[i] == o.backends[j])
+        throw Error("--backend " + o.backends[i] +
+                    " is given twice (each backend runs a point once); fix: give each backend "
+                    "once");
+  for (std::size_t i = 0; i < o.points.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (o.points[i] == o.points[j])
+        throw Error("--point '" + o.points[i] + "' is given twice; fix: give each point once");
   for (const Experiment& point : points)
     for (const std::string& backend : point.backends) require_backend(backend, o.file);
 }
@@ -136,8 +149,60 @@ void check_backends(const std::vector<Experiment>& points, const RunOptions& o) 
 // Every folder the run writes must be usable before any work starts: each output folder (the
 // manifest goes there for every point of the file) writable, and no point's results folder a
 // file. Otherwise a sweep would fail point after point, or end without a manifest.
+// A results folder belongs to one experiment: its manifest (muonbed-run.json) names the
+// experiment and file whose results it holds. Running another experiment there, or another file
+// of the same name whose points would replace results of the same labels, is refused unless
+// --force-replace says to replace them.
+void check_folder_owner(const std::string& folder, const std::vector<Experiment>& points,
+                        bool force_replace) {
+  const fs::path manifest_path = fs::path(folder) / "muonbed-run.json";
+  std::error_code ec;
+  if (force_replace || !fs::is_regular_file(manifest_path, ec)) return;
+  nlohmann::json manifest;
+  try {
+    std::ifstream in(manifest_path);
+    manifest = nlohmann::json::parse(in);
+  } catch (const std::exception&) {
+    return;  // unreadable: write_manifests replaces it with this run's
+  }
+  const Experiment& first = points.front();
+  const std::string name = manifest.value("experiment", std::string());
+  const std::string file = manifest.value("experiment_file", std::string());
+  const std::string fix =
+      "; fix: give this run its own folder (--output DIR), or add --force-replace to replace "
+      "them";
+  if (!name.empty() && name != first.name)
+    throw Error("the results folder '" + folder + "' holds the results of experiment '" + name +
+                "'" + (file.empty() ? "" : " (" + file + ")") + ", not of '" + first.name +
+                "': running it there would overwrite that experiment's manifest and any result "
+                "of a point label both share" +
+                fix);
+  if (file.empty() || fs::weakly_canonical(file, ec) == fs::weakly_canonical(first.file, ec))
+    return;
+  // Same name, another file: refused when one of its results has a label of ours but was made
+  // for another configuration (it would be replaced by this run's).
+  if (!manifest.contains("results") || !manifest["results"].is_array()) return;
+  for (const auto& entry : manifest["results"]) {
+    const std::string label = entry.value("point", std::string());
+    const std::string backend = entry.value("backend", std::string());
+    const std::string id = entry.value("point_id", std::string());
+    for (const Experiment& point : points)
+      if (point.point_label == label &&
+          std::find(point.backends.begin(), point.backends.end(), backend) !=
+              point.backends.end() &&
+          point_identity(point.name, point.point_label, backend, point.resolved_yaml) != id)
+        throw Error("the results folder '" + folder +
+                    "' holds results of another file of "
+                    "experiment '" +
+                    name + "' (" + file + "), whose point '" +
+                    (label.empty() ? std::string("default") : label) + "' [" + backend +
+                    "] has another configuration than in " + first.file +
+                    ": running it there would replace that result" + fix);
+  }
+}
+
 void check_output_folders(const std::vector<Experiment>& all,
-                          const std::vector<Experiment>& selected) {
+                          const std::vector<Experiment>& selected, bool force_replace) {
   std::vector<std::string> checked;
   for (const Experiment& point : all)
     if (std::find(checked.begin(), checked.end(), point.output_dir) == checked.end()) {
@@ -146,6 +211,10 @@ void check_output_folders(const std::vector<Experiment>& all,
                     " is not UTF-8 text (muonbed writes paths into its JSON results); fix: "
                     "choose a folder whose name is UTF-8 (--output DIR)");
       check_writable_folder(point.output_dir);
+      std::vector<Experiment> in_folder;
+      for (const Experiment& p : all)
+        if (p.output_dir == point.output_dir) in_folder.push_back(p);
+      check_folder_owner(point.output_dir, in_folder, force_replace);
       checked.push_back(point.output_dir);
     }
   for (const Experiment& point : selected) {
@@ -232,10 +301,11 @@ void print_results_table(const std::vector<ResultRecord>& records,
   table.print(std::cout);
 }
 
-// A run killed while writing leaves "<file>.muonbed-tmp-<pid>" (write_file_atomically). Remove
-// those whose writer is gone, and only where muonbed writes and for the names it writes: the
-// manifest in each output folder and the result and trace files in each point's folder. Nothing
-// else is touched, however it is named; a live writer (a concurrent run) keeps its own.
+// A run killed while writing leaves "<file>.muonbed-tmp-<pid>" (write_output_file). Remove those
+// whose writer is no live muonbed process, and only where muonbed writes and for the names it
+// writes: the manifest in each output folder and the result and trace files in each point's
+// folder. Nothing else is touched, however it is named; a live writer (a concurrent run) keeps
+// its own.
 int remove_stale_temp_files(const std::vector<Experiment>& points) {
   std::map<fs::path, std::vector<std::string>> names;  // folder -> file names muonbed writes
   for (const Experiment& point : points) {
@@ -258,7 +328,8 @@ int remove_stale_temp_files(const std::vector<Experiment>& points) {
       if (!parse_temp_file_name(it->path().filename().string(), target, pid)) continue;
       if (std::find(known.begin(), known.end(), target) == known.end()) continue;
       if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
-      if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) stale.push_back(it->path());
+      // Its writer is gone, or the pid now belongs to another program: a leftover either way.
+      if (!is_live_muonbed_process(pid)) stale.push_back(it->path());
     }
     for (const fs::path& path : stale)
       if (fs::remove(path, ec)) ++removed;
@@ -327,13 +398,6 @@ bool matplotlib_available() {
   return std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
 }
 
-// Quotes a path for /bin/sh.
-std::string shell_quote(const std::string& text) {
-  std::string out = "'";
-  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 void make_plots(const std::vector<std::string>& output_dirs) {
   const fs::path script = fs::path(MUONBED_SOURCE_DIR) / "analysis" / "plot.py";
   if (!fs::exists(script)) {
@@ -371,7 +435,7 @@ int run_command(RunOptions& o) {
     if (!o.backends.empty()) points.back().backends = o.backends;
   }
   check_backends(points, o);
-  check_output_folders(all, points);
+  check_output_folders(all, points, o.force_replace);
 
   std::size_t total = 0;
   for (const Experiment& point : points) total += point.backends.size();
@@ -389,16 +453,21 @@ int run_command(RunOptions& o) {
                              removed, removed == 1 ? "" : "s");
   const Provenance build = make_provenance(nullptr, "");
   write_manifests(all, build);
+  // From here on Ctrl-C (or SIGTERM) stops the sweep cleanly: child processes are stopped, the
+  // point in progress stays not run, the manifest lists what finished (core/process.hpp).
+  install_interrupt_handlers();
   Progress progress(total, isatty(STDERR_FILENO) != 0);
   std::vector<ResultRecord> records;
   std::size_t done = 0, resumed = 0, stale = 0, failures = 0;
   const auto start = Clock::now();
-  for (std::size_t i = 0; i < points.size(); ++i) {
+  std::string interrupted_at;
+  for (std::size_t i = 0; i < points.size() && !interrupted(); ++i) {
     const Experiment& point = points[i];
     const std::string label = point.point_label.empty() ? point.name : point.point_label;
     std::optional<StepPlan> plan;  // built once per point, when a backend first needs it
     double plan_s = 0;
     for (const std::string& backend : point.backends) {
+      if (interrupted()) break;
       if (!o.force) {
         bool other_build = false;
         if (std::optional<ResultRecord> record =
@@ -430,9 +499,17 @@ int run_command(RunOptions& o) {
         records.push_back(std::move(outcome.record));
       } catch (const ConfigError&) {
         throw;  // bad input is the same for every point
-      } catch (const Error& e) {
-        // One point that cannot run (e.g. a mesh larger than the cluster) does not stop the rest.
+      } catch (const Interrupted&) {
         progress.clear();
+        interrupted_at = label + " [" + backend + "]";
+        break;
+      } catch (const Error& e) {
+        progress.clear();
+        if (interrupted()) {  // its child process died of the interrupt: not a failure
+          interrupted_at = label + " [" + backend + "]";
+          break;
+        }
+        // One point that cannot run (e.g. a mesh larger than the cluster) does not stop the rest.
         ++failures;
         std::cerr << "muonbed: error: " << label << " [" << backend << "]: " << e.what() << "\n";
       }
@@ -440,6 +517,15 @@ int run_command(RunOptions& o) {
     }
   }
   progress.clear();
+  if (interrupted()) {
+    write_manifests(all, build);
+    std::cerr << fmt::format(
+        "muonbed: interrupted (signal {}){}: {} of {} runs finished and are kept (the manifest "
+        "lists them); run the same command again to resume\n",
+        interrupt_signal(), interrupted_at.empty() ? "" : " during " + interrupted_at + ", not run",
+        done, total);
+    return 128 + interrupt_signal();
+  }
   if (resumed > 0) {
     std::cout << fmt::format(
         "resumed: {} of {} runs already had results for the same configuration and were not "
@@ -491,6 +577,9 @@ void add_run_command(CLI::App& app, int& exit_code) {
                   "ranks in the Chrome trace of the sim and mpi backends (0: no trace)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_flag("--force", options->force, "rerun points that already have results");
+  cmd->add_flag("--force-replace", options->force_replace,
+                "write into a results folder that holds another experiment's results (or another "
+                "file's of the same name), replacing those it shares point labels with");
   cmd->add_flag("--no-plots", options->no_plots, "do not call analysis/plot.py");
   cmd->footer(R"(Examples:
   muonbed run experiments/quickstart.yaml            simulate every strategy on one DGX H100 node

@@ -85,29 +85,38 @@ std::string mesh_text(const DeviceMesh& mesh) {
                      mesh.gpus_per_node(), mesh.num_nodes(), mesh.num_nodes() == 1 ? "" : "s");
 }
 
+// The strategy and the options it reads (strategy_reads_option): an option a point's strategy
+// ignores is never shown as if it applied.
 std::string strategy_text(const StrategyOptions& s) {
-  std::string text =
-      (s.preset.empty() ? "" : "preset " + s.preset + ": ") + s.name + " (assign " + s.assign;
-  if (s.name == "owner" || s.name == "sequential") text += ", gather " + s.gather;
-  if (s.name == "owner")
-    text += fmt::format(", prefetch {}, {}", s.prefetch_count,
-                        s.async_gpu_parallelism ? "async" : "synchronous rounds");
-  if (s.name == "all_to_all" || s.name == "owner_allgather")
-    text += fmt::format(", chunks of {}", s.chunk_size);
-  if (s.name == "all_to_all") text += fmt::format(", {} in flight", s.max_chunks_in_flight);
-  if (s.chunk_by_shape) text += ", one shape per chunk";
-  if (s.chunk_sizing == "ns_cost") text += ", chunks by NS cost (one matrix per owner)";
-  if (s.comm_lanes != 1) text += fmt::format(", {} comm lanes", s.comm_lanes);
-  if (s.order != "plan") text += ", order " + s.order;
-  if (s.small_param_threshold > 0)
-    text += ", replicate below " + human_count(static_cast<double>(s.small_param_threshold));
+  const auto reads = [&](std::string_view option) { return strategy_reads_option(s, option); };
+  std::string text = (s.preset.empty() ? "" : "preset " + s.preset + ": ") + s.name;
+  std::vector<std::string> parts;
+  if (reads("assign")) parts.push_back("assign " + s.assign);
+  if (reads("gather")) parts.push_back("gather " + s.gather);
+  if (reads("prefetch_count")) parts.push_back(fmt::format("prefetch {}", s.prefetch_count));
+  if (reads("async_gpu_parallelism"))
+    parts.push_back(s.async_gpu_parallelism ? "async" : "synchronous rounds");
+  if (reads("chunk_size")) parts.push_back(fmt::format("chunks of {}", s.chunk_size));
+  if (reads("max_chunks_in_flight"))
+    parts.push_back(fmt::format("{} in flight", s.max_chunks_in_flight));
+  if (s.chunk_by_shape && reads("chunk_by_shape")) parts.push_back("one shape per chunk");
+  if (s.chunk_sizing == "ns_cost" && reads("chunk_sizing"))
+    parts.push_back("chunks by NS cost (one matrix per owner)");
+  if (s.comm_lanes != 1 && reads("comm_lanes"))
+    parts.push_back(fmt::format("{} comm lanes", s.comm_lanes));
+  if (s.order != "plan" && reads("order")) parts.push_back("order " + s.order);
+  if (s.small_param_threshold > 0 && reads("small_param_threshold"))
+    parts.push_back("replicate below " + human_count(static_cast<double>(s.small_param_threshold)));
+  if (s.split_ns.enabled && reads("split_ns")) parts.push_back("split NS");
   if (s.grad_sync.enabled) {
     std::string periods;
     for (int p : s.grad_sync.level_periods)
       periods += (periods.empty() ? "" : ",") + std::to_string(p);
-    text += ", grad sync periods [" + periods + "]";
+    parts.push_back("grad sync periods [" + periods + "]");
   }
-  return text + ")";
+  std::string joined;
+  for (const std::string& p : parts) joined += (joined.empty() ? "" : ", ") + p;
+  return text + (joined.empty() ? "" : " (" + joined + ")");
 }
 
 std::string point_text(const Experiment& e, std::size_t index, std::size_t count) {

@@ -15,6 +15,7 @@
 #include <iostream>
 
 #include "core/errors.hpp"
+#include "core/process.hpp"
 
 namespace muonbed::sim {
 
@@ -53,6 +54,9 @@ IsolatedRun run_isolated(const std::function<std::string()>& body) {
   }
   if (pid == 0) {
     ::close(fds[0]);
+    // The default actions: muonbed's interrupt handlers (core/process.hpp) would keep a
+    // simulation running through Ctrl-C.
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_DFL);
 #ifdef __linux__
     // A killed runner (Ctrl-C, timeout) must not leave its simulation running on.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -79,6 +83,11 @@ IsolatedRun run_isolated(const std::function<std::string()>& body) {
     ::_exit(0);  // no atexit handlers or static destructors: SimGrid's would run in the child
   }
   ::close(fds[1]);
+  register_child(pid, false);  // SIGTERM to muonbed stops it too (same process group)
+  struct Unregister {
+    pid_t pid;
+    ~Unregister() { unregister_child(pid); }
+  } unregister{pid};
   std::string data;
   char buffer[1 << 16];
   while (true) {

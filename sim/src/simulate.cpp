@@ -14,6 +14,7 @@
 #include <simgrid/version.h>  // after xbt's headers: it uses their macros
 
 #include "core/errors.hpp"
+#include "core/experiment.hpp"
 #include "sim/src/isolate.hpp"
 #include "sim/src/platform.hpp"
 #include "sim/src/replay.hpp"
@@ -176,6 +177,10 @@ std::string simgrid_version() {
 }
 
 std::string resolve_fidelity(const SimOptions& options, int world_size) {
+  if (options.fidelity == "step" && world_size > kMaxStepFidelityRanks)
+    throw Error("sim: step fidelity models every transfer, and " + std::to_string(world_size) +
+                " ranks would take hours (the limit is " + std::to_string(kMaxStepFidelityRanks) +
+                "); fix: use flow or auto");
   if (options.fidelity == "step" || options.fidelity == "flow") return options.fidelity;
   if (options.fidelity == "auto")
     return world_size <= options.auto_step_max_ranks ? "step" : "flow";

@@ -20,6 +20,7 @@
 #include "backends/cpu/check.hpp"
 #include "backends/cpu/data.hpp"
 #include "backends/cpu/handlers.hpp"
+#include "backends/cpu/store.hpp"
 #include "backends/loopback/loopback.hpp"
 #include "core/errors.hpp"
 #include "core/plan_json.hpp"
@@ -539,4 +540,16 @@ TEST_CASE("bf16 NS check: bf16 emulation passes, a dropped or halved update fail
         CHECK_THAT(check_with(plan, model, halved, cpu::kBf16NsCheck),
                    Catch::Contains("parameter of"));
       }
+}
+
+TEST_CASE("a rank that cannot allocate says which allocation, how large, and the fix",
+          "[backends][memory]") {
+  // More than any address space holds (2^58 bytes): new fails at once, whatever the machine's
+  // overcommit setting, and nothing is touched.
+  RankProgram program;
+  program.rank = 3;
+  program.static_numel = std::int64_t{1} << 56;
+  CHECK_THROWS_WITH(cpu::RankStore(program),
+                    Catch::Contains("rank 3: out of memory allocating its static tensors") &&
+                        Catch::Contains("MiB") && Catch::Contains("fix:"));
 }

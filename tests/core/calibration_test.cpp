@@ -195,6 +195,18 @@ TEST_CASE("fitting rows made by a known profile gives that profile back", "[core
   CHECK(back.calibration.tool == "test");
   for (const CollectiveBenchRow& r : in.collectives)
     CHECK(model_bench_seconds(back, r) == Approx(model_bench_seconds(fit, r)).epsilon(1e-3));
+
+  // Free text in the header (--note, a host name) cannot end the comment: a line break in it
+  // would have put "name: evil" into the profile.
+  ClusterSpec named = fit;
+  named.name = "it's: {a} \"name\"\n# x";
+  const std::string hostile = calibrated_profile_yaml(
+      named, {"note: x\nname: evil\rgpus_per_node: 1", std::string("tab\there \x01 end")});
+  const ClusterSpec parsed = parse_cluster(YAML::Load(hostile), "fitted.yaml");
+  CHECK(parsed.name == named.name);  // the name round-trips through the emitter's quoting
+  CHECK(parsed.gpus_per_node == fit.gpus_per_node);
+  CHECK_THAT(hostile, Catch::Contains("# note: x\\nname: evil\\rgpus_per_node: 1\n") &&
+                          Catch::Contains("# tab\\x09here \\x01 end\n"));
 }
 
 TEST_CASE("the workload times elementwise ops at the sizes the plans' ops have",

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -191,9 +192,11 @@ void write_results(const std::string& file, double scale, const std::string& out
     m.backend = measured_backend;
     m.fidelity = "measured";
     m.step.average_s *= scale;
+    m.step.worst_s *= scale;
     m.step.measured.timed_steps = 3;
     m.step.measured.median_s = m.step.average_s;
     m.step.measured.min_s = m.step.average_s;
+    m.step.measured.p95_s = m.step.worst_s;
     m.execution.library = "test";
     write_point(point, measured);
   }
@@ -266,6 +269,44 @@ TEST_CASE("compare_experiment reads checked results and refuses wrong ones", "[c
       REQUIRE(p.predicted.size() == 1);
       CHECK(p.predicted[0].error_pct == Approx(-20));
     }
+  }
+  SECTION("a copied results folder counts once, with a note") {
+    const std::string copy = dir / "copy";
+    write_results(file, 1.25);
+    std::filesystem::copy(out, copy, std::filesystem::copy_options::recursive);
+    const CompareReport r = compare_experiment(file, std::vector<std::string>{out, copy});
+    CHECK(r.run_dirs == std::vector<std::string>{out});
+    REQUIRE(r.notes.size() == 1);
+    CHECK_THAT(r.notes[0],
+               Contains("'" + copy + "'") && Contains("a copy") && Contains("'" + out + "'"));
+    for (const ComparedPoint& p : r.points) CHECK(p.runs_s.empty());
+    CHECK_THAT(compare_table(r), Contains("note: results folder"));
+  }
+  SECTION("a median outside its own samples, or an absurd step, is refused naming the file") {
+    for (Experiment point : load_experiment(file)) {
+      PointRun run = run_point(point, "analytic");
+      write_point(point, run);
+      ResultRecord& m = run.record;
+      m.backend = "mpi";
+      m.fidelity = "measured";
+      m.step.measured.timed_steps = 3;
+      m.step.measured.min_s = m.step.average_s;
+      m.step.measured.p95_s = m.step.average_s * 1.1;
+      m.step.measured.median_s = m.step.average_s * 5;  // outside [min, p95]
+      m.execution.library = "test";
+      write_point(point, run);
+    }
+    CHECK_THROWS_WITH(compare_experiment(file), Contains("mpi.json") &&
+                                                    Contains("outside its own samples") &&
+                                                    Contains("--force"));
+    write_results(file, 1.0);  // good records again, then an absurd prediction
+    for (Experiment point : load_experiment(file)) {
+      PointRun run = run_point(point, "analytic");
+      run.record.step.average_s = run.record.step.worst_s = 3e9;  // 95 years per step
+      write_point(point, run);
+    }
+    CHECK_THROWS_WITH(compare_experiment(file),
+                      Contains("analytic.json") && Contains("outside (0, 1e6 s]"));
   }
   SECTION("results of another configuration are refused") {
     write_results(file, 1.0);

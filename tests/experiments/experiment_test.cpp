@@ -289,13 +289,11 @@ optimizer:
   routing: {embeddings_to_adamw: false, lm_head_to_adamw: false, router_to_adamw: true,
             force_adamw: [layers.1.mlp.down]}
 strategy:
-  name: all_to_all
+  name: owner
   assign: round_robin
   async_gpu_parallelism: false
   prefetch_count: 0
   gather: flat
-  chunk_size: 4
-  max_chunks_in_flight: 3
   small_param_threshold: 1e3
   grad_sync: {enabled: true, level_periods: [1, 2]}
 backend: [sim, analytic]
@@ -348,10 +346,11 @@ output: out/full
   CHECK(again.optimizer.adamw.beta1 == 0.8);
   CHECK(again.plan_settings().optimizer.qk_clip.head_dim == e.optimizer.qk_clip.head_dim);
   CHECK(e.optimizer.comm_dtype == DType::fp32);
-  CHECK(e.strategy.name == "all_to_all");
+  CHECK(e.strategy.name == "owner");
+  CHECK(e.strategy.assign == "round_robin");
   CHECK_FALSE(e.strategy.async_gpu_parallelism);
+  CHECK(e.strategy.prefetch_count == 0);
   CHECK(e.strategy.gather == "flat");
-  CHECK(e.strategy.chunk_size == 4);
   CHECK(e.strategy.small_param_threshold == 1000);
   CHECK(e.strategy.grad_sync.enabled);
   CHECK(e.strategy.grad_sync.level_periods == std::vector<int>{1, 2});
@@ -360,6 +359,60 @@ output: out/full
   CHECK(e.steps == 3);
   CHECK(e.output_dir == "out/full");
   require_round_trip(e);
+  // The chunk options, which all_to_all reads (owner does not).
+  const Experiment a2a = parse_experiment(
+                             "name: c\nmesh: {dims: {dp_shard: 4}}\nmodel: {preset: tiny-dense}\n"
+                             "strategy: {name: all_to_all, chunk_size: 4, max_chunks_in_flight: "
+                             "3, chunk_by_shape: true, comm_lanes: 2, order: lpt}\n",
+                             "c.yaml")
+                             .at(0);
+  CHECK(a2a.strategy.chunk_size == 4);
+  CHECK(a2a.strategy.max_chunks_in_flight == 3);
+  CHECK(a2a.strategy.chunk_by_shape);
+  CHECK(a2a.strategy.comm_lanes == 2);
+  CHECK(a2a.strategy.order == "lpt");
+  require_round_trip(a2a);
+}
+
+TEST_CASE("strategy options: one no point reads is an error, others apply where read",
+          "[experiments][strategy_options]") {
+  const std::string head = "name: k\nmesh: {dims: {dp_shard: 4}}\nmodel: {preset: tiny-dense}\n";
+  // Before: each of these parsed, and the option silently did nothing.
+  CHECK_THROWS_WITH(
+      parse_experiment(head + "strategy: {name: owner, chunk_sizing: ns_cost}\n", "k.yaml"),
+      Catch::Contains("k.yaml:4:25") &&
+          Catch::Contains("'strategy.chunk_sizing' does not apply to strategy owner") &&
+          Catch::Contains("all_to_all, owner_allgather"));
+  CHECK_THROWS_WITH(
+      parse_experiment(head + "strategy: {name: sequential, comm_lanes: 4}\n", "k.yaml"),
+      Catch::Contains("'strategy.comm_lanes' does not apply to strategy sequential"));
+  CHECK_THROWS_WITH(parse_experiment(head + "strategy: {name: replicated, order: lpt}\n", "k.yaml"),
+                    Catch::Contains("'strategy.order' does not apply to strategy replicated"));
+  CHECK_THROWS_WITH(
+      parse_experiment(head + "strategy: {name: replicated, assign: round_robin}\n", "k.yaml"),
+      Catch::Contains("'strategy.assign' does not apply to strategy replicated"));
+  // A default value is no setting: nothing to refuse.
+  CHECK_NOTHROW(
+      parse_experiment(head + "strategy: {name: owner, chunk_sizing: count}\n", "k.yaml"));
+  // Shared by a sweep over strategies: kept where read, reset to its default where not, so each
+  // point's resolved configuration, summary and plan carry only what applies to it.
+  const auto points =
+      parse_experiment(head +
+                           "strategy: {name: owner, prefetch_count: 3, comm_lanes: 2}\n"
+                           "sweep: {strategy.name: [owner, sequential, replicated]}\n",
+                       "k.yaml");
+  REQUIRE(points.size() == 3);
+  CHECK(points[0].strategy.prefetch_count == 3);
+  CHECK(points[1].strategy.prefetch_count == 1);  // sequential: no prefetch
+  CHECK(points[1].strategy.comm_lanes == 1);      // sequential: one lane
+  CHECK(points[2].strategy.prefetch_count == 3);
+  CHECK(points[2].strategy.comm_lanes == 2);
+  CHECK(points[1].resolved_yaml.find("prefetch_count: 1") != std::string::npos);
+  for (const Experiment& p : points) require_round_trip(p);
+  // With small matrices replicated, every strategy reads prefetch, lanes and order.
+  CHECK_NOTHROW(parse_experiment(
+      head + "strategy: {name: sequential, small_param_threshold: 100, prefetch_count: 2}\n",
+      "k.yaml"));
 }
 
 TEST_CASE("dense and moe specs build their models", "[experiments]") {

@@ -63,13 +63,19 @@ rm out/strategy.name=owner/analytic.json
 grep -q "^1 run in" third.log || { cat third.log; fail "expected exactly one run"; }
 grep -q "strategy.name=owner \[analytic\]" third.log || { cat third.log; fail "wrong point rerun"; }
 
-# A run killed mid-write leaves a temporary file; the next run removes it (its writer is gone)
-# but keeps one whose writer still lives, and never touches a file muonbed did not write, however
-# it is named or wherever it lies (a user's notes, another tool's temp files, nested folders).
+# A run killed mid-write leaves a temporary file; the next run removes it (its writer is gone, or
+# its pid now belongs to another program, as this shell's does) but keeps one whose writer is a
+# live muonbed process, and never touches a file muonbed did not write, however it is named or
+# wherever it lies (a user's notes, another tool's temp files, nested folders).
 dead_pid=$(sh -c 'echo $$')
 echo partial >"out/strategy.name=owner/analytic.json.muonbed-tmp-$dead_pid"
 echo partial >"out/muonbed-run.json.muonbed-tmp-$dead_pid"
-echo busy >"out/strategy.name=owner/analytic.json.muonbed-tmp-$$"
+echo partial >"out/strategy.name=sequential/analytic.json.muonbed-tmp-$$"  # a live non-muonbed pid
+cp "$(command -v sleep)" ./muonbed-test-writer  # a live process whose program is named muonbed*
+./muonbed-test-writer 120 &
+live_pid=$!
+trap 'kill $live_pid 2>/dev/null' EXIT
+echo busy >"out/strategy.name=owner/analytic.json.muonbed-tmp-$live_pid"
 mkdir -p out/notes out/strategy.name=owner/mine
 user_files=("out/thesis.tmp.$dead_pid" "out/notes/analytic.json.muonbed-tmp-$dead_pid"
   "out/strategy.name=owner/mine/sim.json.muonbed-tmp-$dead_pid"
@@ -77,14 +83,17 @@ user_files=("out/thesis.tmp.$dead_pid" "out/notes/analytic.json.muonbed-tmp-$dea
   "out/strategy.name=owner/analytic.json.tmp.$dead_pid")
 for f in "${user_files[@]}"; do echo "user data" >"$f"; done
 "$muonbed" run tiny.yaml --no-plots >temp.log 2>&1 || { cat temp.log; fail "run after a kill failed"; }
-grep -q "removed 2 unfinished temporary files" temp.log || { cat temp.log; fail "stale temp files not removed exactly"; }
+grep -q "removed 3 unfinished temporary files" temp.log || { cat temp.log; fail "stale temp files not removed exactly"; }
 [ ! -e "out/strategy.name=owner/analytic.json.muonbed-tmp-$dead_pid" ] || fail "stale temp file still there"
 [ ! -e "out/muonbed-run.json.muonbed-tmp-$dead_pid" ] || fail "stale manifest temp file still there"
-[ -e "out/strategy.name=owner/analytic.json.muonbed-tmp-$$" ] || fail "a live writer's temp file was removed"
+[ ! -e "out/strategy.name=sequential/analytic.json.muonbed-tmp-$$" ] ||
+  fail "a temp file whose pid now belongs to another program was kept"
+[ -e "out/strategy.name=owner/analytic.json.muonbed-tmp-$live_pid" ] || fail "a live writer's temp file was removed"
+kill $live_pid
 for f in "${user_files[@]}"; do
   [ "$(cat "$f" 2>/dev/null)" = "user data" ] || fail "a file muonbed did not write was deleted: $f"
 done
-rm -r "out/strategy.name=owner/analytic.json.muonbed-tmp-$$" out/notes out/strategy.name=owner/mine \
+rm -r "out/strategy.name=owner/analytic.json.muonbed-tmp-$live_pid" out/notes out/strategy.name=owner/mine \
   "out/thesis.tmp.$dead_pid" "out/strategy.name=owner/paper.pdf.muonbed-tmp-$dead_pid" \
   "out/strategy.name=owner/analytic.json.tmp.$dead_pid"
 

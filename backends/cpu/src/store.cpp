@@ -2,15 +2,40 @@
 #include "backends/cpu/store.hpp"
 
 #include <limits>
+#include <new>
 #include <string>
 
 #include "core/errors.hpp"
 
 namespace muonbed::cpu {
 
+namespace {
+
+// An allocation a rank could not make: which one, how large, and what to do (instead of a bare
+// std::bad_alloc from a rank that mpirun reports as a crash).
+[[noreturn]] void out_of_memory(int rank, const std::string& what, std::int64_t numel) {
+  throw ExecutionError("rank " + std::to_string(rank) + ": out of memory allocating " + what +
+                       " (" + std::to_string(numel) + " fp32 elements, " +
+                       std::to_string((numel * 4 + (1 << 20) - 1) >> 20) +
+                       " MiB); fix: a smaller model or fewer ranks per machine, or a machine "
+                       "with more memory (the analytic and sim backends predict it without "
+                       "allocating)");
+}
+
+std::vector<float> allocate_arena(const RankProgram& program) {
+  try {
+    return std::vector<float>(static_cast<std::size_t>(program.static_numel), 0.0f);
+  } catch (const std::bad_alloc&) {
+    out_of_memory(program.rank, "its static tensors (parameters, gradients, optimizer state)",
+                  program.static_numel);
+  }
+}
+
+}  // namespace
+
 RankStore::RankStore(const RankProgram& program)
     : program_(&program),
-      arena_(static_cast<std::size_t>(program.static_numel), 0.0f),
+      arena_(allocate_arena(program)),
       transient_(program.tensors.size()),
       live_(program.tensors.size(), 0) {
   for (const auto& t : program.tensors) live_[t.id] = t.transient ? 0 : 1;
@@ -21,8 +46,12 @@ void RankStore::allocate(int tensor) {
   if (!t.transient || live_[tensor])
     throw ExecutionError("rank " + std::to_string(rank()) + ": allocating " + t.name +
                          (t.transient ? ", which is already allocated" : ", which is static"));
-  transient_[tensor].assign(static_cast<std::size_t>(t.numel),
-                            std::numeric_limits<float>::quiet_NaN());
+  try {
+    transient_[tensor].assign(static_cast<std::size_t>(t.numel),
+                              std::numeric_limits<float>::quiet_NaN());
+  } catch (const std::bad_alloc&) {
+    out_of_memory(rank(), "buffer " + t.name, t.numel);
+  }
   live_[tensor] = 1;
   live_bytes_ += t.bytes;
   peak_bytes_ = std::max(peak_bytes_, live_bytes_);

@@ -34,6 +34,7 @@
 #include "backends/mpi/mpi_backend.hpp"
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
+#include "core/output_files.hpp"
 
 using namespace muonbed;
 
@@ -172,11 +173,7 @@ int loopback(int argc, char** argv) {
       }
     }
   }
-  if (!json_file.empty()) {
-    std::ofstream out(json_file);
-    out << rows.dump(2) << "\n";
-    if (!out) throw Error("cannot write " + json_file);
-  }
+  if (!json_file.empty()) write_output_file(json_file, rows.dump(2) + "\n");
   return 0;
 }
 

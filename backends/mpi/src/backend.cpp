@@ -31,6 +31,8 @@
 #include "core/errors.hpp"
 #include "core/experiment.hpp"
 #include "core/plan_json.hpp"
+#include "core/process.hpp"
+#include "core/program.hpp"
 #include "core/run_point.hpp"
 
 #ifndef MUONBED_MPIRUN_PATH
@@ -138,6 +140,7 @@ const char* env(const char* name) {
   return v != nullptr && *v != '\0' ? v : nullptr;
 }
 
+// Variables the MPI launchers set (OMPI_COMM_WORLD_RANK, SLURM_PROCID, ...), not users.
 int env_int(const char* name, int fallback) {
   const char* v = env(name);
   if (v == nullptr) return fallback;
@@ -146,6 +149,12 @@ int env_int(const char* name, int fallback) {
   } catch (const std::exception&) {
     return fallback;
   }
+}
+
+// The strict numeric variables (core/process.hpp env_number), each with its range once.
+std::optional<int> env_blas_threads() {
+  const auto v = env_number("MUONBED_BLAS_THREADS", 1, 1024, true, "1");
+  return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt;
 }
 
 Job make_job(const Experiment& experiment, const StepPlan& plan, const RunSettings& settings) {
@@ -159,32 +168,47 @@ Job make_job(const Experiment& experiment, const StepPlan& plan, const RunSettin
   job.peak_tflops = experiment.cluster.gpu.peak_tflops;
   job.label = experiment.point_label.empty() ? experiment.name : experiment.point_label;
   job.check_data = settings.check_data;
-  if (const char* v = env("MUONBED_MPI_TIMEOUT")) {
-    char* end = nullptr;
-    job.timeout_s = std::strtod(v, &end);
-    if (end == v || *end != '\0' || !(job.timeout_s > 0))
-      throw Error(std::string("MUONBED_MPI_TIMEOUT='") + v +
-                  "' is not a positive number of seconds; fix: e.g. MUONBED_MPI_TIMEOUT=60");
+  // The watchdog: at least a tenth of a second, at most a day (a larger value would disable it).
+  if (const auto v = env_number("MUONBED_MPI_TIMEOUT", 0.1, 86400, false, "60")) job.timeout_s = *v;
+  if (const char* v = env("MUONBED_MPI_FAULT")) {
+    mpi::Fault fault;
+    try {
+      fault = mpi::parse_fault(v);
+    } catch (const Error& e) {
+      throw ConfigError(SourceLocation{"environment", 0, 0}, e.what(),
+                        "e.g. MUONBED_MPI_FAULT=1:2:17:hang (rank:step:op:exit|throw|hang)");
+    }
+    // A fault that can never fire would let a test of failure handling pass without failing.
+    const int ranks = plan.mesh().world_size();
+    const int steps = experiment.steps + experiment.repeats;
+    const int ops = static_cast<int>(plan.ops.size());
+    const auto refuse = [&](const std::string& what) {
+      return ConfigError(
+          SourceLocation{"environment", 0, 0},
+          std::string("MUONBED_MPI_FAULT='") + v + "' names " + what + ", which point '" +
+              experiment.point_label + "' does not have (ranks 0.." + std::to_string(ranks - 1) +
+              ", steps 0.." + std::to_string(steps - 1) + ", plan ops 0.." +
+              std::to_string(ops - 1) + ")",
+          "name one that exists, e.g. MUONBED_MPI_FAULT=" + std::to_string(ranks - 1) +
+              ":0:0:exit");
+    };
+    if (fault.rank >= ranks) throw refuse("rank " + std::to_string(fault.rank));
+    if (fault.step >= steps) throw refuse("step " + std::to_string(fault.step));
+    if (fault.op >= ops) throw refuse("plan op " + std::to_string(fault.op));
+    job.fault = mpi::to_string(fault);
   }
-  if (const char* v = env("MUONBED_MPI_FAULT")) job.fault = mpi::to_string(mpi::parse_fault(v));
-  if (const char* v = env("MUONBED_MPI_EXCHANGE")) {
-    const std::string mode = v;
-    if (mode != "alltoallv" && mode != "natural")
-      throw Error("MUONBED_MPI_EXCHANGE='" + mode + "': use alltoallv or natural");
-    job.generic_exchange = mode == "alltoallv";
-  }
+  if (const auto mode = env_choice("MUONBED_MPI_EXCHANGE", {"alltoallv", "natural"}))
+    job.generic_exchange = *mode == "alltoallv";
   if (const char* v = env("MUONBED_MPI_COMPUTE")) {
     try {
       job.compute_mode = std::string(mpi::to_string(mpi::parse_compute_mode(v)));
     } catch (const Error& e) {
-      throw Error(std::string("MUONBED_MPI_COMPUTE: ") + e.what());
+      throw ConfigError(SourceLocation{"environment", 0, 0},
+                        std::string("MUONBED_MPI_COMPUTE='") + v + "': " + e.what(),
+                        "unset it, or use one of the modes above");
     }
   }
-  const char* probe_setting = env("MUONBED_MPI_SPEED_PROBE");
-  if (probe_setting != nullptr && std::string(probe_setting) != "on" &&
-      std::string(probe_setting) != "off")
-    throw Error(std::string("MUONBED_MPI_SPEED_PROBE='") + probe_setting + "': use on or off");
-  if (probe_setting == nullptr || std::string(probe_setting) == "on") {
+  if (env_choice("MUONBED_MPI_SPEED_PROBE", {"on", "off"}).value_or("on") == "on") {
     try {
       if (const std::optional<SpeedProbe> probe = speed_probe(plan, experiment.cluster)) {
         job.probe_plan = plan_to_json(probe->plan);
@@ -195,11 +219,7 @@ Job make_job(const Experiment& experiment, const StepPlan& plan, const RunSettin
       // A profile without a compute rate: nothing to check the machine against.
     }
   }
-  if (const char* v = env("MUONBED_BLAS_THREADS")) {
-    job.blas_threads = env_int("MUONBED_BLAS_THREADS", 0);
-    if (job.blas_threads < 1)
-      throw Error(std::string("MUONBED_BLAS_THREADS='") + v + "': use a thread count >= 1");
-  }
+  if (const auto threads = env_blas_threads()) job.blas_threads = *threads;
   return job;
 }
 
@@ -375,6 +395,8 @@ void init_mpi() {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized) return;
+  // A rank whose launcher (mpirun, orted) is killed must not run on alone (core/process.hpp).
+  if (mpi_environment().inside) exit_with_parent();
   int provided = 0;
   MUONBED_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
   if (provided < MPI_THREAD_FUNNELED)
@@ -418,12 +440,6 @@ std::string read_file(const fs::path& path) {
   return text.str();
 }
 
-std::string shell_words(const std::vector<std::string>& argv) {
-  std::string out;
-  for (const std::string& a : argv) out += (out.empty() ? "" : " ") + a;
-  return out;
-}
-
 // The lines of a failed run worth showing: every rank's "muonbed: error:" line and the launcher's
 // own summary (the last lines), at most ~40.
 std::string failure_excerpt(const std::string& log) {
@@ -465,10 +481,10 @@ PointRun launch(const Job& job, int ranks, const fs::path& log_copy, std::string
   if (n <= 0)
     throw Error("cannot find this program's path (/proc/self/exe) to start it under mpirun");
   if (worker.empty()) worker = std::string(self, static_cast<std::size_t>(n));
-  std::string pattern = (fs::temp_directory_path() / "muonbed-mpi-XXXXXX").string();
+  std::string pattern = (temporary_folder() / "muonbed-mpi-XXXXXX").string();
   if (mkdtemp(pattern.data()) == nullptr)
-    throw Error("cannot create a temporary folder in " + fs::temp_directory_path().string() +
-                "; fix: set TMPDIR to a writable folder");
+    throw Error("cannot create a temporary folder in " + temporary_folder().string() + ": " +
+                std::strerror(errno) + "; fix: set TMPDIR to a writable folder");
   const fs::path dir(pattern);
   const fs::path job_file = dir / "job.json", result_file = dir / "result.json",
                  log_file = dir / "mpirun.log";
@@ -481,33 +497,22 @@ PointRun launch(const Job& job, int ranks, const fs::path& log_copy, std::string
   argv.insert(argv.end(), {worker, "mpi-worker", job_file.string(), result_file.string()});
 
   const auto start = Clock::now();
-  const pid_t pid = fork();
-  if (pid < 0) throw Error("cannot start mpirun (fork failed)");
-  if (pid == 0) {
-    const int log = open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int null = open("/dev/null", O_RDONLY);
-    if (log >= 0) {
-      dup2(log, STDOUT_FILENO);
-      dup2(log, STDERR_FILENO);
-    }
-    if (null >= 0) dup2(null, STDIN_FILENO);
-    setenv("OPENBLAS_NUM_THREADS", std::to_string(job.blas_threads).c_str(), 0);
-    std::vector<char*> args;
-    for (std::string& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    std::_Exit(127);
-  }
+  SpawnOptions spawn;
+  spawn.output_file = log_file.string();
+  spawn.default_env = {{"OPENBLAS_NUM_THREADS", std::to_string(job.blas_threads)}};
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  try {
+    status = wait_process(spawn_process(argv, spawn));
+  } catch (const Interrupted&) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);  // the job's own temporary folder; no result was written
+    throw;
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   std::error_code ec;
   if (!ok || !fs::exists(result_file)) {
-    const std::string how = WIFEXITED(status)
-                                ? "exited with code " + std::to_string(WEXITSTATUS(status))
-                                : "was killed by signal " + std::to_string(WTERMSIG(status));
+    const std::string how = describe_wait_status(status);
     char took[32];
     std::snprintf(took, sizeof took, "%.1f", seconds);
     const std::string log = read_file(log_file);
@@ -535,6 +540,43 @@ PointRun launch(const Job& job, int ranks, const fs::path& log_copy, std::string
   fs::remove_all(dir, ec);
   fs::remove(log_copy, ec);
   return run;
+}
+
+// Before ranks start: the host memory the CPU executor's ranks of this plan hold at once (every
+// element stored as fp32, plus each process's own ~64 MiB) against what this machine has
+// available; a point that cannot fit is refused with the numbers instead of swapping or being
+// killed halfway. A plan with more ranks than this machine has cores still counts all of them.
+void check_host_memory(const StepPlan& plan, const std::string& label) {
+  const long long available = available_memory_bytes();
+  if (available < 0) return;  // no /proc/meminfo: nothing to check against
+  constexpr double kPerProcess = 64.0 * (1 << 20);
+  double need = 0;
+  const int ranks = plan.mesh().world_size();
+  for (int r = 0; r < ranks; ++r) {
+    const RankProgram program = lower_rank_program(plan, r);
+    double transient_numel = 0, transient_bytes = 0;
+    for (const ProgramTensor& t : program.tensors) {
+      if (!t.transient) {
+        need += 4.0 * static_cast<double>(t.numel);
+      } else {
+        transient_numel += static_cast<double>(t.numel);
+        transient_bytes += static_cast<double>(t.bytes);
+      }
+    }
+    const double widen = transient_bytes > 0 ? 4.0 * transient_numel / transient_bytes : 1.0;
+    need += widen * static_cast<double>(program.memory().peak_transient_bytes) + kPerProcess;
+  }
+  if (need <= static_cast<double>(available)) return;
+  const double gib = 1024.0 * 1024 * 1024;
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "point '%s' needs about %.2f GiB of host memory in its %d ranks (the plan's "
+                "tensors stored as fp32 by the CPU executor, plus ~64 MiB per process), but this "
+                "machine has %.2f GiB available (MemAvailable)",
+                label.c_str(), need / gib, ranks, static_cast<double>(available) / gib);
+  throw Error(std::string(text) +
+              "; fix: a smaller model or fewer ranks, free memory, or run it on a larger "
+              "machine (the analytic and sim backends predict it without running it)");
 }
 
 PointRun run_mpi(const Experiment& experiment, const StepPlan& plan, const RunSettings& settings) {
@@ -565,6 +607,7 @@ PointRun run_mpi(const Experiment& experiment, const StepPlan& plan, const RunSe
     run = std::move(*result);
   } else {
     job.launcher = "mpirun (started by muonbed)";
+    check_host_memory(plan, job.label);  // every rank on this machine
     run = launch(job, ranks,
                  fs::path(result_path(experiment, "mpi")).replace_filename("mpi.failed.log"));
   }
@@ -591,11 +634,9 @@ std::string find_gpu_worker() {
 PointRun run_nccl(const Experiment& experiment, const StepPlan& plan, const RunSettings& settings) {
   Job job = make_job(experiment, plan, settings);
   job.backend = "nccl";
-  if (const char* v = env("MUONBED_NCCL_GRAPH")) job.graph = std::string(v) == "1";
-  if (const char* v = env("MUONBED_NS_VERSION")) {
-    job.ns_version = env_int("MUONBED_NS_VERSION", 0);
-    if (job.ns_version < 1) throw Error(std::string("MUONBED_NS_VERSION='") + v + "': use 1 or 2");
-  }
+  if (const auto graph = env_choice("MUONBED_NCCL_GRAPH", {"0", "1"})) job.graph = *graph == "1";
+  if (const auto v = env_number("MUONBED_NS_VERSION", 1, 99, true, "2"))
+    job.ns_version = static_cast<int>(*v);
   if (mpi_environment().inside)
     throw Error("the nccl backend starts mpirun itself; fix: run this command outside mpirun");
   const int ranks = plan.mesh().world_size();
@@ -712,7 +753,7 @@ std::vector<ComputeBenchRow> run_compute_bench(const std::vector<StepPlan>& plan
   job.warmup_steps = warmup;
   job.timed_steps = repeats;
   job.concurrent = concurrent;
-  if (const char* v = env("MUONBED_BLAS_THREADS")) job.blas_threads = std::max(1, std::atoi(v));
+  if (const auto threads = env_blas_threads()) job.blas_threads = *threads;
   if (world_size() > 1) send_job(job);
   return execute_compute_job(job);
 }
@@ -727,21 +768,12 @@ int relaunch_under_mpirun(int ranks, const std::vector<std::string>& args) {
   argv.push_back(std::string(self, static_cast<std::size_t>(n)));
   argv.insert(argv.end(), args.begin(), args.end());
   std::cout << "# starting: " << shell_words(argv) << std::endl;
-  const pid_t pid = fork();
-  if (pid < 0) throw Error("cannot start mpirun (fork failed)");
-  if (pid == 0) {
-    setenv("OPENBLAS_NUM_THREADS", "1", 0);
-    std::vector<char*> c_args;
-    for (std::string& a : argv) c_args.push_back(a.data());
-    c_args.push_back(nullptr);
-    execv(c_args[0], c_args.data());
-    std::_Exit(127);
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  SpawnOptions spawn;
+  spawn.null_stdin = false;
+  spawn.default_env = {{"OPENBLAS_NUM_THREADS", "1"}};
+  const int status = wait_process(spawn_process(argv, spawn));
   if (WIFEXITED(status)) return WEXITSTATUS(status);
-  throw Error("mpirun was killed by signal " + std::to_string(WTERMSIG(status)));
+  throw Error("mpirun " + describe_wait_status(status));
 }
 
 std::string mpi_library_version() {
