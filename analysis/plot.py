@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Plots of one muonbed experiment's results: reads the results JSON files (schema of
-core/results.hpp) and step traces under a folder and draws what the sweep makes meaningful.
+core/results/results.hpp) and step traces under a folder and draws what the sweep makes meaningful.
 
   /usr/bin/python3 analysis/plot.py results/quickstart [--out DIR] [--formats png,pdf]
 

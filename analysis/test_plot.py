@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Tests of analysis/plot.py on synthetic results folders laid out as `muonbed run` writes them
-(<output>/<point slug>/<backend>.json per core/results.hpp, schema 2 with point identity and
+(<output>/<point slug>/<backend>.json per core/results/results.hpp, schema 2 with point identity and
 checksum, muonbed-run.json, plus a trace JSON of one step): what is drawn matches the records
 (bar lengths, point order, claim ratios), files are deterministic, results that do not belong to
 the run (edited, of another configuration, mistyped, NaN) are left out and said so, and the CLI's
@@ -264,7 +264,7 @@ def make_scaling(root):
 
 def make_seed_claims(root):
     """experiments/seed_claims.yaml's layout: the sweep key `strategy` takes maps; `muonbed run`
-    classifies the variants (core/results.hpp seed_claims) and lists the rows in the manifest."""
+    classifies the variants (core/results/results.hpp seed_claims) and lists the rows in the manifest."""
     ids = {}
     for name, prefetch, t in (("sequential", 0, 0.95), ("owner", 0, 0.136), ("owner", 2, 0.117)):
         label = f"strategy={{name: {name}, prefetch_count: {prefetch}}}"
@@ -589,7 +589,7 @@ class PlotTest(unittest.TestCase):
         self.assertLessEqual(len(common.file_part("x" * 5000)), 200)
 
     def test_checksum_matches_core(self):
-        # The same rule as core/src/results.cpp verify_checksum: any byte changed breaks it.
+        # The same rule as core/results/src/results.cpp verify_checksum: any byte changed breaks it.
         raw = result_bytes({"a": 1, "b": [1.5, "x"]})
         self.assertTrue(loader.verify_checksum(raw))
         for i in range(0, len(raw) - 70):

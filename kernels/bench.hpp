@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "core/model.hpp"
+#include "core/model/model.hpp"
 #include "kernels/newton_schulz.hpp"
 
 namespace muonbed {

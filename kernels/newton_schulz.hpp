@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/optimizer.hpp"
+#include "core/model/optimizer.hpp"
 
 namespace muonbed {
 
@@ -85,7 +85,7 @@ void newton_schulz(const double* in, double* out, const MatrixShape& shape, cons
 void newton_schulz(const float* in, float* out, const MatrixShape& shape, const NsConfig& config,
                    NsPrecision precision = NsPrecision::fp32);
 
-// Split Newton-Schulz (core/split_ns.hpp): one member's part of the iteration in fp32, on its
+// Split Newton-Schulz (core/plan/split_ns.hpp): one member's part of the iteration in fp32, on its
 // slice in the wide orientation X_r [m, n] (m: the Gram size; a slice of rows is transposed
 // first). The caller all-reduces what split_ns_gram returns; split_ns_step then runs one step with
 // the reduced Gram, exactly the products of the fp32 newton_schulz above (B = c A A + b A,

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/optimizer.hpp"
+#include "core/model/optimizer.hpp"
 #include "kernels/host_device.hpp"
 
 namespace muonbed {
@@ -55,7 +55,7 @@ ApplyParams apply_params(const MuonConfig& muon, std::int64_t rows, std::int64_t
 template <typename T>
 void apply_update(const ApplyParams& params, T* param, const T* update, std::int64_t n);
 
-// torch.optim.AdamW (single-tensor, non-amsgrad), step counted from 1, with core/optimizer.hpp's
+// torch.optim.AdamW (single-tensor, non-amsgrad), step counted from 1, with core/model/optimizer.hpp's
 // AdamWConfig:
 //   p *= 1 - lr * wd;  m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g * g
 //   p -= (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)

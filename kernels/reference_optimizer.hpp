@@ -12,9 +12,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/layout.hpp"
-#include "core/model.hpp"
-#include "core/optimizer.hpp"
+#include "core/model/layout.hpp"
+#include "core/model/model.hpp"
+#include "core/model/optimizer.hpp"
 #include "kernels/newton_schulz.hpp"
 #include "kernels/optimizer_math.hpp"
 

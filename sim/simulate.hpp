@@ -1,5 +1,5 @@
 // The SimGrid backend's public facade: replay a step plan on a modelled cluster and get the
-// results record of core/results.hpp, a Chrome/Perfetto trace and run statistics. No SimGrid type
+// results record of core/results/results.hpp, a Chrome/Perfetto trace and run statistics. No SimGrid type
 // appears here; everything SimGrid lives in sim/src/.
 //
 // Fidelities (SimOptions::fidelity):
@@ -32,10 +32,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/cluster.hpp"
-#include "core/cost_model.hpp"
-#include "core/plan.hpp"
-#include "core/results.hpp"
+#include "core/config/cluster.hpp"
+#include "core/engine/cost_model.hpp"
+#include "core/plan/plan.hpp"
+#include "core/results/results.hpp"
 
 namespace muonbed {
 
@@ -110,7 +110,7 @@ SimulationResult simulate(const StepPlan& plan, const ClusterSpec& cluster,
 // SimGrid's version string of this build ("3.32.0").
 std::string simgrid_version();
 
-// Registers the "sim" backend with core/run_point.hpp's registry (again: harmless): it simulates
+// Registers the "sim" backend with core/results/run_point.hpp's registry (again: harmless): it simulates
 // a point at its experiment's sim.fidelity in a child process, with the Chrome trace of
 // RunSettings::trace_max_ranks ranks. Static libraries drop self-registering objects, so programs
 // call this themselves (the CLI in experiments/cli/backends.cpp).

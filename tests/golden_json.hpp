@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/results.hpp"
+#include "core/results/results.hpp"
 
 namespace muonbed::testing {
 

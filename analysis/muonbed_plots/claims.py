@@ -1,5 +1,5 @@
 """<exp>-claims: claimed vs predicted speedups. User claims come from a claims file (or the
-results folder); seed 000's claims are classified by muonbed itself (core/src/results_report.cpp
+results folder); seed 000's claims are classified by muonbed itself (core/results/src/results_report.cpp
 seed_claims(), one classifier for the CLI table and the plots) and listed in muonbed-run.json;
 here their ratios are taken from the verified records only."""
 

@@ -1,4 +1,4 @@
-"""Plots of `muonbed compare`'s JSON (core/compare.hpp): measured beside predicted.
+"""Plots of `muonbed compare`'s JSON (core/results/compare.hpp): measured beside predicted.
 
   <exp>-compare-scatter          predicted vs measured step time per point and predicting backend,
                                  log-log, with y = x and the +-10 % band; points whose measured

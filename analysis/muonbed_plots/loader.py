@@ -1,6 +1,6 @@
 """Reading one results folder, trusting only what proves it belongs to the run: the
 muonbed-run.json manifest `muonbed run` writes (the current sweep's result files, each with its
-point identity), a SHA-256 checksum over each result file's content (core/results.hpp, schema 2),
+point identity), a SHA-256 checksum over each result file's content (core/results/results.hpp, schema 2),
 and every field the plots read present, of the right type and finite. A file that fails is
 excluded with its reason on stderr, and the figures' footers say how many were; nothing is drawn
 from a NaN, a string or a hand-edited number."""
@@ -87,7 +87,7 @@ def read_json(path):
 
 def verify_checksum(raw):
     """True when the bytes end with a checksum field matching the rest of them (the value is the
-    SHA-256 of the file with the value left empty, as core/src/results.cpp writes it)."""
+    SHA-256 of the file with the value left empty, as core/results/src/results.cpp writes it)."""
     m = CHECKSUM.search(raw)
     if not m:
         return False

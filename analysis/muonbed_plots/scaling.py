@@ -71,7 +71,7 @@ def plot_scaling(p, sweep, name):
                       label=lab + ": computation")
             ax_c.plot(xs, expo, "--", marker=markers[b % len(markers)], color=color,
                       mfc="white", label=lab + ": exposed communication")
-    # T_bound (core/bound.hpp) as a line: it depends on the model, mesh and cluster, not on the
+    # T_bound (core/engine/bound.hpp) as a line: it depends on the model, mesh and cluster, not on the
     # schedule, so one line over the world sizes (the lowest bound recorded at each, a bound
     # every series must stay above).
     bounds = {}

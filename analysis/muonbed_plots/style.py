@@ -69,7 +69,7 @@ class Plotter:
 
 
 def write_file(path, write):
-    """Writes a file as muonbed's C++ writer does (core/output_files.hpp): a symbolic link is
+    """Writes a file as muonbed's C++ writer does (core/base/output_files.hpp): a symbolic link is
     followed (the file it points to is written, the link stays); a character device or FIFO is
     written through in place; a regular file is replaced atomically (a temporary file beside it,
     then rename), so a reader never sees half a figure; anything else is refused. `write` gets

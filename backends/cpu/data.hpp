@@ -11,7 +11,7 @@
 //                        drawn from stream counter_key(counter_key(seed, grad_stream(S, s, k+1)),
 //                        m). A rank whose gradient the plan reduces (reduce_scatter, all_reduce)
 //                        starts with its own contribution (member index in the union of the sync
-//                        groups, core/program.hpp's ParamPieces); others start with the sum
+//                        groups, core/plan/program.hpp's ParamPieces); others start with the sum
 //                        (N = 1). Every partial sum is an integer of magnitude <= 256 times
 //                        2^-14, exact in bf16 and fp32, so reductions are exact in any order and
 //                        a distributed step can equal the reference bit for bit.
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "backends/cpu/store.hpp"
-#include "core/program.hpp"
+#include "core/plan/program.hpp"
 #include "kernels/reference_optimizer.hpp"
 
 namespace muonbed::cpu {

@@ -1,4 +1,4 @@
-// CPU op handlers for rank programs (core/program.hpp), shared by every executor that keeps a
+// CPU op handlers for rank programs (core/plan/program.hpp), shared by every executor that keeps a
 // rank's data on the CPU: the in-process loopback executor and an MPI one. Compute ops run here
 // whole; a collective is split so that the data movement stays with the executor's transport:
 //
@@ -74,7 +74,7 @@ void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire,
                   const std::vector<float>& own,
                   const std::vector<std::span<const std::byte>>& received);
 
-// split_newton_schulz (core/program.hpp's SplitNsTask): the member's compute between the
+// split_newton_schulz (core/plan/program.hpp's SplitNsTask): the member's compute between the
 // all-reduces of its phases, which the executor runs over its own transport like any collective's:
 //
 //   state = split_ns_begin(...)          allocates the workspace, reads the slices, writes the

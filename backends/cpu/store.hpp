@@ -1,4 +1,4 @@
-// A rank's memory on the CPU: the storage of a RankProgram's tensors (core/program.hpp). Static
+// A rank's memory on the CPU: the storage of a RankProgram's tensors (core/plan/program.hpp). Static
 // tensors share one arena, laid out by the program's element offsets; transient buffers are
 // allocated by their alloc op (filled with NaN, so a read of something never written shows up in
 // the reference check) and freed by their release.
@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/program.hpp"
+#include "core/plan/program.hpp"
 
 namespace muonbed::cpu {
 

@@ -4,7 +4,7 @@
 // It exists because NCCL refuses two ranks on one GPU, and a lent machine has one GPU: with it, a
 // plan of 8 ranks runs on the GPU and is checked against the single-device reference.
 //
-// The one execution engine (core/engine.hpp) drives it, all ranks local, exactly like the CPU
+// The one execution engine (core/engine/engine.hpp) drives it, all ranks local, exactly like the CPU
 // loopback executor: it says which ops run in the step and checks that the step can finish;
 // every op completes at once for it, and the ops are then *issued* to the GPU in plan order (the
 // GPU's order comes from the CUDA streams and events, see device_rank.hpp). A
@@ -24,8 +24,8 @@
 
 #include "backends/cpu/store.hpp"
 #include "backends/gpu/device_rank.hpp"
-#include "core/engine.hpp"
-#include "core/program.hpp"
+#include "core/engine/engine.hpp"
+#include "core/plan/program.hpp"
 
 namespace muonbed::gpu {
 

@@ -1,6 +1,6 @@
 // One rank's program on a GPU: the CUDA handlers of every op kind, shared by the CUDA loopback
 // runtime (N logical ranks on one GPU, cuda_loopback.hpp) and the NCCL executor (one rank per
-// GPU, nccl_executor.hpp). Neither interprets the plan: the engine (core/engine.hpp) says which op
+// GPU, nccl_executor.hpp). Neither interprets the plan: the engine (core/engine/engine.hpp) says which op
 // starts, and this class *issues* it, asynchronously, on the CUDA stream of the op's plan stream.
 //
 //   memory      one device pool allocated once (backends/gpu/layout.hpp's plan_pool: static
@@ -39,8 +39,8 @@
 
 #include "backends/cpu/store.hpp"
 #include "backends/gpu/layout.hpp"
-#include "core/plan.hpp"
-#include "core/program.hpp"
+#include "core/plan/plan.hpp"
+#include "core/plan/program.hpp"
 #include "kernels/gpu.hpp"
 
 struct CUevent_st;  // cudaEvent_t is CUevent_st*

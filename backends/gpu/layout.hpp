@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "core/plan.hpp"
-#include "core/program.hpp"
+#include "core/plan/plan.hpp"
+#include "core/plan/program.hpp"
 
 namespace muonbed::gpu {
 

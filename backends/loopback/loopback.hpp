@@ -1,6 +1,6 @@
 // The in-process loopback executor: every rank of a plan in one process, with real data and real
-// Newton-Schulz, driven by the one execution engine of core/engine.hpp (no second interpreter of
-// the plan's semantics). Each rank runs its lowered program (core/program.hpp) on its own store;
+// Newton-Schulz, driven by the one execution engine of core/engine/engine.hpp (no second interpreter of
+// the plan's semantics). Each rank runs its lowered program (core/plan/program.hpp) on its own store;
 // the engine's start_compute runs the CPU handler (backends/cpu/handlers.hpp) and completes at
 // once; start_collective moves each phase's messages between the members' stores in the wire
 // dtype (what the plan says moves, counted per op and pair) and completes. Step k uses the plan's
@@ -19,8 +19,8 @@
 
 #include "backends/cpu/handlers.hpp"
 #include "backends/cpu/store.hpp"
-#include "core/engine.hpp"
-#include "core/program.hpp"
+#include "core/engine/engine.hpp"
+#include "core/plan/program.hpp"
 
 namespace muonbed {
 

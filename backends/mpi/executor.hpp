@@ -1,5 +1,5 @@
-// The Open MPI executor of one rank: the rank's lowered program (core/program.hpp) on its CPU
-// store (backends/cpu), driven by the one execution engine (core/engine.hpp) with this rank as its
+// The Open MPI executor of one rank: the rank's lowered program (core/plan/program.hpp) on its CPU
+// store (backends/cpu), driven by the one execution engine (core/engine/engine.hpp) with this rank as its
 // only local rank. Collectives become nonblocking MPI calls when the engine starts an instance
 // (this rank's own arrival: the library matches the other members), one MPI communicator per
 // communicator identity of the plan (stream + group dims, MPI_Comm_split once, every rank calling
@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "backends/cpu/store.hpp"
-#include "core/program.hpp"
+#include "core/plan/program.hpp"
 
 namespace muonbed::mpi {
 

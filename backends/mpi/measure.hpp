@@ -1,7 +1,7 @@
 // Measuring a plan under MPI, nccl-tests' way: `warmup` untimed steps, then `timed` steps, each
 // after a barrier, every rank timing its own ops on its own monotonic clock. Rank 0 gathers every
 // rank's op intervals (MPI_Gatherv) and builds the same record as the simulator's
-// (core/results.hpp, with core/timeline.hpp's StepTimeline and fill_record):
+// (core/results/results.hpp, with core/engine/timeline.hpp's StepTimeline and fill_record):
 //
 //   step time          per timed step, the slowest rank's time from the barrier to its last op;
 //                      average, worst, median, p95, standard deviation over the timed steps.
@@ -27,8 +27,8 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/mpi/executor.hpp"
-#include "core/calibration.hpp"
-#include "core/results.hpp"
+#include "core/results/calibration.hpp"
+#include "core/results/results.hpp"
 
 namespace muonbed::mpi {
 
@@ -107,7 +107,7 @@ struct BlasInfo {
 BlasInfo set_blas_threads(int threads);
 
 // Collective over `world`: the compute half of `muonbed calibrate`. Each plan is a
-// compute_bench_plan (core/calibration.hpp); every rank runs its momentum, newton_schulz and
+// compute_bench_plan (core/results/calibration.hpp); every rank runs its momentum, newton_schulz and
 // apply_update ops with backends/cpu's handlers, an fp32 GEMM of the matrix's X X^T and the
 // packing of the matrix to bf16: `warmup` untimed calls, then `repeats` rounds of back-to-back
 // calls, each round after a barrier, the ranks taking turns (`concurrent` false: each has the
@@ -119,7 +119,7 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
                                            int warmup, int repeats, double timeout_s,
                                            bool concurrent, bool newton_schulz_only = false);
 
-// Collective: the machine-speed probe of a measured point (core/calibration.hpp speed_probe).
+// Collective: the machine-speed probe of a measured point (core/results/calibration.hpp speed_probe).
 // Seconds per Newton-Schulz call of the probe plan's matrix, measured as calibrate measures
 // gpu.ns_table (the ranks taking turns, the median round of the slowest rank) but with fewer
 // rounds; rank 0 gets it, other ranks 0.

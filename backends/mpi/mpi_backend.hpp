@@ -1,4 +1,4 @@
-// The `mpi` backend of core/run_point.hpp's registry: real execution of a plan with one process per
+// The `mpi` backend of core/results/run_point.hpp's registry: real execution of a plan with one process per
 // rank under Open MPI (backends/mpi/executor.hpp), measured (backends/mpi/measure.hpp). This
 // header is the CLI's whole view of it and includes no MPI header.
 //
@@ -29,12 +29,12 @@
 #include <string>
 #include <vector>
 
-#include "core/calibration.hpp"
-#include "core/plan.hpp"
+#include "core/results/calibration.hpp"
+#include "core/plan/plan.hpp"
 
 namespace muonbed {
 
-// Adds `mpi` to the backend registry (core/run_point.hpp).
+// Adds `mpi` to the backend registry (core/results/run_point.hpp).
 void register_mpi_backend();
 // Adds `nccl`: the same launcher and worker protocol, with the ranks run by the GPU worker program
 // (muonbed-gpu-worker, beside the CLI, or MUONBED_GPU_WORKER), which links CUDA and NCCL so that

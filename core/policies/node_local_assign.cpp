@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <map>
 
-#include "core/assignment.hpp"
+#include "core/plan/assignment.hpp"
 
 namespace muonbed {
 namespace {

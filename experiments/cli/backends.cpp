@@ -5,8 +5,8 @@
 
 #include <vector>
 
-#include "core/errors.hpp"
-#include "core/run_point.hpp"
+#include "core/base/errors.hpp"
+#include "core/results/run_point.hpp"
 #include "experiments/cli/format.hpp"
 #include "kernels/gpu.hpp"
 #include "muonbed/config.hpp"

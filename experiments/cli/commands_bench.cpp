@@ -2,7 +2,7 @@
 // against the CPU reference before it is timed; prints time, TFLOP/s and the fraction of a large
 // GEMM's rate. Without a GPU it runs (and says it runs) the CPU fp32 path.
 // `muonbed bench collective`: nccl-tests' table for one collective on any registered backend
-// (core/collective_bench.hpp): predicted by the analytic model or the simulator on a cluster
+// (core/results/collective_bench.hpp): predicted by the analytic model or the simulator on a cluster
 // profile, measured by the real executors when they register.
 #include <filesystem>
 #include <fstream>
@@ -15,14 +15,14 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
-#include "core/cluster.hpp"
-#include "core/collective_bench.hpp"
-#include "core/cost_model.hpp"
-#include "core/errors.hpp"
-#include "core/experiment.hpp"
-#include "core/process.hpp"
-#include "core/results.hpp"
-#include "core/run_point.hpp"
+#include "core/config/cluster.hpp"
+#include "core/results/collective_bench.hpp"
+#include "core/engine/cost_model.hpp"
+#include "core/base/errors.hpp"
+#include "core/experiment/experiment.hpp"
+#include "core/base/process.hpp"
+#include "core/results/results.hpp"
+#include "core/results/run_point.hpp"
 #include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"
 #include "kernels/bench.hpp"

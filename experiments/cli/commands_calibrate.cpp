@@ -1,5 +1,5 @@
 // `muonbed calibrate`: microbenchmarks on this machine with a real backend, written as a cluster
-// profile (core/calibration.hpp). With `--backend mpi` it starts itself under mpirun (one process
+// profile (core/results/calibration.hpp). With `--backend mpi` it starts itself under mpirun (one process
 // per rank, as `muonbed run` runs mpi points), then rank 0 leads: the compute benchmark on every
 // rank at once (Newton-Schulz, momentum, apply_update, GEMM, packing at the experiment's shapes),
 // then `bench collective` rows of every collective the experiment's plans run, over the group
@@ -20,13 +20,13 @@
 
 #include <fmt/format.h>
 
-#include "core/calibration.hpp"
-#include "core/cluster.hpp"
-#include "core/collective_bench.hpp"
-#include "core/errors.hpp"
-#include "core/experiment.hpp"
-#include "core/process.hpp"
-#include "core/results.hpp"
+#include "core/results/calibration.hpp"
+#include "core/config/cluster.hpp"
+#include "core/results/collective_bench.hpp"
+#include "core/base/errors.hpp"
+#include "core/experiment/experiment.hpp"
+#include "core/base/process.hpp"
+#include "core/results/results.hpp"
 #include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"
 #include "kernels/newton_schulz.hpp"

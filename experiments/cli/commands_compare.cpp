@@ -1,5 +1,5 @@
 // `muonbed compare EXP`: an experiment's measured results (mpi, nccl) beside its predicted ones
-// (analytic, sim), per point and per mesh (core/compare.hpp), as a table, as JSON
+// (analytic, sim), per point and per mesh (core/results/compare.hpp), as a table, as JSON
 // (<output>/compare.json, and --json FILE) and as plots (analysis/compare.py: predicted vs
 // measured scatter with y = x and +-10 % bands, per-point bars, a measured-over-predicted
 // timeline of one point).
@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "core/compare.hpp"
-#include "core/errors.hpp"
-#include "core/experiment.hpp"
-#include "core/process.hpp"
-#include "core/results.hpp"
+#include "core/results/compare.hpp"
+#include "core/base/errors.hpp"
+#include "core/experiment/experiment.hpp"
+#include "core/base/process.hpp"
+#include "core/results/results.hpp"
 #include "experiments/cli/commands.hpp"
 #include "muonbed/config.hpp"
 

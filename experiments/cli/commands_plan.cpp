@@ -2,7 +2,7 @@
 // does in it (matrices owned, Newton-Schulz GFLOPs, bytes sent and received, peak memory), the
 // assignment's imbalance, and the analytic step-time estimate (average and worst step, and the
 // worst rank's compute / communication / exposed communication) beside T_bound, the step's lower
-// bound (core/bound.hpp), and the ratio of the two. Big meshes show the first and
+// bound (core/engine/bound.hpp), and the ratio of the two. Big meshes show the first and
 // last ranks and column-wise min / median / max over all ranks. --json writes each plan.
 #include <algorithm>
 #include <filesystem>
@@ -13,12 +13,12 @@
 
 #include <fmt/format.h>
 
-#include "core/bound.hpp"
-#include "core/cost_model.hpp"
-#include "core/errors.hpp"
-#include "core/experiment.hpp"
-#include "core/plan_json.hpp"
-#include "core/results.hpp"
+#include "core/engine/bound.hpp"
+#include "core/engine/cost_model.hpp"
+#include "core/base/errors.hpp"
+#include "core/experiment/experiment.hpp"
+#include "core/plan/plan_json.hpp"
+#include "core/results/results.hpp"
 #include "experiments/cli/commands.hpp"
 #include "experiments/cli/format.hpp"
 

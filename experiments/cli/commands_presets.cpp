@@ -8,10 +8,10 @@
 
 #include <fmt/format.h>
 
-#include "core/assignment.hpp"
-#include "core/cluster.hpp"
-#include "core/model.hpp"
-#include "core/strategy.hpp"
+#include "core/plan/assignment.hpp"
+#include "core/config/cluster.hpp"
+#include "core/model/model.hpp"
+#include "core/plan/strategy.hpp"
 #include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"
 #include "experiments/cli/format.hpp"

@@ -25,11 +25,11 @@
 #include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
-#include "core/errors.hpp"
-#include "core/experiment.hpp"
-#include "core/process.hpp"
-#include "core/results.hpp"
-#include "core/run_point.hpp"
+#include "core/base/errors.hpp"
+#include "core/experiment/experiment.hpp"
+#include "core/base/process.hpp"
+#include "core/results/results.hpp"
+#include "core/results/run_point.hpp"
 #include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"
 #include "experiments/cli/format.hpp"
@@ -373,7 +373,7 @@ void write_manifests(const std::vector<Experiment>& points, const Provenance& bu
         m["traces"].push_back(trace.lexically_relative(dir).generic_string());
     }
   }
-  // Seed 000's claims, classified here once (core/results.hpp seed_claims): plot.py draws these
+  // Seed 000's claims, classified here once (core/results/results.hpp seed_claims): plot.py draws these
   // rows with the ratios of the records it verified.
   for (auto& [dir, manifest] : manifests) {
     nlohmann::json rows = nlohmann::json::array();
@@ -454,7 +454,7 @@ int run_command(RunOptions& o) {
   const Provenance build = make_provenance(nullptr, "");
   write_manifests(all, build);
   // From here on Ctrl-C (or SIGTERM) stops the sweep cleanly: child processes are stopped, the
-  // point in progress stays not run, the manifest lists what finished (core/process.hpp).
+  // point in progress stays not run, the manifest lists what finished (core/base/process.hpp).
   install_interrupt_handlers();
   Progress progress(total, isatty(STDERR_FILENO) != 0);
   std::vector<ResultRecord> records;

@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "core/experiment.hpp"
+#include "core/experiment/experiment.hpp"
 #include "experiments/cli/commands.hpp"
 #include "experiments/cli/format.hpp"
 

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 
 namespace muonbed::cli {
 

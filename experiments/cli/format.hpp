@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/experiment.hpp"
+#include "core/experiment/experiment.hpp"
 
 namespace muonbed::cli {
 

@@ -12,8 +12,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "core/errors.hpp"
-#include "core/suggest.hpp"
+#include "core/base/errors.hpp"
+#include "core/base/suggest.hpp"
 #include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"
 #include "muonbed/config.hpp"

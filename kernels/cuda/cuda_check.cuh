@@ -9,7 +9,7 @@
 
 #include <string>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 
 namespace muonbed::cuda_detail {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "kernels/bench.hpp"
 
 namespace {

@@ -14,8 +14,8 @@
 #include <sstream>
 #include <vector>
 
-#include "core/errors.hpp"
-#include "core/results.hpp"
+#include "core/base/errors.hpp"
+#include "core/results/results.hpp"
 #include "kernels/gpu.hpp"
 #include "kernels/random.hpp"
 #include "kernels/reference_optimizer.hpp"

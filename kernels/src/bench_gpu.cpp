@@ -7,7 +7,7 @@
 #include <ostream>
 #include <vector>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "kernels/bench.hpp"
 #include "kernels/gpu.hpp"
 #include "kernels/random.hpp"

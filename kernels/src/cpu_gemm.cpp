@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 
 #if MUONBED_KERNELS_HAVE_CBLAS
 #include <cblas.h>

@@ -15,7 +15,7 @@
 #include <mutex>
 #include <string>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "kernels/gpu.hpp"
 #include "kernels/src/bench_detail.hpp"
 #include "kernels/src/gpu_module.hpp"

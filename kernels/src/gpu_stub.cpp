@@ -2,7 +2,7 @@
 // throws the same reason. Compiled only when MUONBED_HAVE_CUDA is 0.
 #include <utility>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "kernels/gpu.hpp"
 #include "kernels/src/bench_detail.hpp"
 

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "kernels/bf16.hpp"
 #include "kernels/progress.hpp"
 #include "kernels/src/cpu_gemm.hpp"

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <string>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 
 namespace muonbed {
 

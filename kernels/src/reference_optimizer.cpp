@@ -5,7 +5,7 @@
 #include <string>
 #include <type_traits>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "kernels/bf16.hpp"
 #include "kernels/random.hpp"
 

@@ -3,8 +3,8 @@
 
 #include <string>
 
-#include "core/errors.hpp"
-#include "core/layout.hpp"
+#include "core/base/errors.hpp"
+#include "core/model/layout.hpp"
 
 namespace muonbed {
 

@@ -1,6 +1,6 @@
-// The "sim" backend of core/run_point.hpp's registry: SimOptions from the experiment and the run
+// The "sim" backend of core/results/run_point.hpp's registry: SimOptions from the experiment and the run
 // settings, simulate(), and the record's provenance with SimGrid's version.
-#include "core/run_point.hpp"
+#include "core/results/run_point.hpp"
 #include "sim/simulate.hpp"
 
 namespace muonbed {

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <string>
 
-#include "core/cost_model.hpp"
-#include "core/errors.hpp"
+#include "core/engine/cost_model.hpp"
+#include "core/base/errors.hpp"
 
 namespace muonbed::sim {
 

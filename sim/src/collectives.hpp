@@ -43,8 +43,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/cost_model.hpp"
-#include "core/plan.hpp"
+#include "core/engine/cost_model.hpp"
+#include "core/plan/plan.hpp"
 #include "sim/src/platform.hpp"
 
 namespace muonbed::sim {

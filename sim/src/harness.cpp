@@ -7,7 +7,7 @@
 #include <xbt/log.h>
 #include <simgrid/s4u/Engine.hpp>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "sim/src/isolate.hpp"
 #include "sim/src/network.hpp"
 

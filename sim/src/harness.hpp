@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "core/cluster.hpp"
+#include "core/config/cluster.hpp"
 #include "sim/src/collectives.hpp"
 #include "sim/src/platform.hpp"
 

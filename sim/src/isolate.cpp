@@ -14,8 +14,8 @@
 #include <cstring>
 #include <iostream>
 
-#include "core/errors.hpp"
-#include "core/process.hpp"
+#include "core/base/errors.hpp"
+#include "core/base/process.hpp"
 
 namespace muonbed::sim {
 
@@ -54,7 +54,7 @@ IsolatedRun run_isolated(const std::function<std::string()>& body) {
   }
   if (pid == 0) {
     ::close(fds[0]);
-    // The default actions: muonbed's interrupt handlers (core/process.hpp) would keep a
+    // The default actions: muonbed's interrupt handlers (core/base/process.hpp) would keep a
     // simulation running through Ctrl-C.
     for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_DFL);
 #ifdef __linux__

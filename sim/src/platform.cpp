@@ -8,7 +8,7 @@
 
 #include <simgrid/s4u.hpp>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 
 namespace sg4 = simgrid::s4u;
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "core/cluster.hpp"
+#include "core/config/cluster.hpp"
 
 namespace simgrid::s4u {
 class Host;

@@ -1,4 +1,4 @@
-// The plan replay on SimGrid (see replay.hpp): the execution engine (core/engine.hpp) decides
+// The plan replay on SimGrid (see replay.hpp): the execution engine (core/engine/engine.hpp) decides
 // when ops start; this handler starts compute and lowered collective algorithms through Network,
 // reports their completions back to the engine from SimGrid's callbacks, and measures each step
 // pattern with StepTimeline.
@@ -12,11 +12,11 @@
 
 #include <simgrid/s4u/Engine.hpp>
 
-#include "core/cost_model.hpp"
-#include "core/engine.hpp"
-#include "core/errors.hpp"
-#include "core/split_ns.hpp"
-#include "core/timeline.hpp"
+#include "core/engine/cost_model.hpp"
+#include "core/engine/engine.hpp"
+#include "core/base/errors.hpp"
+#include "core/plan/split_ns.hpp"
+#include "core/engine/timeline.hpp"
 #include "sim/src/network.hpp"
 
 namespace sg4 = simgrid::s4u;
@@ -256,7 +256,7 @@ class Replay final : public OpHandler, public CompletionSink {
     engine_.finish_compute(rank, op);
   }
 
-  // split_newton_schulz (core/split_ns.hpp): the norm all-reduce, then per NS step the members'
+  // split_newton_schulz (core/plan/split_ns.hpp): the norm all-reduce, then per NS step the members'
   // compute (split_ns_cost's, an equal share per step, each on its GPU) and the all-reduce of the
   // Grams, on the same all_reduce algorithm as plan all_reduce ops. Its time counts as compute,
   // as in the analytic model.

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "sim/src/simgrid_module.hpp"
 
 namespace muonbed {

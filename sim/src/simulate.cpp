@@ -13,8 +13,8 @@
 
 #include <simgrid/version.h>  // after xbt's headers: it uses their macros
 
-#include "core/errors.hpp"
-#include "core/experiment.hpp"
+#include "core/base/errors.hpp"
+#include "core/experiment/experiment.hpp"
 #include "sim/src/isolate.hpp"
 #include "sim/src/platform.hpp"
 #include "sim/src/replay.hpp"

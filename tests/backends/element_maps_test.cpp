@@ -17,7 +17,7 @@
 
 #include "backends/cpu/data.hpp"
 #include "backends/loopback/loopback.hpp"
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "tests/common/strategy_matrix.hpp"
 
 using namespace muonbed;

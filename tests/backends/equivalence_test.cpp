@@ -22,8 +22,8 @@
 #include "backends/cpu/handlers.hpp"
 #include "backends/cpu/store.hpp"
 #include "backends/loopback/loopback.hpp"
-#include "core/errors.hpp"
-#include "core/plan_json.hpp"
+#include "core/base/errors.hpp"
+#include "core/plan/plan_json.hpp"
 #include "kernels/bf16.hpp"
 #include "kernels/newton_schulz.hpp"
 #include "tests/common/equivalence_cases.hpp"
@@ -382,7 +382,7 @@ TEST_CASE("QK-clip takes effect on the shards it clips", "[equivalence]") {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Split Newton-Schulz (core/split_ns.hpp)
+// Split Newton-Schulz (core/plan/split_ns.hpp)
 
 namespace {
 

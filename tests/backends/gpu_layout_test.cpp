@@ -13,7 +13,7 @@
 
 #include "backends/cpu/store.hpp"
 #include "backends/gpu/layout.hpp"
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "tests/common/equivalence_cases.hpp"
 #include "tests/common/strategy_matrix.hpp"
 

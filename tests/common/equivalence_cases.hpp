@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "core/plan.hpp"
-#include "core/program.hpp"
+#include "core/plan/plan.hpp"
+#include "core/plan/program.hpp"
 
 namespace muonbed::testing {
 

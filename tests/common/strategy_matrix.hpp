@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "core/parallelize.hpp"
-#include "core/strategy.hpp"
+#include "core/model/parallelize.hpp"
+#include "core/plan/strategy.hpp"
 
 namespace muonbed::testing {
 

@@ -1,7 +1,7 @@
 // Golden results of the analytic backend: small experiments covering FSDP x TP across two nodes
 // with level-scheduled gradient sync (two step patterns), pipeline stages, expert parallelism
 // with all-to-all, and HSDP on PCIe nodes, each pinned as the record the analytic backend writes.
-// They were recorded before the analytic model moved onto the execution engine (core/engine.hpp)
+// They were recorded before the analytic model moved onto the execution engine (core/engine/engine.hpp)
 // and catch any later change of its figures.
 //
 // Golden files: tests/core/golden/analytic_*.json. Every field is compared except the timestamp
@@ -14,8 +14,8 @@
 
 #include <string>
 
-#include "core/experiment.hpp"
-#include "core/results.hpp"
+#include "core/experiment/experiment.hpp"
+#include "core/results/results.hpp"
 #include "muonbed/config.hpp"
 #include "tests/golden_json.hpp"
 

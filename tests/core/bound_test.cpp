@@ -1,13 +1,13 @@
-// Tests of T_bound (core/bound.hpp): a hand-computed bound on a small cluster with round
+// Tests of T_bound (core/engine/bound.hpp): a hand-computed bound on a small cluster with round
 // numbers, and the property that defines it, on every plan of the invariant matrix: no plan's
 // analytic step is faster than its bound.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 
-#include "core/bound.hpp"
-#include "core/cost_model.hpp"
-#include "core/strategy.hpp"
+#include "core/engine/bound.hpp"
+#include "core/engine/cost_model.hpp"
+#include "core/plan/strategy.hpp"
 #include "tests/common/strategy_matrix.hpp"
 
 using namespace muonbed;

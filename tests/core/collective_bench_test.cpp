@@ -1,4 +1,4 @@
-// The collective benchmark harness (core/collective_bench.hpp) on the analytic backend: size
+// The collective benchmark harness (core/results/collective_bench.hpp) on the analytic backend: size
 // ranges, the synthetic plans' buffer sizes (nccl-tests' S) for every op, the row's bus factor
 // and count column, nccl-tests' line format, JSON rows, and the shipped profiles' published
 // figures (each profile's `measurements`) within 10%.
@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "core/collective_bench.hpp"
-#include "core/cost_model.hpp"
-#include "core/errors.hpp"
+#include "core/results/collective_bench.hpp"
+#include "core/engine/cost_model.hpp"
+#include "core/base/errors.hpp"
 #include "muonbed/config.hpp"
 
 using namespace muonbed;

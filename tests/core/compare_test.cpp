@@ -1,4 +1,4 @@
-// `muonbed compare` (core/compare.hpp): Kendall's tau and the error % against hand-computed
+// `muonbed compare` (core/results/compare.hpp): Kendall's tau and the error % against hand-computed
 // cases, the report's summaries and rankings on hand-built records, and compare_experiment on
 // real result files: a measured record beside the analytic one, and the refusals (missing
 // results, results of another configuration, nothing measured) with the file and the fix.
@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "core/compare.hpp"
-#include "core/errors.hpp"
-#include "core/results.hpp"
-#include "core/run_point.hpp"
+#include "core/results/compare.hpp"
+#include "core/base/errors.hpp"
+#include "core/results/results.hpp"
+#include "core/results/run_point.hpp"
 #include "tests/common/temp_dir.hpp"
 
 using namespace muonbed;

@@ -15,8 +15,8 @@
 #include <set>
 #include <vector>
 
-#include "core/cost_model.hpp"
-#include "core/strategy.hpp"
+#include "core/engine/cost_model.hpp"
+#include "core/plan/strategy.hpp"
 
 using namespace muonbed;
 using Catch::Detail::Approx;

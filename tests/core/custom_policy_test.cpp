@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <map>
 
-#include "core/strategy.hpp"
+#include "core/plan/strategy.hpp"
 
 using namespace muonbed;
 

@@ -9,8 +9,8 @@
 #include <numeric>
 #include <random>
 
-#include "core/errors.hpp"
-#include "core/layout.hpp"
+#include "core/base/errors.hpp"
+#include "core/model/layout.hpp"
 
 using namespace muonbed;
 

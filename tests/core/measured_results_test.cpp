@@ -1,4 +1,4 @@
-// The keys only measured backends write (core/results.hpp): step statistics over the timed steps
+// The keys only measured backends write (core/results/results.hpp): step statistics over the timed steps
 // and the execution block. They round-trip through JSON, and records without them (analytic,
 // simulated, older files) neither write nor need them.
 #include <catch2/catch.hpp>
@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "core/errors.hpp"
-#include "core/experiment.hpp"
-#include "core/results.hpp"
-#include "core/run_point.hpp"
+#include "core/base/errors.hpp"
+#include "core/experiment/experiment.hpp"
+#include "core/results/results.hpp"
+#include "core/results/run_point.hpp"
 #include "muonbed/config.hpp"
 
 using namespace muonbed;

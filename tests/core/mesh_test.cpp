@@ -6,8 +6,8 @@
 #include <random>
 #include <set>
 
-#include "core/errors.hpp"
-#include "core/mesh.hpp"
+#include "core/base/errors.hpp"
+#include "core/model/mesh.hpp"
 
 using namespace muonbed;
 

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 
-#include "core/errors.hpp"
-#include "core/model.hpp"
+#include "core/base/errors.hpp"
+#include "core/model/model.hpp"
 
 using namespace muonbed;
 

@@ -1,5 +1,5 @@
-// The one writer of output files (core/output_files.hpp) and the process helpers
-// (core/process.hpp): what is replaced atomically, what is written through, what is refused, and
+// The one writer of output files (core/base/output_files.hpp) and the process helpers
+// (core/base/process.hpp): what is replaced atomically, what is written through, what is refused, and
 // that nothing else is touched. Each case checks the file system afterwards, not only the message.
 #include <catch2/catch.hpp>
 
@@ -16,10 +16,10 @@
 #include <sstream>
 #include <string>
 
-#include "core/errors.hpp"
-#include "core/output_files.hpp"
-#include "core/process.hpp"
-#include "core/src/yaml_util.hpp"
+#include "core/base/errors.hpp"
+#include "core/base/output_files.hpp"
+#include "core/base/process.hpp"
+#include "core/config/src/yaml_util.hpp"
 #include "tests/common/temp_dir.hpp"
 
 using namespace muonbed;

@@ -5,8 +5,8 @@
 
 #include <map>
 
-#include "core/errors.hpp"
-#include "core/parallelize.hpp"
+#include "core/base/errors.hpp"
+#include "core/model/parallelize.hpp"
 
 using namespace muonbed;
 

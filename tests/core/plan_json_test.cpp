@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "core/errors.hpp"
-#include "core/plan_json.hpp"
-#include "core/strategy.hpp"
+#include "core/base/errors.hpp"
+#include "core/plan/plan_json.hpp"
+#include "core/plan/strategy.hpp"
 
 using namespace muonbed;
 using nlohmann::json;

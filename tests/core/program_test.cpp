@@ -1,4 +1,4 @@
-// Host tests of the lowering of plans to rank programs (core/program.hpp): element maps against a
+// Host tests of the lowering of plans to rank programs (core/plan/program.hpp): element maps against a
 // brute-force walk of index sets, per-peer counts against plan.hpp's byte counts for every op,
 // rank and peer, memory against rank_memory, identical programs from a plan read back from JSON,
 // and the errors a broken plan gets.
@@ -7,9 +7,9 @@
 #include <map>
 #include <random>
 
-#include "core/errors.hpp"
-#include "core/plan_json.hpp"
-#include "core/program.hpp"
+#include "core/base/errors.hpp"
+#include "core/plan/plan_json.hpp"
+#include "core/plan/program.hpp"
 #include "tests/common/strategy_matrix.hpp"
 
 using namespace muonbed;

@@ -11,8 +11,8 @@
 #include <sstream>
 #include <string>
 
-#include "core/experiment.hpp"
-#include "core/results.hpp"
+#include "core/experiment/experiment.hpp"
+#include "core/results/results.hpp"
 #include "muonbed/config.hpp"
 #include "tests/common/temp_dir.hpp"
 

@@ -8,9 +8,9 @@
 #include <limits>
 #include <string>
 
-#include "core/errors.hpp"
-#include "core/results.hpp"
-#include "core/sha256.hpp"
+#include "core/base/errors.hpp"
+#include "core/results/results.hpp"
+#include "core/base/sha256.hpp"
 #include "tests/common/temp_dir.hpp"
 
 using namespace muonbed;

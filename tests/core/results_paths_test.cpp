@@ -6,7 +6,7 @@
 #include <set>
 #include <string>
 
-#include "core/results.hpp"
+#include "core/results/results.hpp"
 
 using namespace muonbed;
 

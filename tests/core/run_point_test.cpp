@@ -1,4 +1,4 @@
-// The backend registry and the point runner of core/run_point.hpp: analytic is built in, other
+// The backend registry and the point runner of core/results/run_point.hpp: analytic is built in, other
 // backends are registered by name (again: replaced), unknown names are an error that lists the
 // registered ones, and run_point writes what the backend returned.
 #include <catch2/catch.hpp>
@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "core/errors.hpp"
-#include "core/experiment.hpp"
-#include "core/run_point.hpp"
+#include "core/base/errors.hpp"
+#include "core/experiment/experiment.hpp"
+#include "core/results/run_point.hpp"
 #include "muonbed/config.hpp"
 
 using namespace muonbed;

@@ -9,11 +9,11 @@
 #include <map>
 #include <set>
 
-#include "core/assignment.hpp"
-#include "core/model.hpp"
-#include "core/parallelize.hpp"
-#include "core/plan.hpp"
-#include "core/strategy.hpp"
+#include "core/plan/assignment.hpp"
+#include "core/model/model.hpp"
+#include "core/model/parallelize.hpp"
+#include "core/plan/plan.hpp"
+#include "core/plan/strategy.hpp"
 #include "tests/common/strategy_matrix.hpp"
 
 using namespace muonbed;

@@ -10,9 +10,9 @@
 #include <map>
 #include <set>
 
-#include "core/engine.hpp"
-#include "core/plan.hpp"
-#include "core/strategy.hpp"
+#include "core/engine/engine.hpp"
+#include "core/plan/plan.hpp"
+#include "core/plan/strategy.hpp"
 #include "tests/common/strategy_matrix.hpp"
 
 using namespace muonbed;
@@ -195,7 +195,7 @@ std::vector<int> replay_data_flow(const StepPlan& plan) {
   return ns_count;
 }
 
-// Runs every step of the plan's hyper-period on the execution engine (core/engine.hpp) with
+// Runs every step of the plan's hyper-period on the execution engine (core/engine/engine.hpp) with
 // handlers that complete each op at once, and checks the order the engine ran them in against the
 // semantics, independently: on every rank, each active op it takes part in ran exactly once, after
 // the ops before it on its stream and after its active deps; inactive ops never ran. Returns

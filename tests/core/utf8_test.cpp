@@ -1,10 +1,10 @@
-// invalid_utf8_at (core/errors.hpp) against hand-made byte strings: the well-formed sequences of
+// invalid_utf8_at (core/base/errors.hpp) against hand-made byte strings: the well-formed sequences of
 // RFC 3629 pass, and each kind of malformed one is found at its first byte.
 #include <catch2/catch.hpp>
 
 #include <string>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 
 using muonbed::invalid_utf8_at;
 

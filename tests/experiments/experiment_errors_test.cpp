@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "core/errors.hpp"
-#include "core/experiment.hpp"
+#include "core/base/errors.hpp"
+#include "core/experiment/experiment.hpp"
 
 using namespace muonbed;
 using Catch::Contains;

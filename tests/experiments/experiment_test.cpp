@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "core/cost_model.hpp"
-#include "core/errors.hpp"
-#include "core/experiment.hpp"
+#include "core/engine/cost_model.hpp"
+#include "core/base/errors.hpp"
+#include "core/experiment/experiment.hpp"
 #include "muonbed/config.hpp"
 
 using namespace muonbed;

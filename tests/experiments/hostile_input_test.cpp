@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "core/errors.hpp"
-#include "core/experiment.hpp"
+#include "core/base/errors.hpp"
+#include "core/experiment/experiment.hpp"
 #include "tests/common/temp_dir.hpp"
 
 using namespace muonbed;
@@ -256,7 +256,7 @@ TEST_CASE("sweep points are parsed from one tree, edited and restored", "[experi
     CHECK(e.mesh.dim(1).size == 4);
     CHECK(e.mesh.dim(0).size == std::stoi(e.overrides.at("mesh.dp_shard")));
     CHECK(e.strategy.name == e.overrides.at("strategy.name"));
-    // Sequential reads no prefetch: its points carry the default (core/strategy.hpp).
+    // Sequential reads no prefetch: its points carry the default (core/plan/strategy.hpp).
     CHECK(e.strategy.prefetch_count ==
           (e.strategy.name == "sequential" ? 1
                                            : std::stoi(e.overrides.at("strategy.prefetch_count"))));

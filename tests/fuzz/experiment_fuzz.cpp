@@ -10,12 +10,12 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/cluster.hpp"
-#include "core/cost_model.hpp"
-#include "core/errors.hpp"
-#include "core/experiment.hpp"
-#include "core/results.hpp"
-#include "core/src/yaml_util.hpp"
+#include "core/config/cluster.hpp"
+#include "core/engine/cost_model.hpp"
+#include "core/base/errors.hpp"
+#include "core/experiment/experiment.hpp"
+#include "core/results/results.hpp"
+#include "core/config/src/yaml_util.hpp"
 
 namespace {
 

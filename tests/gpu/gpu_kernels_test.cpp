@@ -10,10 +10,10 @@
 #include <sstream>
 #include <vector>
 
-#include "core/errors.hpp"
-#include "core/layout.hpp"
-#include "core/mesh.hpp"
-#include "core/model.hpp"
+#include "core/base/errors.hpp"
+#include "core/model/layout.hpp"
+#include "core/model/mesh.hpp"
+#include "core/model/model.hpp"
 #include "kernels/bench.hpp"
 #include "kernels/cuda/ns_versions.cuh"
 #include "kernels/gpu.hpp"

@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/errors.hpp"
-#include "core/model.hpp"
+#include "core/base/errors.hpp"
+#include "core/model/model.hpp"
 #include "kernels/bench.hpp"
 
 using namespace muonbed;

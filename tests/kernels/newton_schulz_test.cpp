@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "kernels/bf16.hpp"
 #include "kernels/newton_schulz.hpp"
 #include "kernels/random.hpp"

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "kernels/optimizer_math.hpp"
 
 using namespace muonbed;

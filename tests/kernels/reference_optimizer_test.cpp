@@ -5,10 +5,10 @@
 #include <cmath>
 #include <vector>
 
-#include "core/errors.hpp"
-#include "core/layout.hpp"
-#include "core/mesh.hpp"
-#include "core/model.hpp"
+#include "core/base/errors.hpp"
+#include "core/model/layout.hpp"
+#include "core/model/mesh.hpp"
+#include "core/model/model.hpp"
 #include "kernels/reference_optimizer.hpp"
 #include "tests/kernels/linalg_helpers.hpp"
 

@@ -4,9 +4,9 @@
 #include <numeric>
 #include <vector>
 
-#include "core/errors.hpp"
-#include "core/layout.hpp"
-#include "core/mesh.hpp"
+#include "core/base/errors.hpp"
+#include "core/model/layout.hpp"
+#include "core/model/mesh.hpp"
 #include "kernels/shard_table.hpp"
 
 using namespace muonbed;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/cost_model.hpp"
+#include "core/engine/cost_model.hpp"
 #include "muonbed/config.hpp"
 #include "sim/src/harness.hpp"
 

@@ -7,8 +7,8 @@
 #include <tuple>
 #include <utility>
 
-#include "core/cost_model.hpp"
-#include "core/experiment.hpp"
+#include "core/engine/cost_model.hpp"
+#include "core/experiment/experiment.hpp"
 #include "muonbed/config.hpp"
 #include "sim/simulate.hpp"
 #include "sim/src/harness.hpp"

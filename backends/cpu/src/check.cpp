@@ -9,7 +9,7 @@
 #include <string_view>
 
 #include "backends/cpu/data.hpp"
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 
 namespace muonbed::cpu {
 

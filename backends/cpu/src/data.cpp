@@ -6,7 +6,7 @@
 #include <map>
 #include <string>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "kernels/random.hpp"
 
 namespace muonbed::cpu {

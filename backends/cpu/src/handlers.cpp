@@ -7,7 +7,7 @@
 #include <string>
 
 #include "backends/cpu/data.hpp"
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "kernels/bf16.hpp"
 #include "kernels/optimizer_math.hpp"
 #include "kernels/progress.hpp"

@@ -5,7 +5,7 @@
 #include <new>
 #include <string>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 
 namespace muonbed::cpu {
 

@@ -10,7 +10,7 @@
 
 #include "backends/cpu/data.hpp"
 #include "backends/cpu/handlers.hpp"
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 
 namespace muonbed::gpu {
 

@@ -12,7 +12,7 @@
 #include <map>
 #include <set>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "kernels/newton_schulz.hpp"
 #include "kernels/optimizer_math.hpp"
 

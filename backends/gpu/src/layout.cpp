@@ -6,7 +6,7 @@
 #include <map>
 #include <set>
 
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "kernels/optimizer_math.hpp"
 #include "kernels/reference_optimizer.hpp"
 

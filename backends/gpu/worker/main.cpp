@@ -32,9 +32,9 @@
 #include "backends/gpu/cuda_loopback.hpp"
 #include "backends/gpu/nccl_executor.hpp"
 #include "backends/mpi/mpi_backend.hpp"
-#include "core/errors.hpp"
-#include "core/experiment.hpp"
-#include "core/output_files.hpp"
+#include "core/base/errors.hpp"
+#include "core/experiment/experiment.hpp"
+#include "core/base/output_files.hpp"
 
 using namespace muonbed;
 

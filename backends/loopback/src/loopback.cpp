@@ -4,7 +4,7 @@
 #include <string>
 
 #include "backends/cpu/data.hpp"
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 
 namespace muonbed {
 

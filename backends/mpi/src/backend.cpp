@@ -26,14 +26,14 @@
 
 #include "backends/mpi/executor.hpp"
 #include "backends/mpi/measure.hpp"
-#include "core/calibration.hpp"
-#include "core/compare.hpp"
-#include "core/errors.hpp"
-#include "core/experiment.hpp"
-#include "core/plan_json.hpp"
-#include "core/process.hpp"
-#include "core/program.hpp"
-#include "core/run_point.hpp"
+#include "core/results/calibration.hpp"
+#include "core/results/compare.hpp"
+#include "core/base/errors.hpp"
+#include "core/experiment/experiment.hpp"
+#include "core/plan/plan_json.hpp"
+#include "core/base/process.hpp"
+#include "core/plan/program.hpp"
+#include "core/results/run_point.hpp"
 
 #ifndef MUONBED_MPIRUN_PATH
 #define MUONBED_MPIRUN_PATH ""
@@ -71,7 +71,7 @@ struct Job {
   std::string kind = "plan";
   bool concurrent = false;  // compute: every rank at once (else one at a time)
   nlohmann::json compute_plans = nlohmann::json::array();
-  // The machine-speed probe (core/calibration.hpp speed_probe), timed before and after the
+  // The machine-speed probe (core/results/calibration.hpp speed_probe), timed before and after the
   // point's steps by the mpi backend; null: none.
   nlohmann::json probe_plan;
   std::vector<std::int64_t> probe_shape;
@@ -151,7 +151,7 @@ int env_int(const char* name, int fallback) {
   }
 }
 
-// The strict numeric variables (core/process.hpp env_number), each with its range once.
+// The strict numeric variables (core/base/process.hpp env_number), each with its range once.
 std::optional<int> env_blas_threads() {
   const auto v = env_number("MUONBED_BLAS_THREADS", 1, 1024, true, "1");
   return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt;
@@ -395,7 +395,7 @@ void init_mpi() {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized) return;
-  // A rank whose launcher (mpirun, orted) is killed must not run on alone (core/process.hpp).
+  // A rank whose launcher (mpirun, orted) is killed must not run on alone (core/base/process.hpp).
   if (mpi_environment().inside) exit_with_parent();
   int provided = 0;
   MUONBED_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));

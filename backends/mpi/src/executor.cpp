@@ -24,8 +24,8 @@
 
 #include "backends/cpu/data.hpp"
 #include "backends/cpu/handlers.hpp"
-#include "core/engine.hpp"
-#include "core/errors.hpp"
+#include "core/engine/engine.hpp"
+#include "core/base/errors.hpp"
 #include "kernels/progress.hpp"
 
 namespace muonbed::mpi {

@@ -11,9 +11,9 @@
 #include <map>
 #include <tuple>
 
-#include "core/engine.hpp"
-#include "core/errors.hpp"
-#include "core/timeline.hpp"
+#include "core/engine/engine.hpp"
+#include "core/base/errors.hpp"
+#include "core/engine/timeline.hpp"
 
 namespace muonbed::mpi {
 

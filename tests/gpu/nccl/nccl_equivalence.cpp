@@ -20,7 +20,7 @@
 
 #include "backends/cpu/check.hpp"
 #include "backends/gpu/nccl_executor.hpp"
-#include "core/errors.hpp"
+#include "core/base/errors.hpp"
 #include "tests/common/equivalence_cases.hpp"
 #include "tests/common/strategy_matrix.hpp"
 

@@ -1,0 +1,859 @@
+// Analytic step-time model: nccl-tests bus factors, the link a collective instance sees on a
+// modelled cluster, alpha-beta closed forms per collective, compute at the GPU's sustained rate
+// (or HBM bandwidth for memory-bound ops), and a replay of a plan on core/engine/engine.hpp's execution
+// engine with these durations on a virtual clock, which yields each rank's finish time and its
+// busy, exposed-communication and idle time (see "The replay" below).
+#include "core/engine/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/engine/engine.hpp"
+#include "core/base/errors.hpp"
+#include "core/results/results.hpp"
+#include "core/plan/split_ns.hpp"
+#include "core/engine/timeline.hpp"
+
+namespace muonbed {
+
+namespace {
+
+constexpr double kGB = 1e9;
+constexpr double kMicro = 1e-6;
+
+// Where a group's members sit: enough to pick its links. Built from members in ascending rank
+// order (nodes then come in nondecreasing order, so per-node counts are runs).
+struct GroupProfile {
+  int members = 0;
+  int nodes = 0;
+  int min_per_node = 0;
+  int max_per_node = 0;
+  bool spans_leaves = false;
+};
+
+class ProfileBuilder {
+ public:
+  ProfileBuilder(int gpus_per_node, int nodes_per_leaf)
+      : gpus_per_node_(gpus_per_node), nodes_per_leaf_(nodes_per_leaf) {}
+
+  void add(int rank) {
+    const int node = rank / gpus_per_node_;
+    if (p_.members == 0) {
+      first_leaf_ = leaf(node);
+    } else if (node != node_) {
+      close_run();
+    }
+    if (p_.members == 0 || node != node_) {
+      node_ = node;
+      run_ = 0;
+      ++p_.nodes;
+      if (leaf(node) != first_leaf_) p_.spans_leaves = true;
+    }
+    ++run_;
+    ++p_.members;
+  }
+
+  GroupProfile finish() {
+    if (p_.members > 0) close_run();
+    GroupProfile out = p_;
+    *this = ProfileBuilder(gpus_per_node_, nodes_per_leaf_);
+    return out;
+  }
+
+ private:
+  int leaf(int node) const { return nodes_per_leaf_ > 0 ? node / nodes_per_leaf_ : 0; }
+  void close_run() {
+    p_.min_per_node = p_.nodes == 1 ? run_ : std::min(p_.min_per_node, run_);
+    p_.max_per_node = std::max(p_.max_per_node, run_);
+  }
+
+  int gpus_per_node_;
+  int nodes_per_leaf_;
+  GroupProfile p_;
+  int node_ = -1;
+  int run_ = 0;
+  int first_leaf_ = 0;
+};
+
+// The physical placement of ranks: rank r runs on GPU r, node r / gpus_per_node of the cluster
+// (the simulator numbers GPUs the same way). The mesh's own gpus_per_node is used only when the
+// cluster does not give one.
+int physical_gpus_per_node(const ClusterSpec& cluster, const DeviceMesh& mesh) {
+  return cluster.gpus_per_node > 0 ? cluster.gpus_per_node : std::max(1, mesh.gpus_per_node());
+}
+
+int nodes_per_leaf(const ClusterSpec& cluster) {
+  return cluster.network.topology == TopologyKind::fat_tree ? cluster.network.nodes_per_leaf : 0;
+}
+
+constexpr double kUnbounded = std::numeric_limits<double>::infinity();
+
+// Per-rank bandwidth when a fraction `cross` of a member's traffic goes to other nodes (at
+// `network` per rank) and the rest stays on the node (at `intra`), both at once.
+double overlapped_bandwidth(double cross, double intra, double network) {
+  if (!(cross > 0)) return intra;
+  if (!(cross < 1)) return network;
+  return std::min(network / cross, intra / (1 - cross));
+}
+
+// The link rules.
+//
+// Inside one node: NVSwitch gives every GPU its per-GPU bandwidth and latency. PCIe gives each
+// GPU its link bandwidth, but when pcie_switch_GBps is set the group's members on the node share
+// that host bridge: per rank min(link, switch / members on the node). Every link class runs at
+// its efficiency for the kind's collective class (cluster.efficiency).
+//
+// Across nodes: the crossing latency = NIC latency + switch hops x switch latency (single switch:
+// 1 hop; fat tree: 1 hop under one leaf, else 2*levels-1 hops, the worst path up to the top
+// level and down); steps inside a node keep the intra-node latency. Let nic_total = NICs per
+// node x NIC bandwidth, let one GPU drive at most max(1, NICs / GPUs per node) NICs (gpu_nic),
+// and let m be the fewest and M the most members on a node:
+//   ring (all_gather, reduce_scatter, all_reduce, broadcast chain, barrier): NCCL runs one
+//     channel per member on a node, each entering and leaving the node once on its own rail, so
+//     a rank's per-step traffic leaves the node through up to min(m x gpu_nic, nic_total), and
+//     of the m channels a GPU sends on, m-1 stay on NVLink: bandwidth = min(network share,
+//     intra x m/(m-1)) (one member per node: the network share).
+//   all_to_all: a member's traffic to the n-M members on other nodes leaves through its own NIC
+//     (a GPU cannot aggregate NICs: min(gpu_nic, nic_total / M)), the rest goes over NVLink at
+//     the same time (NCCL posts every peer at once), so the per-rank bandwidth is what makes both
+//     parts take equally long: min(net / f, intra / (1 - f)), f = (n-M)/(n-1).
+//   rooted (gather, scatter, send, recv): the same overlap through the root's own NIC (gpu_nic).
+// A fat tree with oversubscription > 1 divides the network share of groups that span leaves by
+// it. Concurrent instances of other groups on the same NICs are not modelled (each instance is
+// costed alone); rail-optimized wiring does not change these per-instance figures.
+LinkParams link_from_profile(const ClusterSpec& c, int gpus_per_node, const GroupProfile& g,
+                             OpKind kind) {
+  const CollectiveClass cls = collective_class(kind);
+  const LinkEfficiency& ei = c.efficiency.intra_node;
+  const LinkEfficiency& en = c.efficiency.network;
+  double intra_bw = c.intra.bandwidth_GBps * kGB;
+  if (c.intra.kind == IntraNodeKind::pcie && c.intra.pcie_switch_GBps > 0 && g.max_per_node > 0)
+    intra_bw = std::min(intra_bw, c.intra.pcie_switch_GBps * kGB / g.max_per_node);
+  LinkParams link;
+  link.intra_latency_s = c.intra.latency_us * kMicro;
+  link.latency_s = link.intra_latency_s;
+  link.launch_s = c.launch_overhead.collective_us * kMicro;
+  link.nodes = std::max(1, g.nodes);
+  const int nic_count = std::max(1, c.nic.count_per_node);
+  const double nic_bw = c.nic.bandwidth_GBps * kGB;
+  const double nic_total = nic_count * nic_bw;
+  const double gpu_nic = nic_bw * std::max(1, nic_count / std::max(1, gpus_per_node));
+  int hops = 1;
+  double over = 1;
+  if (g.nodes > 1 && c.network.topology == TopologyKind::fat_tree && g.spans_leaves) {
+    hops = 2 * std::max(1, c.network.levels) - 1;
+    if (c.network.oversubscription > 1) over = c.network.oversubscription;
+  }
+  if (g.nodes > 1)
+    link.latency_s = (c.nic.latency_us + hops * c.network.switch_latency_us) * kMicro;
+
+  // NVLS: the NVSwitch reduces; needs >= 2 members on every node, the same count on each.
+  if (kind == OpKind::all_reduce && c.intra.nvls && c.intra.kind == IntraNodeKind::nvswitch &&
+      g.min_per_node >= 2 && g.min_per_node == g.max_per_node) {
+    NvlsParams& v = link.nvls;
+    v.available = true;
+    v.per_node = g.min_per_node;
+    v.nodes = std::max(1, g.nodes);
+    v.latency_s = c.intra.nvls_latency_us * kMicro;
+    v.intra_Bps = intra_bw * ei.nvls;
+    v.network_Bps = std::min(gpu_nic, nic_total / v.per_node) * en.nvls / over;
+    v.step_latency_s = link.latency_s;
+  }
+
+  const double intra = intra_bw * ei.of(cls);
+  if (g.nodes <= 1) {
+    link.bandwidth_Bps = intra;
+    return link;
+  }
+  const int m = std::max(1, g.min_per_node), big_m = std::max(1, g.max_per_node);
+  const int n = std::max(1, g.members);
+  switch (cls) {
+    case CollectiveClass::ring:
+    case CollectiveClass::nvls: {
+      const double share = std::min(m * gpu_nic, nic_total) * en.of(cls) / over;
+      link.bandwidth_Bps = m > 1 ? std::min(share, intra * m / static_cast<double>(m - 1)) : share;
+      link.channels = m;
+      link.intra_channel_Bps = intra;
+      break;
+    }
+    case CollectiveClass::all_to_all:
+    case CollectiveClass::p2p: {
+      const double net =
+          (cls == CollectiveClass::all_to_all ? std::min(gpu_nic, nic_total / big_m) : gpu_nic) *
+          en.of(cls) / over;
+      const double cross =
+          n > 1 ? static_cast<double>(n - std::min(n, big_m)) / static_cast<double>(n - 1) : 1.0;
+      link.bandwidth_Bps = overlapped_bandwidth(cross, intra, net);
+      break;
+    }
+  }
+  return link;
+}
+
+double checked_bandwidth(double bandwidth_Bps, double bytes, OpKind kind) {
+  if (bytes > 0 && !(bandwidth_Bps > 0))
+    throw PlanError("collective_time: " + std::string(to_string(kind)) + " of " +
+                    std::to_string(bytes) +
+                    " bytes over a link with no bandwidth; fix: give the cluster's intra-node "
+                    "and NIC bandwidths (GB/s) positive values");
+  return bandwidth_Bps;
+}
+
+int ceil_log2(int n) {
+  int k = 0;
+  while ((1LL << k) < n) ++k;
+  return k;
+}
+
+// Latency of `steps` consecutive steps around a ring of n members over `nodes` nodes: the worst
+// window of `steps` edges holds ceil(steps x nodes / n) crossing edges (at most `steps`).
+double ring_latency(long steps, int n, const LinkParams& link) {
+  if (steps <= 0) return 0;
+  if (link.nodes <= 1 || n <= 1) return steps * link.latency_s;
+  const long crossing = std::min<long>(
+      steps, static_cast<long>(std::ceil(static_cast<double>(steps) * link.nodes / n - 1e-9)));
+  return crossing * link.latency_s + (steps - crossing) * link.intra_latency_s;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Compute durations. Newton-Schulz runs each matrix (or stacked batch, one call) for the time
+// gpu.ns_table measured for the chosen kernel version, interpolated in FLOPs; without an entry of
+// that version, at the GPU's sustained GEMM rate for its smallest dimension plus one kernel
+// launch. Elementwise ops take gpu.elementwise_table's measured time for the elements they touch
+// when it has their kind; else they run their few FLOPs at peak, bounded below by their HBM
+// traffic at HBM bandwidth (hbm_GBps = 0: not modelled), plus one kernel launch per parameter.
+double compute_seconds(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster) {
+  const GpuSpec& gpu = cluster.gpu;
+  const double launch = cluster.launch_overhead.kernel_us * kMicro;
+  double t = 0;
+  const auto no_rate = [&](double flops) {
+    return PlanError("compute_time: op " + std::to_string(op.id) + " (" +
+                     std::string(to_string(op.kind)) + ") has " + std::to_string(flops) +
+                     " FLOPs but the GPU '" + gpu.name +
+                     "' has no compute rate; fix: set gpu.peak_tflops in the cluster");
+  };
+  if (op.kind == OpKind::newton_schulz) {
+    for (const MatrixWork& w : ns_work(plan, op, rank)) {
+      if (!(w.flops > 0)) continue;
+      if (!gpu.ns_kernel.empty()) {
+        const double measured =
+            gpu.ns_call_seconds(w.rows, w.cols, w.batch, op.ns_steps, gpu.ns_kernel);
+        if (measured >= 0) {
+          t += measured;
+          continue;
+        }
+      }
+      const double rate = gpu.sustained_flops(w.min_dim);
+      if (!(rate > 0)) throw no_rate(w.flops);
+      t += w.flops / rate + launch;
+    }
+    // The memory bound holds for the peak-rate estimate only: measured times include it.
+    if (gpu.hbm_GBps > 0 && gpu.ns_kernel.empty())
+      t = std::max(t, op_memory_bytes(plan, op, rank) / (gpu.hbm_GBps * kGB));
+    return t;
+  }
+  if (op.kind == OpKind::momentum || op.kind == OpKind::apply_update || op.kind == OpKind::adamw) {
+    const double measured =
+        gpu.elementwise_seconds(to_string(op.kind), elementwise_numel(plan, op, rank));
+    if (measured >= 0) return measured;
+  }
+  const double flops = op_flops(plan, op, rank);
+  if (flops > 0) {
+    if (!(gpu.peak_tflops > 0)) throw no_rate(flops);
+    t = flops / (gpu.peak_tflops * 1e12);
+  }
+  if (gpu.hbm_GBps > 0) t = std::max(t, op_memory_bytes(plan, op, rank) / (gpu.hbm_GBps * kGB));
+  if (launch > 0) {
+    int calls = 0;
+    for (int p : op.params)
+      if ((!op.owned_only || plan.assignment.owner[p] == rank) &&
+          plan.model.params[p].layout.holds(plan.mesh(), rank))
+        ++calls;
+    t += calls * launch;
+  }
+  return t;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+double bus_factor(OpKind kind, int group_size) {
+  if (group_size < 1)
+    throw PlanError("bus_factor: group size " + std::to_string(group_size) + " is below 1");
+  const double n = group_size;
+  switch (kind) {
+    case OpKind::all_reduce:
+      return 2.0 * (n - 1) / n;
+    case OpKind::all_gather:
+    case OpKind::reduce_scatter:
+    case OpKind::all_to_all:
+    case OpKind::gather:
+    case OpKind::scatter:
+      return (n - 1) / n;
+    case OpKind::broadcast:
+    case OpKind::send:
+    case OpKind::recv:
+      return 1.0;
+    case OpKind::barrier:
+      return 0.0;  // moves no data
+    default:
+      throw PlanError("bus_factor: '" + std::string(to_string(kind)) + "' is not a collective");
+  }
+}
+
+LinkParams link_for_group(const ClusterSpec& cluster, int gpus_per_node,
+                          const std::vector<int>& members, OpKind kind) {
+  std::vector<int> sorted = members;
+  std::sort(sorted.begin(), sorted.end());
+  const int gpn = std::max(1, gpus_per_node);
+  ProfileBuilder builder(gpn, nodes_per_leaf(cluster));
+  for (int r : sorted) builder.add(r);
+  return link_from_profile(cluster, gpn, builder.finish(), kind);
+}
+
+LinkParams link_for_group(const ClusterSpec& cluster, const DeviceMesh& mesh,
+                          const std::vector<int>& members, OpKind kind) {
+  return link_for_group(cluster, physical_gpus_per_node(cluster, mesh), members, kind);
+}
+
+CollectiveClass collective_class(OpKind kind) {
+  switch (kind) {
+    case OpKind::gather:
+    case OpKind::scatter:
+    case OpKind::send:
+    case OpKind::recv:
+      return CollectiveClass::p2p;
+    case OpKind::all_to_all:
+      return CollectiveClass::all_to_all;
+    default:
+      return CollectiveClass::ring;  // all_gather, reduce_scatter, all_reduce, broadcast, barrier
+  }
+}
+
+std::string_view to_string(AllReduceAlgorithm algorithm) {
+  switch (algorithm) {
+    case AllReduceAlgorithm::ring:
+      return "ring";
+    case AllReduceAlgorithm::nvls:
+      return "nvls";
+    case AllReduceAlgorithm::nvls_tree:
+      return "nvls_tree";
+  }
+  return "?";
+}
+
+double all_reduce_time(AllReduceAlgorithm algorithm, int group_size, double total_bytes,
+                       const LinkParams& link) {
+  const int n = group_size;
+  const double S = total_bytes;
+  if (n <= 1) return 0;
+  if (algorithm == AllReduceAlgorithm::ring)
+    return link.launch_s + ring_latency(2L * (n - 1), n, link) +
+           (S > 0 ? 2.0 * (n - 1) * S /
+                        (n * checked_bandwidth(link.bandwidth_Bps, S, OpKind::all_reduce))
+                  : 0);
+  const NvlsParams& v = link.nvls;
+  const bool tree = v.nodes > 1;
+  if (!v.available || tree != (algorithm == AllReduceAlgorithm::nvls_tree)) return kUnbounded;
+  const double g = v.per_node;
+  double bw = S > 0 ? S * (g + 1) / g / checked_bandwidth(v.intra_Bps, S, OpKind::all_reduce) : 0;
+  if (tree && S > 0)
+    bw = std::max(bw, 2.0 * (v.nodes - 1) / v.nodes * S / g /
+                          checked_bandwidth(v.network_Bps, S, OpKind::all_reduce));
+  const double latency =
+      v.latency_s + (tree ? 2.0 * (v.nodes - 1) * v.step_latency_s : link.latency_s);
+  return link.launch_s + latency + bw;
+}
+
+AllReduceAlgorithm all_reduce_algorithm(int group_size, double total_bytes,
+                                        const LinkParams& link) {
+  if (!link.nvls.available || group_size <= 1) return AllReduceAlgorithm::ring;
+  const AllReduceAlgorithm nvls =
+      link.nvls.nodes > 1 ? AllReduceAlgorithm::nvls_tree : AllReduceAlgorithm::nvls;
+  return all_reduce_time(nvls, group_size, total_bytes, link) <
+                 all_reduce_time(AllReduceAlgorithm::ring, group_size, total_bytes, link)
+             ? nvls
+             : AllReduceAlgorithm::ring;
+}
+
+double collective_time(OpKind kind, int group_size, double total_bytes, const LinkParams& link,
+                       double min_piece_bytes) {
+  if (group_size < 1)
+    throw PlanError("collective_time: group size " + std::to_string(group_size) + " is below 1");
+  if (total_bytes < 0)
+    throw PlanError("collective_time: negative size " + std::to_string(total_bytes));
+  if (group_size == 1) return 0;  // nothing leaves the rank
+  const int n = group_size;
+  const double a = link.latency_s;
+  const double S = total_bytes;
+  const auto bw = [&](double bytes) {
+    return bytes > 0 ? bytes / checked_bandwidth(link.bandwidth_Bps, S, kind) : 0.0;
+  };
+  switch (kind) {
+    case OpKind::all_gather:
+    case OpKind::reduce_scatter: {
+      // Each ring edge carries everything but its receiver's (or sender's) piece.
+      const double p_min = min_piece_bytes >= 0 ? std::min(min_piece_bytes, S) : S / n;
+      return link.launch_s + ring_latency(n - 1, n, link) + bw(S - p_min);
+    }
+    case OpKind::all_reduce:
+      return all_reduce_time(all_reduce_algorithm(n, S, link), n, S, link);
+    case OpKind::all_to_all: {
+      const long rounds = (n - 1 + kAllToAllPeersInFlight - 1) / kAllToAllPeersInFlight;
+      return link.launch_s + rounds * a + bw(S * (n - 1) / n);
+    }
+    case OpKind::gather:
+    case OpKind::scatter:  // direct: the root's links carry the n-1 other pieces
+      return link.launch_s + a + bw(S * (n - 1) / n);
+    case OpKind::broadcast: {
+      // Pipelined chains, one per channel (c = the fewest members on a node; 1 inside a node),
+      // each channel's S/c cut into k chunks: a hop forwards one chunk at a time, paying its
+      // latency each time. Across nodes a channel's hop uses one NIC (B / c of the ring
+      // bandwidth); inside a node a GPU's NVLink serves the c-1 channels that stay on it.
+      // The steady rate is the slowest hop's; the first chunk pays every hop, and while it
+      // fills the chains the channels reach a GPU staggered, so about half of them share it.
+      const int channels = link.nodes > 1 ? std::max(1, link.channels) : 1;
+      const double per_channel = S / channels;
+      const int k = static_cast<int>(std::clamp(std::ceil(per_channel / kBroadcastChunkBytes), 1.0,
+                                                static_cast<double>(kBroadcastMaxChunks)));
+      const double chunk = per_channel / k;
+      if (link.nodes <= 1) {
+        const double hop = a + bw(chunk);
+        return link.launch_s + (n - 2 + k) * hop;
+      }
+      const double intra = std::max(1e-300, link.intra_channel_Bps);
+      const double net_hop = a + bw(chunk * channels);
+      const double intra_steady = link.intra_latency_s + chunk * (channels - 1) / intra;
+      const double intra_fill = link.intra_latency_s + chunk * 0.5 * (channels - 1) / intra +
+                                (channels > 1 ? 0.0 : chunk / intra);
+      const long crossing = std::min<long>(n - 1, link.nodes - 1);
+      const double fill = crossing * net_hop + (n - 1 - crossing) * intra_fill;
+      return link.launch_s + fill + (k - 1) * std::max(net_hop, intra_steady);
+    }
+    case OpKind::send:
+    case OpKind::recv:
+      return link.launch_s + a + bw(S);
+    case OpKind::barrier:  // dissemination barrier: ceil(log2 n) rounds of a message each way
+      return link.launch_s + 2 * a * ceil_log2(group_size);
+    default:
+      throw PlanError("collective_time: '" + std::string(to_string(kind)) +
+                      "' is not a collective");
+  }
+}
+
+double compute_time(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster) {
+  if (is_memory(op.kind)) return 0;
+  if (!is_compute(op.kind))
+    throw PlanError("compute_time: op " + std::to_string(op.id) + " is a " +
+                    std::string(to_string(op.kind)) + ", not a compute op");
+  return compute_seconds(plan, op, rank, cluster);
+}
+
+// ------------------------------------------------------------------------------------------------
+// The replay: core/engine/engine.hpp's semantics on a virtual clock.
+//
+// The engine decides when each op starts (stream order, deps, collective members); this handler
+// only says how long it takes and keeps the clock. A min-heap holds the completions in flight,
+// ordered by time and then by the order they were started (so ties resolve the same way on every
+// run); popping one advances the clock and reports it to the engine, which starts whatever it
+// unblocks at that instant. Durations are the closed forms above: a compute op takes
+// compute_time on its rank; a collective instance starts when the engine starts it (when its last
+// member arrives, so early members wait, which shows up as idle time), takes
+// collective_time(kind, n, collective_bytes, link of the instance) and completes for every
+// participant at once (send/recv: the pair, sized by the sender). StepTimeline turns the begin
+// and end events into each rank's compute, communication, exposed-communication and idle time.
+//
+// Scale: sizes and compute durations are evaluated once per distinct value of the coordinates
+// they can depend on (see varying_dims), except for owner-dependent ops (owned_only,
+// all_to_all), which are evaluated per rank or instance; an op's cache lives while the op has
+// starts left in the step.
+namespace {
+
+// The mesh dims along which `layout`'s pieces may differ in size (for any set of gathered
+// dims): independent dims (a rank holds the tensor or nothing) and the shard dims of a tensor
+// dim that the shards do not split evenly. A tensor dim of size n sharded by mesh dims of sizes
+// k1, k2, ... (strided ones with split factors f) is split evenly at every stage, whatever the
+// gathered subset, when n is a multiple of the product of all the k and f: then every chunk of
+// torch.chunk has the same size. Other dims never change a piece's size.
+DimSet varying_dims(const DeviceMesh& mesh, const TensorLayout& layout) {
+  const auto& placements = layout.placements();
+  const auto& shape = layout.shape();
+  if (static_cast<int>(placements.size()) != mesh.ndims()) return DimSet::all(mesh.ndims());
+  std::vector<std::int64_t> product(shape.size(), 1);
+  DimSet out;
+  for (int d = 0; d < mesh.ndims(); ++d) {
+    const Placement& pl = placements[d];
+    if (pl.kind == PlacementKind::independent) out = out.with(d);
+    if (!pl.is_shard()) continue;
+    if (pl.tensor_dim < 0 || pl.tensor_dim >= static_cast<int>(shape.size()))
+      return DimSet::all(mesh.ndims());
+    product[pl.tensor_dim] *= static_cast<std::int64_t>(mesh.size(d)) *
+                              (pl.kind == PlacementKind::strided_shard ? pl.split_factor : 1);
+  }
+  for (int d = 0; d < mesh.ndims(); ++d) {
+    const Placement& pl = placements[d];
+    if (pl.is_shard() &&
+        (product[pl.tensor_dim] <= 0 || shape[pl.tensor_dim] % product[pl.tensor_dim] != 0))
+      out = out.with(d);
+  }
+  return out;
+}
+
+// Per op: how its duration (compute) or size (collective) is cached, and the cache itself.
+struct OpCost {
+  bool cacheable = false;
+  // Key of a rank (compute) or instance (collective, by its leader or sender): sum of the
+  // coordinates along these dims times their multipliers.
+  std::vector<std::pair<int, std::int64_t>> key;
+  std::int64_t key_count = 1;
+  std::int64_t starts = 0;  // compute: ranks of the box; collective: instances
+  std::int64_t left = 0;    // starts left in this step; the cache goes at zero
+  std::vector<double> cache;
+  std::vector<double> cache_min;  // all_gather / reduce_scatter: the smallest member piece
+};
+
+class AnalyticReplay final : public OpHandler {
+ public:
+  AnalyticReplay(const StepPlan& plan, const ClusterSpec& cluster);
+  StepEstimate run(int step);
+
+  void reached(int rank, int /*op*/) override { timeline_.touch_finish(rank, now_); }
+  void start_compute(int rank, int op) override;
+  void start_collective(const CollectiveInstance& instance) override;
+
+ private:
+  // Completions due at one time: the ranks that finish a compute op, or the instances of a
+  // collective op that finish. Starts of one op that end at the same time share a batch (every
+  // rank of a box typically starts an op at once and takes as long), which keeps the heap small;
+  // the order within a time does not change any figure (the schedule is the earliest one, and
+  // the accounting adds nothing over zero time).
+  struct Batch {
+    int op = -1;
+    double t = 0;
+    std::vector<int> items;  // compute: ranks; collective: engine instance ids
+  };
+  struct Due {
+    double t = 0;
+    std::uint64_t seq = 0;  // ties are taken in the order their batches opened
+    int batch = 0;
+    bool operator>(const Due& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+  };
+  template <typename Eval>
+  double cached(int op, int rank, Eval eval, bool smallest_piece = false);
+  void due(int op, double t, int item);
+
+  const StepPlan& plan_;
+  const ClusterSpec& cluster_;
+  PlanIndex index_;
+  StepTimeline timeline_;
+  Engine engine_;
+  int gpn_ = 1;
+  std::vector<OpCost> cost_;
+  std::vector<int> open_batch_;  // op -> its batch still in the heap, or -1
+  std::vector<Batch> batches_;
+  std::vector<int> free_batches_;
+  std::vector<Due> heap_;
+  std::uint64_t seq_ = 0;
+  std::vector<std::vector<int>> members_;  // engine instance id -> participants, while running
+  std::vector<int> done_;                  // items of the batch being completed
+  double now_ = 0;
+  HostCommCharge host_comm_;
+};
+
+AnalyticReplay::AnalyticReplay(const StepPlan& plan, const ClusterSpec& cluster)
+    : plan_(plan),
+      cluster_(cluster),
+      index_(plan),
+      timeline_(index_.world_size(), index_.num_ops(), 0),
+      engine_(index_, *this, index_.all_ranks()),
+      gpn_(physical_gpus_per_node(cluster, plan.mesh())),
+      host_comm_(plan, cluster) {
+  const DeviceMesh& mesh = plan.mesh();
+  const int nops = index_.num_ops();
+  const int nparams = static_cast<int>(plan.model.params.size());
+  std::vector<DimSet> varying(nparams);
+  for (int p = 0; p < nparams; ++p) varying[p] = varying_dims(mesh, plan.model.params[p].layout);
+  cost_.resize(nops);
+  for (int i = 0; i < nops; ++i) {
+    const Op& op = plan.ops[i];
+    const std::string where =
+        "estimate: op " + std::to_string(i) + (op.label.empty() ? "" : " ('" + op.label + "')");
+    const OpClass cls = index_.op_class(i);
+    const int n = index_.group_size(i);
+    const bool rooted =
+        op.kind == OpKind::gather || op.kind == OpKind::scatter || op.kind == OpKind::broadcast;
+    if (cls == OpClass::collective && rooted && (op.root < 0 || op.root >= n))
+      throw PlanError(where + ": root " + std::to_string(op.root) + " is outside its group of " +
+                      std::to_string(n));
+    // Which coordinates sizes depend on: the mesh dims along which a param's pieces differ.
+    DimSet relevant;
+    for (int p : op.params) {
+      if (p < 0 || p >= nparams)
+        throw PlanError(where + ": parameter " + std::to_string(p) + " is outside the model's " +
+                        std::to_string(nparams));
+      relevant = relevant | varying[p];
+    }
+    OpCost& c = cost_[i];
+    // Compute ops start once per rank of the box, collectives once per instance: the box's free
+    // dims outside the group.
+    c.starts = 1;
+    std::vector<int> walk;
+    for (int d = 0; d < mesh.ndims(); ++d)
+      if (op.ranks.coord[d] == RankBox::kAll &&
+          (cls != OpClass::collective || !op.group.contains(d))) {
+        walk.push_back(d);
+        c.starts *= mesh.size(d);
+      }
+    c.cacheable = !op.owned_only && op.kind != OpKind::all_to_all;
+    if (!c.cacheable) continue;
+    for (int k = static_cast<int>(walk.size()) - 1; k >= 0; --k)
+      if (relevant.contains(walk[k])) {
+        c.key.emplace_back(walk[k], c.key_count);
+        c.key_count *= mesh.size(walk[k]);
+      }
+  }
+}
+
+template <typename Eval>
+double AnalyticReplay::cached(int op, int rank, Eval eval, bool smallest_piece) {
+  OpCost& c = cost_[op];
+  if (!c.cacheable) return eval();
+  std::vector<double>& cache = smallest_piece ? c.cache_min : c.cache;
+  if (cache.empty()) cache.assign(c.key_count, std::numeric_limits<double>::quiet_NaN());
+  std::int64_t key = 0;
+  for (const auto& [d, mult] : c.key) key += index_.coord(rank, d) * mult;
+  double& slot = cache[key];
+  if (std::isnan(slot)) slot = eval();
+  return slot;
+}
+
+void AnalyticReplay::due(int op, double t, int item) {
+  const int open = open_batch_[op];
+  if (open >= 0 && batches_[open].t == t) {
+    batches_[open].items.push_back(item);
+    return;
+  }
+  int id;
+  if (!free_batches_.empty()) {
+    id = free_batches_.back();
+    free_batches_.pop_back();
+  } else {
+    id = static_cast<int>(batches_.size());
+    batches_.emplace_back();
+  }
+  Batch& b = batches_[id];
+  b.op = op;
+  b.t = t;
+  b.items.assign(1, item);
+  open_batch_[op] = id;
+  heap_.push_back({t, seq_++, id});
+  std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
+}
+
+void AnalyticReplay::start_compute(int rank, int op) {
+  const Op& o = plan_.ops[op];
+  const double seconds =
+      cached(op, rank, [&] { return compute_seconds(plan_, o, rank, cluster_); }) +
+      host_comm_.compute_started(rank, now_);
+  if (--cost_[op].left == 0) std::vector<double>().swap(cost_[op].cache);
+  timeline_.begin(rank, Activity::compute, now_);
+  due(op, now_ + seconds, rank);
+}
+
+void AnalyticReplay::start_collective(const CollectiveInstance& instance) {
+  const int op = instance.op;
+  const Op& o = plan_.ops[op];
+  const std::vector<int>& members = instance.participants;
+  // Sized by the instance's leader, or by the sender of a send/recv.
+  const int sizer = index_.is_pair(op) ? members.front() : instance.leader;
+  const double bytes = o.kind == OpKind::barrier ? 0 : cached(op, sizer, [&] {
+    return static_cast<double>(collective_bytes(plan_, o, sizer));
+  });
+  const double min_piece =
+      o.kind == OpKind::all_gather || o.kind == OpKind::reduce_scatter
+          ? cached(
+                op, sizer, [&] { return smallest_piece_bytes(plan_, o, members); }, true)
+          : -1.0;
+  if (--cost_[op].left == 0) {
+    std::vector<double>().swap(cost_[op].cache);
+    std::vector<double>().swap(cost_[op].cache_min);
+  }
+  ProfileBuilder builder(gpn_, nodes_per_leaf(cluster_));
+  if (index_.is_pair(op)) {
+    builder.add(std::min(members[0], members[1]));
+    builder.add(std::max(members[0], members[1]));
+  } else {
+    for (int m : members) builder.add(m);  // ascending
+  }
+  const LinkParams link = link_from_profile(cluster_, gpn_, builder.finish(), o.kind);
+  // Split Newton-Schulz is compute with all-reduces inside (core/plan/split_ns.hpp): its members
+  // start together like a collective's, and its time counts as compute.
+  const bool split = o.kind == OpKind::split_newton_schulz;
+  const double seconds =
+      split ? cached(op, instance.leader,
+                     [&] { return split_ns_time(plan_, o, instance.leader, cluster_); })
+            : collective_time(o.kind, static_cast<int>(members.size()), bytes, link, min_piece);
+  host_comm_.collective_started(op, members);
+  for (int m : members)
+    timeline_.begin(m, split ? Activity::compute : Activity::communication, now_);
+  if (instance.id >= static_cast<int>(members_.size())) members_.resize(instance.id + 1);
+  members_[instance.id] = members;
+  due(op, now_ + seconds, instance.id);
+}
+
+StepEstimate AnalyticReplay::run(int step) {
+  timeline_.begin_step();
+  heap_.clear();
+  batches_.clear();
+  free_batches_.clear();
+  open_batch_.assign(index_.num_ops(), -1);
+  seq_ = 0;
+  now_ = 0;
+  host_comm_.begin_step();
+  for (int i = 0; i < index_.num_ops(); ++i) {
+    cost_[i].left = cost_[i].starts;
+    cost_[i].cache.clear();
+    cost_[i].cache_min.clear();
+  }
+  engine_.begin_step(step);
+  while (!heap_.empty()) {
+    std::pop_heap(heap_.begin(), heap_.end(), std::greater<>());
+    const int id = heap_.back().batch;
+    heap_.pop_back();
+    Batch& b = batches_[id];
+    if (open_batch_[b.op] == id) open_batch_[b.op] = -1;
+    now_ = b.t;
+    const int op = b.op;
+    done_.swap(b.items);  // the engine may start (and batch) more while these complete
+    free_batches_.push_back(id);
+    if (index_.op_class(op) == OpClass::compute) {
+      for (int rank : done_) {
+        host_comm_.compute_finished(rank, now_);
+        timeline_.end(rank, Activity::compute, now_);
+        timeline_.touch_finish(rank, now_);
+        engine_.finish_compute(rank, op);
+      }
+    } else {
+      const Activity activity = plan_.ops[op].kind == OpKind::split_newton_schulz
+                                    ? Activity::compute
+                                    : Activity::communication;
+      for (int instance : done_) {
+        for (int m : members_[instance]) {
+          timeline_.end(m, activity, now_);
+          timeline_.touch_finish(m, now_);
+        }
+        engine_.finish_collective(instance);
+      }
+    }
+  }
+  if (!engine_.step_done())
+    throw PlanError("estimate: step " + std::to_string(step) + " of the plan cannot finish:\n" +
+                    engine_.stall_report() +
+                    "\nfix: check the plan with validate_plan (a collective some members never "
+                    "reach, or a dependency that never completes)");
+  const StepMeasurement m = timeline_.measurement(step, 1);
+  StepEstimate out;
+  out.step = step;
+  out.step_time_s = m.time_s;
+  out.ranks.resize(m.ranks.size());
+  for (std::size_t r = 0; r < m.ranks.size(); ++r) {
+    const TimeBreakdown& t = m.ranks[r];
+    out.ranks[r] = {t.compute_s, t.communication_s, t.exposed_comm_s, t.idle_s, t.finish_s};
+  }
+  return out;
+}
+
+}  // namespace
+
+double smallest_piece_bytes(const StepPlan& plan, const Op& op, const std::vector<int>& members) {
+  if (op.kind != OpKind::all_gather && op.kind != OpKind::reduce_scatter) return -1;
+  double smallest = -1;
+  for (int m : members) {
+    const double p = static_cast<double>(piece_bytes(plan, op, m));
+    if (smallest < 0 || p < smallest) smallest = p;
+  }
+  return smallest;
+}
+
+double instance_time(const StepPlan& plan, const ClusterSpec& cluster, const Op& op,
+                     const std::vector<int>& participants, int leader) {
+  const bool pair = op.kind == OpKind::send || op.kind == OpKind::recv;
+  const int sizer = pair ? participants.front() : leader;
+  const double bytes =
+      op.kind == OpKind::barrier ? 0 : static_cast<double>(collective_bytes(plan, op, sizer));
+  const LinkParams link = link_for_group(cluster, plan.mesh(), participants, op.kind);
+  return collective_time(op.kind, static_cast<int>(participants.size()), bytes, link,
+                         smallest_piece_bytes(plan, op, participants));
+}
+
+HostCommCharge::HostCommCharge(const StepPlan& plan, const ClusterSpec& cluster)
+    : plan_(plan),
+      seconds_per_message_(cluster.gpu.host_comm_us_per_message * 1e-6),
+      seconds_per_byte_(cluster.gpu.host_comm_ns_per_byte * 1e-9) {
+  if (active()) begin_step();
+}
+
+void HostCommCharge::begin_step() {
+  if (!active()) return;
+  owed_.assign(static_cast<std::size_t>(plan_.mesh().world_size()), 0.0);
+  last_end_.assign(owed_.size(), 0.0);
+}
+
+void HostCommCharge::collective_started(int op, const std::vector<int>& participants) {
+  if (!active()) return;
+  const Op& o = plan_.ops[op];
+  if (o.kind == OpKind::barrier || o.kind == OpKind::split_newton_schulz) return;
+  for (int rank : participants) {
+    std::int64_t bytes = 0, messages = 0;
+    for (const auto& per_peer : {bytes_sent(plan_, o, rank), bytes_received(plan_, o, rank)})
+      for (std::int64_t b : per_peer) {
+        bytes += b;
+        messages += b > 0 ? 1 : 0;
+      }
+    owed_[rank] += seconds_per_message_ * static_cast<double>(messages) +
+                   seconds_per_byte_ * static_cast<double>(bytes);
+  }
+}
+
+void HostCommCharge::compute_finished(int rank, double t) {
+  if (active()) last_end_[rank] = t;
+}
+
+double HostCommCharge::compute_started(int rank, double t) {
+  if (!active()) return 0;
+  const double extra = std::max(0.0, owed_[rank] - std::max(0.0, t - last_end_[rank]));
+  owed_[rank] = 0;
+  return extra;
+}
+
+StepEstimate estimate_step(const StepPlan& plan, const ClusterSpec& cluster, int step) {
+  if (step < 0) throw PlanError("estimate_step: step " + std::to_string(step) + " is negative");
+  return AnalyticReplay(plan, cluster).run(step);
+}
+
+EstimateSummary estimate(const StepPlan& plan, const ClusterSpec& cluster) {
+  const std::vector<StepPatternSpec> patterns = step_patterns(plan);
+  AnalyticReplay replay(plan, cluster);
+  EstimateSummary out;
+  double total = 0;
+  bool first = true;
+  for (const StepPatternSpec& pattern : patterns) {
+    StepEstimate e = replay.run(pattern.step);
+    total += e.step_time_s * static_cast<double>(pattern.count);
+    if (first || e.step_time_s > out.worst_step_s) {  // patterns come in step order
+      out.worst_step_s = e.step_time_s;
+      out.worst = std::move(e);
+      first = false;
+    }
+  }
+  out.average_step_s = total / static_cast<double>(pattern_steps(patterns));
+  return out;
+}
+
+}  // namespace muonbed

@@ -1,0 +1,406 @@
+// The plan execution engine (see core/engine/engine.hpp): per-op facts and group arithmetic, and the
+// cursor that advances each local rank's streams as completions arrive.
+#include "core/engine/engine.hpp"
+
+#include <algorithm>
+
+#include "core/base/errors.hpp"
+
+namespace muonbed {
+
+// ------------------------------------------------------------------------------------------------
+// PlanIndex
+
+PlanIndex::PlanIndex(const StepPlan& plan) : plan_(&plan) {
+  const DeviceMesh& m = plan.model.mesh;
+  world_ = m.world_size();
+  nd_ = m.ndims();
+  coords_.resize(static_cast<std::size_t>(world_) * nd_);
+  for (int r = 0; r < world_; ++r)
+    for (int d = 0; d < nd_; ++d) coords_[static_cast<std::size_t>(r) * nd_ + d] = m.coord(r, d);
+  const int nops = static_cast<int>(plan.ops.size());
+  stream_ops_.assign(std::max<std::size_t>(1, plan.streams.size()), {});
+  info_.resize(nops);
+  for (int i = 0; i < nops; ++i) {
+    const Op& op = plan.ops[i];
+    Info& info = info_[i];
+    const std::string where =
+        "plan op " + std::to_string(i) + (op.label.empty() ? "" : " ('" + op.label + "')") + ": ";
+    if (op.stream < 0 || op.stream >= static_cast<int>(stream_ops_.size()))
+      throw PlanError(where + "stream " + std::to_string(op.stream) + " does not exist");
+    if (static_cast<int>(op.ranks.coord.size()) != nd_)
+      throw PlanError(where + "its rank box has " + std::to_string(op.ranks.coord.size()) +
+                      " coordinates for a mesh of " + std::to_string(nd_) + " dims");
+    if (op.period < 1) throw PlanError(where + "period " + std::to_string(op.period) + " < 1");
+    for (int dep : op.deps)
+      if (dep < 0 || dep >= i)
+        throw PlanError(where + "dependency " + std::to_string(dep) + " is not an earlier op");
+    info.cls = is_compute(op.kind)  ? OpClass::compute
+               : is_memory(op.kind) ? OpClass::memory
+                                    : OpClass::collective;
+    info.stream = op.stream;
+    info.period = op.period;
+    info.pair = op.kind == OpKind::send || op.kind == OpKind::recv;
+    for (int d = 0; d < nd_; ++d) {
+      const int c = op.ranks.coord[d];
+      if (c == RankBox::kAll) {
+        if (info.cls == OpClass::collective && op.group.contains(d)) {
+          info.group_dims.push_back(d);
+          info.group_sizes.push_back(m.size(d));
+          info.group_strides.push_back(m.stride(d));
+          info.group_size *= m.size(d);
+        } else {
+          info.outer_dims.push_back(d);
+        }
+      } else {
+        if (c < 0 || c >= m.size(d))
+          throw PlanError(where + "rank box coordinate " + std::to_string(c) + " is outside '" +
+                          m.dim(d).name + "'");
+        info.fixed.emplace_back(d, c);
+      }
+    }
+    if (info.cls == OpClass::collective && (op.group.bits & ~op.ranks.free_dims().bits) != 0)
+      throw PlanError(where + "its group spans dims that are not free in its rank box");
+    if (info.pair && (op.root < 0 || op.root >= info.group_size || op.peer < 0 ||
+                      op.peer >= info.group_size || op.peer == op.root))
+      throw PlanError(where + "send/recv needs distinct root and peer inside its group of " +
+                      std::to_string(info.group_size));
+    info.position = static_cast<int>(stream_ops_[op.stream].size());
+    stream_ops_[op.stream].push_back(i);
+  }
+}
+
+std::vector<int> PlanIndex::all_ranks() const {
+  std::vector<int> ranks(static_cast<std::size_t>(world_));
+  for (int r = 0; r < world_; ++r) ranks[r] = r;
+  return ranks;
+}
+
+bool PlanIndex::contains(int op, int rank) const {
+  const int* c = coords_.data() + static_cast<std::size_t>(rank) * nd_;
+  for (const auto& [d, v] : info_[op].fixed)
+    if (c[d] != v) return false;
+  return true;
+}
+
+int PlanIndex::leader(int op, int rank) const {
+  const Info& info = info_[op];
+  int leader = rank;
+  for (std::size_t i = 0; i < info.group_dims.size(); ++i)
+    leader -= coord(rank, info.group_dims[i]) * info.group_strides[i];
+  return leader;
+}
+
+int PlanIndex::group_index(int op, int rank) const {
+  const Info& info = info_[op];
+  int index = 0;
+  for (std::size_t i = 0; i < info.group_dims.size(); ++i)
+    index = index * info.group_sizes[i] + coord(rank, info.group_dims[i]);
+  return index;
+}
+
+int PlanIndex::member(int op, int leader, int index) const {
+  const Info& info = info_[op];
+  int rank = leader;
+  for (int i = static_cast<int>(info.group_dims.size()) - 1; i >= 0; --i) {
+    rank += (index % info.group_sizes[i]) * info.group_strides[i];
+    index /= info.group_sizes[i];
+  }
+  return rank;
+}
+
+std::vector<int> PlanIndex::members(int op, int leader) const {
+  std::vector<int> out(static_cast<std::size_t>(info_[op].group_size));
+  for (int i = 0; i < info_[op].group_size; ++i) out[i] = member(op, leader, i);
+  return out;
+}
+
+std::vector<int> PlanIndex::participants(int op, int leader) const {
+  if (info_[op].pair) {
+    const Op& o = plan_->ops[op];
+    return {member(op, leader, o.root), member(op, leader, o.peer)};
+  }
+  return members(op, leader);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Engine
+
+Engine::Engine(const PlanIndex& index, OpHandler& handler, std::vector<int> local_ranks)
+    : index_(index), handler_(handler), local_(std::move(local_ranks)) {
+  std::sort(local_.begin(), local_.end());
+  local_.erase(std::unique(local_.begin(), local_.end()), local_.end());
+  local_of_.assign(index_.world_size(), -1);
+  for (std::size_t i = 0; i < local_.size(); ++i) {
+    const int r = local_[i];
+    if (r < 0 || r >= index_.world_size())
+      throw Error("engine: rank " + std::to_string(r) + " is outside the plan's " +
+                  std::to_string(index_.world_size()) + " ranks");
+    local_of_[r] = static_cast<int>(i);
+  }
+  ns_ = index_.num_streams();
+  const std::size_t slots = local_.size() * static_cast<std::size_t>(ns_);
+  pos_.assign(slots, 0);
+  dep_op_.assign(slots, -1);
+  dep_next_.assign(slots, 0);
+  busy_.assign(slots, 0);
+  ended_.assign(slots, 1);
+  streams_left_.assign(local_.size(), 0);
+  queued_.assign(local_.size(), 0);
+}
+
+void Engine::begin_step(int step) {
+  if (ranks_left_ != 0) throw Error("engine: step " + std::to_string(step_) + " is not done");
+  if (!open_.empty()) throw Error("engine: collective instances of the last step are still open");
+  step_ = step;
+  std::fill(pos_.begin(), pos_.end(), 0);
+  std::fill(dep_op_.begin(), dep_op_.end(), -1);
+  std::fill(busy_.begin(), busy_.end(), 0);
+  std::fill(ended_.begin(), ended_.end(), 0);
+  std::fill(streams_left_.begin(), streams_left_.end(), ns_);
+  ranks_left_ = static_cast<int>(local_.size());
+  for (std::size_t i = 0; i < local_.size(); ++i) schedule(static_cast<int>(i));
+  drain();
+}
+
+int Engine::head(int rank, int stream) const {
+  const int local = local_of_.at(rank);
+  if (local < 0 || ended_[slot(local, stream)]) return -1;
+  const auto& list = index_.stream_ops(stream);
+  const int pos = pos_[slot(local, stream)];
+  return pos < static_cast<int>(list.size()) ? list[pos] : -1;
+}
+
+bool Engine::busy(int rank, int stream) const {
+  const int local = local_of_.at(rank);
+  return local >= 0 && busy_[slot(local, stream)];
+}
+
+// Has `rank` completed dep `d` (or, for an op inactive in this step, passed it with its own deps
+// completed)?
+bool Engine::dep_done(int rank, int local, int d) const {
+  if (pos_[slot(local, index_.stream(d))] <= index_.position(d)) return false;
+  if (index_.active(d, step_)) return true;
+  for (int dd : index_.deps(d))
+    if (index_.contains(dd, rank) && !dep_done(rank, local, dd)) return false;
+  return true;
+}
+
+// Are the deps of the op at the head of a stream complete on the rank (those it takes part in)?
+// Resumes after the deps found complete before.
+bool Engine::head_deps_ok(int rank, int local, int stream, int op) {
+  const std::size_t k = slot(local, stream);
+  if (dep_op_[k] != op) {
+    dep_op_[k] = op;
+    dep_next_[k] = 0;
+  }
+  const std::vector<int>& deps = index_.deps(op);
+  for (int& next = dep_next_[k]; next < static_cast<int>(deps.size()); ++next)
+    if (index_.contains(deps[next], rank) && !dep_done(rank, local, deps[next])) return false;
+  return true;
+}
+
+void Engine::schedule(int local) {
+  if (!queued_[local]) {
+    queued_[local] = 1;
+    queue_.push_back(local);
+  }
+}
+
+void Engine::drain() {
+  if (draining_) return;  // a completion reported from inside a handler call: the loop below
+  draining_ = true;
+  while (head_ < queue_.size()) {
+    const int local = queue_[head_++];
+    queued_[local] = 0;
+    for (int s = 0; s < ns_; ++s) advance(local, s);
+  }
+  queue_.clear();
+  head_ = 0;
+  draining_ = false;
+}
+
+// Moves stream s of a local rank forward until it starts an op that takes time, blocks, or ends.
+void Engine::advance(int local, int s) {
+  const std::size_t k = slot(local, s);
+  if (busy_[k] || ended_[k]) return;
+  const int rank = local_[local];
+  const std::vector<int>& list = index_.stream_ops(s);
+  int& pos = pos_[k];
+  while (true) {
+    while (pos < static_cast<int>(list.size()) && !index_.contains(list[pos], rank)) ++pos;
+    if (pos == static_cast<int>(list.size())) {
+      ended_[k] = 1;
+      if (--streams_left_[local] == 0) {
+        --ranks_left_;
+        handler_.rank_done(rank);
+      }
+      return;
+    }
+    const int op = list[pos];
+    if (!index_.active(op, step_)) {  // passes through without occupying the stream
+      ++pos;
+      schedule(local);  // other streams of the rank may depend on it
+      continue;
+    }
+    if (!head_deps_ok(rank, local, s, op)) return;  // re-checked when this rank completes an op
+    handler_.reached(rank, op);
+    switch (index_.op_class(op)) {
+      case OpClass::memory:
+        handler_.memory(rank, op);
+        ++pos;
+        schedule(local);
+        continue;
+      case OpClass::compute:
+        busy_[k] = 1;
+        handler_.start_compute(rank, op);
+        return;
+      case OpClass::collective:
+        busy_[k] = 1;
+        arrive(rank, op);
+        return;
+    }
+  }
+}
+
+void Engine::complete(int rank, int stream) {
+  const int local = local_of_[rank];
+  const std::size_t k = slot(local, stream);
+  busy_[k] = 0;
+  ++pos_[k];
+  schedule(local);
+}
+
+void Engine::finish_compute(int rank, int op) {
+  const int local = rank >= 0 && rank < index_.world_size() ? local_of_[rank] : -1;
+  const int s = index_.stream(op);
+  if (local < 0 || !busy_[slot(local, s)] || head(rank, s) != op)
+    throw Error("engine: finish_compute(" + std::to_string(rank) + ", " + std::to_string(op) +
+                ") for an op that is not running");
+  complete(rank, s);
+  drain();
+}
+
+void Engine::arrive(int rank, int op) {
+  const Op& o = index_.plan().ops[op];
+  if (index_.is_pair(op)) {
+    const int me = index_.group_index(op, rank);
+    if (me != o.root && me != o.peer) {  // not part of this transfer: passes through
+      complete(rank, o.stream);
+      return;
+    }
+  }
+  handler_.arrived(rank, op);
+  const int leader = index_.leader(op, rank);
+  const std::int64_t key = static_cast<std::int64_t>(op) * index_.world_size() + leader;
+  auto [it, inserted] = open_.try_emplace(key, -1);
+  if (inserted) {
+    int id;
+    if (!free_.empty()) {
+      id = free_.back();
+      free_.pop_back();
+    } else {
+      id = static_cast<int>(instances_.size());
+      instances_.emplace_back();
+      counts_.emplace_back();
+    }
+    CollectiveInstance& inst = instances_[id];
+    inst.id = id;
+    inst.op = op;
+    inst.leader = leader;
+    inst.participants = index_.participants(op, leader);
+    Open& count = counts_[id];
+    count.arrived = 0;
+    count.expected = 0;
+    for (int m : inst.participants)
+      if (local_of_[m] >= 0) ++count.expected;
+    it->second = id;
+  }
+  const int id = it->second;
+  if (++counts_[id].arrived == counts_[id].expected) {
+    open_.erase(it);
+    handler_.start_collective(instances_[id]);
+  }
+}
+
+void Engine::finish_collective(int instance) {
+  if (instance < 0 || instance >= static_cast<int>(instances_.size()) ||
+      instances_[instance].op < 0)
+    throw Error("engine: finish_collective(" + std::to_string(instance) +
+                ") for an instance that is not running");
+  CollectiveInstance& inst = instances_[instance];
+  const int stream = index_.stream(inst.op);
+  for (int m : inst.participants)
+    if (local_of_[m] >= 0) complete(m, stream);
+  inst.op = -1;
+  free_.push_back(instance);
+  drain();
+}
+
+std::string Engine::missing_members(int rank, int op) const {
+  if (index_.op_class(op) != OpClass::collective) return "";
+  const std::vector<int> group = index_.participants(op, index_.leader(op, rank));
+  const int stream = index_.stream(op);
+  std::string out;
+  int named = 0, missing = 0, unknown = 0;
+  for (int m : group) {
+    const int local = local_of_[m];
+    if (local < 0) {
+      ++unknown;  // another process's rank: its state is not known here
+      continue;
+    }
+    const std::size_t k = slot(local, stream);
+    if (!ended_[k] && head(m, stream) == op && busy_[k]) continue;
+    ++missing;
+    if (named++ >= 8) continue;
+    out += (out.empty() ? "" : "; ") + std::string("rank ") + std::to_string(m);
+    if (ended_[k])
+      out += " finished the stream";
+    else
+      out += " is at op " + std::to_string(head(m, stream)) + " ('" +
+             index_.plan().ops[head(m, stream)].label + "')";
+  }
+  std::string text;
+  if (missing > 0) {
+    if (missing > 8) out += "; and " + std::to_string(missing - 8) + " more";
+    text = "; " + std::to_string(missing) + " of " + std::to_string(group.size()) +
+           " members never arrived: " + out;
+  } else if (unknown == 0) {
+    text = "; every member arrived";
+  }
+  if (unknown > 0)
+    text += "; waiting for " + std::to_string(unknown) + " member" + (unknown == 1 ? "" : "s") +
+            " in other processes";
+  return text;
+}
+
+std::string Engine::stall_report(int max_ranks) const {
+  const StepPlan& plan = index_.plan();
+  std::string out;
+  int shown = 0;
+  for (std::size_t local = 0; local < local_.size() && shown < max_ranks; ++local) {
+    if (streams_left_[local] == 0) continue;
+    const int rank = local_[local];
+    for (int s = 0; s < ns_; ++s) {
+      const std::size_t k = slot(static_cast<int>(local), s);
+      if (ended_[k]) continue;
+      const int op = index_.stream_ops(s)[pos_[k]];
+      std::string waiting;
+      for (int d : index_.deps(op))
+        if (index_.contains(d, rank) && !dep_done(rank, static_cast<int>(local), d))
+          waiting +=
+              (waiting.empty() ? "" : ", ") + std::to_string(d) + " ('" + plan.ops[d].label + "')";
+      const std::string stream =
+          s < static_cast<int>(plan.streams.size()) ? plan.streams[s] : std::to_string(s);
+      out += (out.empty() ? "" : "\n") + std::string("rank ") + std::to_string(rank) +
+             " waits at op " + std::to_string(op) + " ('" + plan.ops[op].label + "', " +
+             std::string(to_string(plan.ops[op].kind)) + ") on stream '" + stream + "' " +
+             (busy_[k] ? "(started" + missing_members(rank, op) + ")"
+                       : "(waiting for ops " + waiting + ")");
+    }
+    ++shown;
+  }
+  return out;
+}
+
+}  // namespace muonbed

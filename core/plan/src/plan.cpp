@@ -1,0 +1,655 @@
+// Step plans: rank boxes, per-op data sizes derived from layouts, FLOPs, memory, rank summaries
+// and structural validation. Nothing here stores per-rank tables: sizes are computed on demand.
+#include "core/plan/plan.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "core/base/errors.hpp"
+#include "core/plan/split_ns.hpp"
+
+namespace muonbed {
+
+namespace {
+
+constexpr std::pair<OpKind, std::string_view> kOpNames[] = {
+    {OpKind::alloc, "alloc"},
+    {OpKind::release, "release"},
+    {OpKind::momentum, "momentum"},
+    {OpKind::newton_schulz, "newton_schulz"},
+    {OpKind::apply_update, "apply_update"},
+    {OpKind::adamw, "adamw"},
+    {OpKind::pack, "pack"},
+    {OpKind::unpack, "unpack"},
+    {OpKind::all_gather, "all_gather"},
+    {OpKind::gather, "gather"},
+    {OpKind::scatter, "scatter"},
+    {OpKind::broadcast, "broadcast"},
+    {OpKind::all_to_all, "all_to_all"},
+    {OpKind::reduce_scatter, "reduce_scatter"},
+    {OpKind::all_reduce, "all_reduce"},
+    {OpKind::send, "send"},
+    {OpKind::recv, "recv"},
+    {OpKind::barrier, "barrier"},
+    {OpKind::split_newton_schulz, "split_newton_schulz"},
+};
+
+std::int64_t comm_bytes(const StepPlan& plan) {
+  return bytes_of(plan.settings.comm_dtype());
+}
+
+// Elements of param p that `rank` holds before the op (the piece rule of plan.hpp).
+std::int64_t piece_numel(const StepPlan& plan, int p, int rank, DimSet gathered) {
+  return plan.model.params[p].layout.shard_numel(plan.model.mesh, rank, gathered);
+}
+
+std::int64_t pieces_bytes(const StepPlan& plan, const Op& op, int rank, DimSet gathered) {
+  std::int64_t total = 0;
+  for (int p : op.params) total += piece_numel(plan, p, rank, gathered);
+  return total * comm_bytes(plan);
+}
+
+std::int64_t owned_full_bytes(const StepPlan& plan, const Op& op, int rank) {
+  std::int64_t total = 0;
+  for (int p : op.params)
+    if (plan.assignment.owner[p] == rank) total += plan.model.params[p].numel();
+  return total * comm_bytes(plan);
+}
+
+// all_to_all: bytes `from` sends to `to` (both members of one group instance).
+std::int64_t all_to_all_bytes(const StepPlan& plan, const Op& op, int from, int to) {
+  std::int64_t total = 0;
+  for (int p : op.params) {
+    const int owner = plan.assignment.owner[p];
+    if (op.direction == AllToAllDirection::to_owners) {
+      if (owner == to) total += piece_numel(plan, p, from, op.gathered);
+    } else {
+      if (owner == from) total += piece_numel(plan, p, to, op.gathered);
+    }
+  }
+  return total * comm_bytes(plan);
+}
+
+// torch.chunk-style share of `total` for member i of n (used by all_reduce's logical split).
+std::int64_t chunk_share(std::int64_t total, int n, int i) {
+  const std::int64_t chunk = (total + n - 1) / n;
+  return std::clamp<std::int64_t>(total - chunk * i, 0, chunk);
+}
+
+// split_newton_schulz: bytes member `me` sends member `i` (and, by symmetry, receives from it):
+// the norm all-reduce (fp32) and one Gram all-reduce per step (comm dtype), each a reduce-scatter
+// of torch.chunk parts then an all-gather of them, as all_reduce.
+std::int64_t split_ns_pair_bytes(const StepPlan& plan, const Op& op, int rank, int n, int me,
+                                 int i) {
+  const SplitNsExchange x = split_ns_exchange(plan, op, rank);
+  const auto pair = [&](std::int64_t total) {
+    return chunk_share(total, n, i) + chunk_share(total, n, me);
+  };
+  return pair(x.norm_elements) * bytes_of(DType::fp32) +
+         x.steps * pair(x.gram_elements) * comm_bytes(plan);
+}
+
+}  // namespace
+
+std::string_view to_string(OpKind kind) {
+  for (const auto& [k, name] : kOpNames)
+    if (k == kind) return name;
+  return "?";
+}
+
+OpKind op_kind_from_string(std::string_view text) {
+  for (const auto& [k, name] : kOpNames)
+    if (name == text) return k;
+  throw PlanError("unknown op kind '" + std::string(text) + "'");
+}
+
+constexpr std::pair<TensorRole, std::string_view> kRoleNames[] = {
+    {TensorRole::none, "none"},
+    {TensorRole::gradient, "gradient"},
+    {TensorRole::update, "update"},
+    {TensorRole::result, "result"},
+};
+
+std::string_view to_string(TensorRole role) {
+  for (const auto& [r, name] : kRoleNames)
+    if (r == role) return name;
+  return "?";
+}
+
+TensorRole tensor_role_from_string(std::string_view text) {
+  for (const auto& [r, name] : kRoleNames)
+    if (name == text) return r;
+  throw PlanError("unknown tensor role '" + std::string(text) +
+                  "'; known: none, gradient, update, result");
+}
+
+TensorRole default_tensor(const Op& op) {
+  switch (op.kind) {
+    case OpKind::gather:
+      return TensorRole::update;
+    case OpKind::scatter:
+    case OpKind::broadcast:
+      return TensorRole::result;
+    case OpKind::all_gather:
+    case OpKind::pack:
+      return op.owned_only ? TensorRole::result : TensorRole::update;
+    case OpKind::unpack:
+    case OpKind::split_newton_schulz:  // reads the update, leaves the result in its place
+      return TensorRole::update;
+    case OpKind::all_to_all:
+      return op.direction == AllToAllDirection::to_owners ? TensorRole::update : TensorRole::result;
+    case OpKind::reduce_scatter:
+    case OpKind::all_reduce:
+      return TensorRole::gradient;
+    default:
+      return TensorRole::none;
+  }
+}
+
+bool is_memory(OpKind kind) {
+  return kind == OpKind::alloc || kind == OpKind::release;
+}
+bool is_compute(OpKind kind) {
+  switch (kind) {
+    case OpKind::momentum:
+    case OpKind::newton_schulz:
+    case OpKind::apply_update:
+    case OpKind::adamw:
+    case OpKind::pack:
+    case OpKind::unpack:
+      return true;
+    default:
+      return false;
+  }
+}
+bool is_collective(OpKind kind) {
+  return !is_memory(kind) && !is_compute(kind);
+}
+
+RankBox RankBox::everyone(const DeviceMesh& mesh) {
+  return RankBox{std::vector<int>(mesh.ndims(), kAll)};
+}
+
+RankBox RankBox::single(const DeviceMesh& mesh, int rank) {
+  return RankBox{mesh.coords(rank)};
+}
+
+bool RankBox::contains(const DeviceMesh& mesh, int rank) const {
+  for (int d = 0; d < static_cast<int>(coord.size()); ++d)
+    if (coord[d] != kAll && mesh.coord(rank, d) != coord[d]) return false;
+  return true;
+}
+
+std::int64_t RankBox::count(const DeviceMesh& mesh) const {
+  std::int64_t n = 1;
+  for (int d = 0; d < static_cast<int>(coord.size()); ++d)
+    if (coord[d] == kAll) n *= mesh.size(d);
+  return n;
+}
+
+std::vector<int> RankBox::ranks(const DeviceMesh& mesh) const {
+  // Odometer over the free dims, innermost fastest, so ranks come out ascending.
+  std::vector<int> c(coord.size());
+  for (std::size_t d = 0; d < coord.size(); ++d) c[d] = coord[d] == kAll ? 0 : coord[d];
+  std::vector<int> result;
+  result.reserve(static_cast<std::size_t>(count(mesh)));
+  while (true) {
+    result.push_back(mesh.rank_of(c));
+    int d = static_cast<int>(coord.size()) - 1;
+    for (; d >= 0; --d) {
+      if (coord[d] != kAll) continue;
+      if (++c[d] < mesh.size(d)) break;
+      c[d] = 0;
+    }
+    if (d < 0) break;
+  }
+  return result;
+}
+
+DimSet RankBox::free_dims() const {
+  DimSet s;
+  for (int d = 0; d < static_cast<int>(coord.size()); ++d)
+    if (coord[d] == kAll) s = s.with(d);
+  return s;
+}
+
+int StepPlan::hyper_period() const {
+  // lcm in 64 bits, refused once it leaves int: coprime periods multiply (and std::lcm on int
+  // overflows silently). Experiments keep it at most 2^20 (strategy.grad_sync.level_periods).
+  std::int64_t period = 1;
+  for (const auto& op : ops) {
+    if (op.period < 1)
+      throw PlanError("op " + std::to_string(op.id) + " has period " + std::to_string(op.period) +
+                      "; periods must be >= 1");
+    period = period / std::gcd(period, std::int64_t{op.period}) * op.period;
+    if (period > std::numeric_limits<int>::max())
+      throw PlanError(
+          "the plan's hyper-period (the least common multiple of its op periods) "
+          "exceeds 2^31 steps; fix: use level periods with a small common multiple");
+  }
+  return static_cast<int>(period);
+}
+
+std::vector<int> StepPlan::ops_of_rank(int rank) const {
+  std::vector<int> result;
+  for (const auto& op : ops)
+    if (op.ranks.contains(mesh(), rank)) result.push_back(op.id);
+  return result;
+}
+
+std::int64_t piece_bytes(const StepPlan& plan, const Op& op, int rank) {
+  const auto& mesh = plan.mesh();
+  switch (op.kind) {
+    case OpKind::broadcast:
+      return pieces_bytes(plan, op, mesh.group_member(rank, op.group, op.root), op.gathered);
+    case OpKind::all_gather:
+      return op.owned_only ? owned_full_bytes(plan, op, rank)
+                           : pieces_bytes(plan, op, rank, op.gathered);
+    case OpKind::barrier:
+      return 0;
+    default:
+      return pieces_bytes(plan, op, rank, op.gathered);
+  }
+}
+
+std::vector<std::int64_t> bytes_sent(const StepPlan& plan, const Op& op, int rank) {
+  const auto& mesh = plan.mesh();
+  const int n = mesh.group_size(op.group);
+  const int me = mesh.group_index(rank, op.group);
+  std::vector<std::int64_t> out(n, 0);
+  auto member = [&](int i) { return mesh.group_member(rank, op.group, i); };
+  switch (op.kind) {
+    case OpKind::gather:
+      if (me != op.root) out[op.root] = pieces_bytes(plan, op, rank, op.gathered);
+      break;
+    case OpKind::scatter:
+      if (me == op.root)
+        for (int i = 0; i < n; ++i)
+          if (i != me) out[i] = pieces_bytes(plan, op, member(i), op.gathered);
+      break;
+    case OpKind::broadcast:
+      if (me == op.root)
+        for (int i = 0; i < n; ++i)
+          if (i != me) out[i] = pieces_bytes(plan, op, rank, op.gathered);
+      break;
+    case OpKind::all_gather: {
+      const auto mine = piece_bytes(plan, op, rank);
+      for (int i = 0; i < n; ++i)
+        if (i != me) out[i] = mine;
+      break;
+    }
+    case OpKind::all_to_all:
+      for (int i = 0; i < n; ++i)
+        if (i != me) out[i] = all_to_all_bytes(plan, op, rank, member(i));
+      break;
+    case OpKind::reduce_scatter:
+      // Each member sends every other member that member's part of its input.
+      for (int i = 0; i < n; ++i)
+        if (i != me) out[i] = pieces_bytes(plan, op, member(i), op.gathered);
+      break;
+    case OpKind::all_reduce: {
+      // Logically a reduce-scatter of equal parts followed by an all-gather of them; parts are
+      // whole elements (torch.chunk of the concatenated pieces).
+      const auto width = comm_bytes(plan);
+      const auto total = pieces_bytes(plan, op, rank, op.gathered) / width;
+      for (int i = 0; i < n; ++i)
+        if (i != me) out[i] = (chunk_share(total, n, i) + chunk_share(total, n, me)) * width;
+      break;
+    }
+    case OpKind::send:
+    case OpKind::recv:
+      if (me == op.root) out[op.peer] = pieces_bytes(plan, op, rank, op.gathered);
+      break;
+    case OpKind::split_newton_schulz:
+      for (int i = 0; i < n; ++i)
+        if (i != me) out[i] = split_ns_pair_bytes(plan, op, rank, n, me, i);
+      break;
+    default:
+      break;
+  }
+  return out;
+}
+
+std::vector<std::int64_t> bytes_received(const StepPlan& plan, const Op& op, int rank) {
+  const auto& mesh = plan.mesh();
+  const int n = mesh.group_size(op.group);
+  const int me = mesh.group_index(rank, op.group);
+  std::vector<std::int64_t> in(n, 0);
+  auto member = [&](int i) { return mesh.group_member(rank, op.group, i); };
+  switch (op.kind) {
+    case OpKind::gather:
+      if (me == op.root)
+        for (int i = 0; i < n; ++i)
+          if (i != me) in[i] = pieces_bytes(plan, op, member(i), op.gathered);
+      break;
+    case OpKind::scatter:
+      if (me != op.root) in[op.root] = pieces_bytes(plan, op, rank, op.gathered);
+      break;
+    case OpKind::broadcast:
+      if (me != op.root) in[op.root] = pieces_bytes(plan, op, member(op.root), op.gathered);
+      break;
+    case OpKind::all_gather:
+      for (int i = 0; i < n; ++i)
+        if (i != me) in[i] = piece_bytes(plan, op, member(i));
+      break;
+    case OpKind::all_to_all:
+      for (int i = 0; i < n; ++i)
+        if (i != me) in[i] = all_to_all_bytes(plan, op, member(i), rank);
+      break;
+    case OpKind::reduce_scatter:
+      for (int i = 0; i < n; ++i)
+        if (i != me) in[i] = pieces_bytes(plan, op, rank, op.gathered);
+      break;
+    case OpKind::all_reduce:
+      for (int i = 0; i < n; ++i) {
+        if (i == me) continue;
+        const auto width = comm_bytes(plan);
+        const auto total = pieces_bytes(plan, op, member(i), op.gathered) / width;
+        in[i] = (chunk_share(total, n, me) + chunk_share(total, n, i)) * width;
+      }
+      break;
+    case OpKind::send:
+    case OpKind::recv:
+      if (me == op.peer) in[op.root] = pieces_bytes(plan, op, member(op.root), op.gathered);
+      break;
+    case OpKind::split_newton_schulz:
+      for (int i = 0; i < n; ++i)
+        if (i != me) in[i] = split_ns_pair_bytes(plan, op, rank, n, me, i);
+      break;
+    default:
+      break;
+  }
+  return in;
+}
+
+std::int64_t collective_bytes(const StepPlan& plan, const Op& op, int rank) {
+  const auto& mesh = plan.mesh();
+  const int n = mesh.group_size(op.group);
+  switch (op.kind) {
+    case OpKind::gather:
+    case OpKind::scatter:
+    case OpKind::all_gather: {
+      // The assembled buffer: the sum of the members' pieces or contributions.
+      std::int64_t total = 0;
+      for (int i = 0; i < n; ++i)
+        total += piece_bytes(plan, op, mesh.group_member(rank, op.group, i));
+      return total;
+    }
+    case OpKind::reduce_scatter:
+      // The input every member holds: its piece with the group's dims gathered.
+      return pieces_bytes(plan, op, rank, op.gathered | op.group);
+    case OpKind::all_to_all: {
+      // nccl-tests counts the whole send buffer of a rank, its own part included.
+      std::int64_t total = all_to_all_bytes(plan, op, rank, rank);
+      for (auto b : bytes_sent(plan, op, rank)) total += b;
+      return total;
+    }
+    case OpKind::barrier:
+      return 0;
+    case OpKind::split_newton_schulz: {  // everything the member all-reduces in one NS run
+      const SplitNsExchange x = split_ns_exchange(plan, op, rank);
+      return x.norm_elements * bytes_of(DType::fp32) + x.steps * x.gram_elements * comm_bytes(plan);
+    }
+    default:
+      return piece_bytes(plan, op, rank);
+  }
+}
+
+std::int64_t buffer_bytes(const StepPlan& plan, const Buffer& buffer, int rank) {
+  std::int64_t total = 0;
+  for (int p : buffer.params) {
+    if (buffer.owned_only && plan.assignment.owner[p] != rank) continue;
+    total += piece_numel(plan, p, rank, buffer.gathered);
+  }
+  return total * comm_bytes(plan);
+}
+
+std::vector<MatrixWork> ns_work(const StepPlan& plan, const Op& op, int rank) {
+  std::vector<MatrixWork> work;
+  if (op.kind != OpKind::newton_schulz) return work;
+  for (int p : op.params) {
+    if (op.owned_only && plan.assignment.owner[p] != rank) continue;
+    const auto& dp = plan.model.params[p];
+    if (!dp.layout.holds(plan.mesh(), rank)) continue;
+    work.push_back({newton_schulz_flops(dp.rows(), dp.cols(), op.ns_steps, dp.batch()),
+                    static_cast<double>(std::min(dp.rows(), dp.cols())), dp.rows(), dp.cols(),
+                    dp.batch()});
+  }
+  return work;
+}
+
+std::int64_t elementwise_numel(const StepPlan& plan, const Op& op, int rank) {
+  std::int64_t total = 0;
+  for (int p : op.params) {
+    if (op.owned_only && plan.assignment.owner[p] != rank) continue;
+    total += piece_numel(plan, p, rank, op.gathered);
+  }
+  return total;
+}
+
+double op_flops(const StepPlan& plan, const Op& op, int rank) {
+  switch (op.kind) {
+    case OpKind::split_newton_schulz:
+      return split_ns_flops(plan, op, rank);
+    case OpKind::newton_schulz: {
+      double total = 0;
+      for (const auto& w : ns_work(plan, op, rank)) total += w.flops;
+      return total;
+    }
+    case OpKind::momentum:
+      // buf = beta*buf + g (2 flops/element); Nesterov adds g + beta*buf (2 more).
+      return (plan.settings.optimizer.muon.nesterov ? 4.0 : 2.0) *
+             elementwise_numel(plan, op, rank);
+    case OpKind::apply_update:
+      // p = p*(1 - lr*wd) - lr*scale*u: 4 flops/element.
+      return 4.0 * elementwise_numel(plan, op, rank);
+    case OpKind::adamw:
+      // Two moment updates, bias corrections, sqrt, divide, decay, update: ~14 flops/element.
+      return 14.0 * elementwise_numel(plan, op, rank);
+    default:
+      return 0;
+  }
+}
+
+double op_memory_bytes(const StepPlan& plan, const Op& op, int rank) {
+  const double n = static_cast<double>(elementwise_numel(plan, op, rank));
+  const double state = bytes_of(plan.settings.state_dtype);
+  const double comm = static_cast<double>(comm_bytes(plan));
+  switch (op.kind) {
+    case OpKind::momentum:  // read grad, read+write momentum, write update
+      return n * (comm + 2 * state + comm);
+    case OpKind::apply_update:  // read+write param, read update
+      return n * 3 * comm;
+    case OpKind::adamw:  // read+write param, read grad, read+write two moments
+      return n * (3 * comm + 4 * state);
+    case OpKind::pack:
+    case OpKind::unpack:
+      return n * 2 * comm;
+    case OpKind::newton_schulz: {
+      // Per iteration: read X twice, write A, read A twice, write B, write X (bf16 storage).
+      double total = 0;
+      for (int p : op.params) {
+        if (op.owned_only && plan.assignment.owner[p] != rank) continue;
+        const auto& dp = plan.model.params[p];
+        if (!dp.layout.holds(plan.mesh(), rank)) continue;
+        const double m = static_cast<double>(std::min(dp.rows(), dp.cols()));
+        const double k = static_cast<double>(std::max(dp.rows(), dp.cols()));
+        total += op.ns_steps * static_cast<double>(dp.batch()) * comm * (3 * m * k + 3 * m * m);
+      }
+      return total;
+    }
+    default:
+      return 0;
+  }
+}
+
+RankMemory rank_memory(const StepPlan& plan, int rank) {
+  RankMemory memory;
+  const auto& mesh = plan.mesh();
+  const auto& params = plan.model.params;
+  const std::int64_t state = bytes_of(plan.settings.state_dtype);
+  const std::int64_t comm = comm_bytes(plan);
+  // The pieces the step keeps (core/plan/program.hpp): the gradient it starts with (the input of the
+  // first sync op, else the piece its first reader computes on), momentum where the momentum op
+  // computes, AdamW moments where the adamw op does.
+  const std::size_t n = params.size();
+  std::vector<std::int64_t> gradient(n, 0), momentum(n, 0), moments(n, 0);
+  std::vector<char> gradient_found(n, 0);
+  for (const auto& op : plan.ops) {
+    const bool sync = op.kind == OpKind::reduce_scatter || op.kind == OpKind::all_reduce;
+    const bool reader = op.kind == OpKind::momentum || op.kind == OpKind::adamw;
+    if ((!sync && !reader) || !op.ranks.contains(mesh, rank)) continue;
+    const DimSet input = op.kind == OpKind::reduce_scatter ? op.gathered | op.group : op.gathered;
+    for (int p : op.params) {
+      if (!params[p].layout.holds(mesh, rank)) continue;
+      if (reader && op.owned_only && plan.assignment.owner[p] != rank) continue;
+      const std::int64_t piece = piece_numel(plan, p, rank, input);
+      if (!gradient_found[p]) {
+        gradient_found[p] = 1;
+        gradient[p] = piece;
+      }
+      if (op.kind == OpKind::momentum) momentum[p] = piece;
+      if (op.kind == OpKind::adamw) moments[p] = piece;
+    }
+  }
+  for (const auto& dp : params) {
+    if (!dp.layout.holds(mesh, rank)) continue;
+    const std::int64_t shard = dp.layout.shard_numel(mesh, rank);
+    const std::int64_t width = std::max<std::int64_t>(bytes_of(dp.dtype), comm);
+    // The gradient slot also holds Muon's update and result outside transient buffers.
+    const std::int64_t slot = std::max({shard, gradient[dp.index], momentum[dp.index]});
+    memory.static_bytes += shard * bytes_of(dp.dtype) + slot * width +
+                           (momentum[dp.index] + 2 * moments[dp.index]) * state;
+  }
+  std::int64_t live = 0;
+  for (const auto& op : plan.ops) {
+    if (!is_memory(op.kind) || !op.ranks.contains(mesh, rank)) continue;
+    const auto bytes = buffer_bytes(plan, plan.buffers.at(op.buffer), rank);
+    live += op.kind == OpKind::alloc ? bytes : -bytes;
+    memory.peak_transient_bytes = std::max(memory.peak_transient_bytes, live);
+  }
+  return memory;
+}
+
+RankSummary summarize_rank(const StepPlan& plan, int rank) {
+  RankSummary s;
+  s.rank = rank;
+  for (int p = 0; p < static_cast<int>(plan.assignment.owner.size()); ++p)
+    if (plan.assignment.owner[p] == rank) ++s.matrices_owned;
+  for (const auto& op : plan.ops) {
+    if (!op.ranks.contains(plan.mesh(), rank)) continue;
+    if (op.kind == OpKind::newton_schulz || op.kind == OpKind::split_newton_schulz)
+      s.ns_flops += op_flops(plan, op, rank);
+    if (is_collective(op.kind) && op.kind != OpKind::barrier) {
+      for (auto b : bytes_sent(plan, op, rank)) s.bytes_sent += b;
+      for (auto b : bytes_received(plan, op, rank)) s.bytes_received += b;
+    }
+  }
+  s.memory = rank_memory(plan, rank);
+  return s;
+}
+
+void validate_plan(const StepPlan& plan) {
+  const auto& mesh = plan.mesh();
+  const int nparams = static_cast<int>(plan.model.params.size());
+  std::map<int, int> open_buffers;  // buffer -> alloc op
+  auto fail = [&](const Op& op, const std::string& what) {
+    throw PlanError("plan op " + std::to_string(op.id) + " (" + std::string(to_string(op.kind)) +
+                    (op.label.empty() ? "" : " '" + op.label + "'") + "): " + what);
+  };
+  for (int i = 0; i < static_cast<int>(plan.ops.size()); ++i) {
+    const Op& op = plan.ops[i];
+    if (op.id != i) fail(op, "id must equal its position " + std::to_string(i));
+    if (op.stream < 0 || op.stream >= static_cast<int>(plan.streams.size()))
+      fail(op, "stream " + std::to_string(op.stream) + " does not exist");
+    if (static_cast<int>(op.ranks.coord.size()) != mesh.ndims())
+      fail(op, "rank box has " + std::to_string(op.ranks.coord.size()) + " coords, mesh has " +
+                   std::to_string(mesh.ndims()) + " dims");
+    for (int d = 0; d < mesh.ndims(); ++d) {
+      const int c = op.ranks.coord[d];
+      if (c != RankBox::kAll && (c < 0 || c >= mesh.size(d)))
+        fail(op, "rank box coordinate " + std::to_string(c) + " outside dim " + mesh.dim(d).name);
+    }
+    if (op.period < 1) fail(op, "period must be >= 1");
+    for (int dep : op.deps)
+      if (dep < 0 || dep >= i) fail(op, "dependency " + std::to_string(dep) + " is not earlier");
+    for (int p : op.params)
+      if (p < 0 || p >= nparams) fail(op, "parameter " + std::to_string(p) + " does not exist");
+    if (is_collective(op.kind)) {
+      if ((op.group & op.ranks.free_dims()) != op.group)
+        fail(op, "group dims must be free dims of its rank box");
+      const int n = mesh.group_size(op.group);
+      const bool rooted = op.kind == OpKind::gather || op.kind == OpKind::scatter ||
+                          op.kind == OpKind::broadcast || op.kind == OpKind::send ||
+                          op.kind == OpKind::recv;
+      if (rooted && (op.root < 0 || op.root >= n))
+        fail(op, "root " + std::to_string(op.root) + " outside its group of " + std::to_string(n));
+      if ((op.kind == OpKind::send || op.kind == OpKind::recv) &&
+          (op.peer < 0 || op.peer >= n || op.peer == op.root))
+        fail(op, "peer must be another member of the group");
+      // Every member of every instance must hold the params it moves.
+      for (int p : op.params) {
+        const auto& layout = plan.model.params[p].layout;
+        for (int d = 0; d < mesh.ndims(); ++d) {
+          if (!layout.independent_dims().contains(d)) continue;
+          if (op.ranks.coord[d] != layout.placements()[d].coord)
+            fail(op, "moves '" + plan.model.params[p].name + "' on ranks that do not hold it");
+        }
+      }
+    }
+    if (op.kind == OpKind::split_newton_schulz) {
+      if (op.group.empty()) fail(op, "split Newton-Schulz needs a group to split over");
+      if (op.owned_only) fail(op, "split Newton-Schulz runs on every member: owned_only is off");
+      if (op.ns_steps < 1) fail(op, "ns_steps must be >= 1");
+      const int first = op.ranks.ranks(mesh).front();
+      for (int p : op.params) {
+        if (plan.model.params[p].optimizer != OptimizerKind::muon)
+          fail(op, "splits the NS of '" + plan.model.params[p].name + "', which AdamW updates");
+        const std::string why = split_ns_problem(plan.model, p, first, op.gathered, op.group);
+        if (!why.empty()) fail(op, why);
+      }
+    }
+    const bool moves_data = is_collective(op.kind) && op.kind != OpKind::barrier;
+    if (moves_data || op.kind == OpKind::pack || op.kind == OpKind::unpack) {
+      const bool reduction = op.kind == OpKind::reduce_scatter || op.kind == OpKind::all_reduce;
+      if (op.tensor == TensorRole::none)
+        fail(op, "moves data but names no tensor (gradient, update or result)");
+      if (reduction != (op.tensor == TensorRole::gradient))
+        fail(op, reduction
+                     ? "reductions move the gradient, not the " + std::string(to_string(op.tensor))
+                     : "only reductions move the gradient");
+    } else if (op.tensor != TensorRole::none) {
+      fail(op, "names a tensor (" + std::string(to_string(op.tensor)) +
+                   ") but moves no data; leave it none");
+    }
+    if ((op.kind == OpKind::pack || op.kind == OpKind::unpack) && op.buffer != -1 &&
+        (op.buffer < 0 || op.buffer >= static_cast<int>(plan.buffers.size())))
+      fail(op, "staging buffer " + std::to_string(op.buffer) + " does not exist");
+    if (!is_memory(op.kind) && op.kind != OpKind::pack && op.kind != OpKind::unpack &&
+        op.buffer != -1)
+      fail(op, "names buffer " + std::to_string(op.buffer) +
+                   " but only alloc, release, pack and unpack use buffers");
+    if (is_memory(op.kind)) {
+      if (op.buffer < 0 || op.buffer >= static_cast<int>(plan.buffers.size()))
+        fail(op, "buffer " + std::to_string(op.buffer) + " does not exist");
+      if (op.kind == OpKind::alloc) {
+        if (open_buffers.count(op.buffer)) fail(op, "buffer allocated twice");
+        open_buffers[op.buffer] = op.id;
+      } else {
+        if (!open_buffers.count(op.buffer)) fail(op, "buffer released before allocation");
+        if (!(plan.ops[open_buffers[op.buffer]].ranks == op.ranks))
+          fail(op, "buffer released on other ranks than it was allocated on");
+        open_buffers.erase(op.buffer);
+      }
+    }
+  }
+  if (!open_buffers.empty()) {
+    const auto& op = plan.ops[open_buffers.begin()->second];
+    fail(op, "buffer " + plan.buffers[op.buffer].name + " is never released");
+  }
+}
+
+}  // namespace muonbed

@@ -1,0 +1,144 @@
+// Split Newton-Schulz (see core/plan/split_ns.hpp): which slices can split, what they exchange, and
+// what a member's part costs on a modelled cluster.
+#include "core/plan/split_ns.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/engine/cost_model.hpp"
+#include "core/base/errors.hpp"
+
+namespace muonbed {
+
+namespace {
+
+// The slice of p that `rank` holds with `gathered` gathered; sets `why` when it is not a slice
+// along one dim, whole along the other, split along the long dim.
+SplitNsSlice slice_of(const ShardedModel& model, int p, int rank, DimSet gathered,
+                      std::string& why) {
+  SplitNsSlice s;
+  const DistributedParam& dp = model.params.at(p);
+  if (dp.shape.size() != 2) {
+    why = "'" + dp.name + "' is a stack of matrices; only 2-D matrices split";
+    return s;
+  }
+  if (!dp.layout.holds(model.mesh, rank)) {
+    why = "rank " + std::to_string(rank) + " holds nothing of '" + dp.name + "'";
+    return s;
+  }
+  const ShardIndexSet piece = dp.layout.index_set(model.mesh, rank, gathered);
+  const bool whole_rows = piece.dims[0].size() == dp.shape[0];
+  const bool whole_cols = piece.dims[1].size() == dp.shape[1];
+  if (whole_rows == whole_cols) {
+    why = "rank " + std::to_string(rank) + "'s piece " + piece.to_string() + " of '" + dp.name +
+          "' " + (whole_rows ? "is the whole matrix" : "is whole along neither dim");
+    return s;
+  }
+  s.rows = whole_cols;  // whole columns: a slice of rows
+  s.gram = s.rows ? dp.shape[1] : dp.shape[0];
+  s.split = s.rows ? dp.shape[0] : dp.shape[1];
+  s.part = s.rows ? piece.dims[0].size() : piece.dims[1].size();
+  if (s.gram > s.split)
+    why = "'" + dp.name + "' [" + std::to_string(dp.shape[0]) + ", " + std::to_string(dp.shape[1]) +
+          "] would split along its short dim (" + std::to_string(s.split) +
+          "): its Grams would be larger than the matrix";
+  return s;
+}
+
+}  // namespace
+
+std::string split_ns_problem(const ShardedModel& model, int p, int rank, DimSet gathered,
+                             DimSet group) {
+  std::string why;
+  const SplitNsSlice mine = slice_of(model, p, rank, gathered, why);
+  if (!why.empty()) return why;
+  const DistributedParam& dp = model.params.at(p);
+  // The members' slices split the same dim and cover it exactly once.
+  std::vector<std::int64_t> indices;
+  for (int m : model.mesh.group_members(rank, group)) {
+    const SplitNsSlice s = slice_of(model, p, m, gathered, why);
+    if (!why.empty()) return why;
+    if (s.rows != mine.rows)
+      return "members of the group split '" + dp.name + "' along different dims";
+    const ShardIndexSet piece = dp.layout.index_set(model.mesh, m, gathered);
+    const auto list = piece.dims[mine.rows ? 0 : 1].to_vector();
+    indices.insert(indices.end(), list.begin(), list.end());
+  }
+  std::sort(indices.begin(), indices.end());
+  bool exact = static_cast<std::int64_t>(indices.size()) == mine.split;
+  for (std::size_t i = 0; exact && i < indices.size(); ++i)
+    exact = indices[i] == static_cast<std::int64_t>(i);
+  if (!exact)
+    return "the group's slices of '" + dp.name + "' do not cover its " +
+           (mine.rows ? "rows" : "columns") + " exactly once";
+  return "";
+}
+
+SplitNsSlice split_ns_slice(const ShardedModel& model, int p, int rank, DimSet gathered) {
+  std::string why;
+  const SplitNsSlice s = slice_of(model, p, rank, gathered, why);
+  if (!why.empty()) throw PlanError("split Newton-Schulz: " + why);
+  return s;
+}
+
+SplitNsExchange split_ns_exchange(const StepPlan& plan, const Op& op, int rank) {
+  SplitNsExchange x;
+  x.steps = op.ns_steps;
+  for (int p : op.params) {
+    const SplitNsSlice s = split_ns_slice(plan.model, p, rank, op.gathered);
+    x.norm_elements += 1;
+    x.gram_elements += s.gram * s.gram;
+  }
+  return x;
+}
+
+double split_ns_flops(const StepPlan& plan, const Op& op, int rank) {
+  double total = 0;
+  for (int p : op.params) {
+    const SplitNsSlice s = split_ns_slice(plan.model, p, rank, op.gathered);
+    const double g = static_cast<double>(s.gram), n = static_cast<double>(s.part);
+    total += op.ns_steps * (4.0 * g * g * n + 2.0 * g * g * g);
+  }
+  return total;
+}
+
+SplitNsCost split_ns_cost(const StepPlan& plan, const Op& op, int p, int rank,
+                          const ClusterSpec& cluster) {
+  const SplitNsSlice s = split_ns_slice(plan.model, p, rank, op.gathered);
+  const double g = static_cast<double>(s.gram), n = static_cast<double>(s.part);
+  const double flops = op.ns_steps * (4.0 * g * g * n + 2.0 * g * g * g);
+  const GpuSpec& gpu = cluster.gpu;
+  SplitNsCost c;
+  // As cost_model.cpp costs NS: the sustained rate for the smallest dim of the products, bounded
+  // below by the HBM traffic (per step: read X_r twice, write A, read A twice, write B, write X_r).
+  const double rate = gpu.sustained_flops(std::min(g, n));
+  if (flops > 0 && !(rate > 0))
+    throw PlanError("split Newton-Schulz: the GPU '" + gpu.name +
+                    "' has no compute rate; fix: set gpu.peak_tflops in the cluster");
+  c.compute_s = flops > 0 ? flops / rate : 0;
+  if (gpu.hbm_GBps > 0) {
+    const double width = static_cast<double>(bytes_of(plan.settings.comm_dtype()));
+    const double bytes = op.ns_steps * width * (3 * g * n + 3 * g * g);
+    c.compute_s = std::max(c.compute_s, bytes / (gpu.hbm_GBps * 1e9));
+  }
+  const std::vector<int> members = plan.mesh().group_members(rank, op.group);
+  const int k = static_cast<int>(members.size());
+  if (k > 1) {
+    const LinkParams link = link_for_group(cluster, plan.mesh(), members, OpKind::all_reduce);
+    const double width = static_cast<double>(bytes_of(plan.settings.comm_dtype()));
+    c.all_reduce_s = collective_time(OpKind::all_reduce, k, 4.0, link) +
+                     op.ns_steps * collective_time(OpKind::all_reduce, k, g * g * width, link);
+  }
+  return c;
+}
+
+double split_ns_time(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster) {
+  double t = 0;
+  for (int p : op.params) {
+    const SplitNsCost c = split_ns_cost(plan, op, p, rank, cluster);
+    t += c.compute_s + c.all_reduce_s;
+  }
+  return t;
+}
+
+}  // namespace muonbed

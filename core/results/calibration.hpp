@@ -1,0 +1,139 @@
+// `muonbed calibrate` as a library: what to measure on a machine, and how the measurements become
+// a cluster profile (core/config/cluster.hpp) that the analytic model and the simulator read. Backend-
+// neutral: the measurements themselves come from a real executor (the MPI backend's compute
+// benchmark and `bench collective` rows, backends/mpi/mpi_backend.hpp); this header only plans
+// them and fits the profile's numbers to them. Calibration uses microbenchmarks only, never the
+// step times a profile is later judged by.
+//
+//   workload       from an experiment's points: every Newton-Schulz call shape the plans make
+//                  ([batch,] rows x cols), the elementwise sizes, and every collective kind with
+//                  the mesh and group dims it runs over and the range of its sizes (nccl-tests' S)
+//   compute rows   per shape (timed on the real backend's ranks: backends/mpi/measure.hpp's
+//                  compute_bench): the handler's Newton-Schulz time (-> gpu.ns_table, version
+//                  "cpu-fp32", interpolated in FLOPs by the model), momentum and apply_update
+//                  (-> gpu.hbm_GBps and launch_overhead_us.kernel: a least-squares fit of
+//                  t = kernel + model_bytes / hbm over all of them), an sgemm of the NS shape
+//                  (-> gpu.peak_tflops = the fastest, gpu.gemm_efficiency by min dim), and
+//                  message packing (reported, not fitted: collective rows include it), and
+//                  "host_comm" rows: the Newton-Schulz's extra time per call while the rank
+//                  sends and receives messages at its progress points, over the bytes it moved
+//                  (-> gpu.host_comm_ns_per_byte, the median over shapes, at least 0)
+//   elementwise rows  momentum, apply_update and adamw over the numbers of elements the plans'
+//                  ops touch on one rank (-> gpu.elementwise_table): a step's elementwise ops
+//                  cover many parameters at once, out of the caches a per-shape row stays in
+//   collective rows  `bench collective` rows of the backend -> intra_node.bandwidth_GBps (the
+//                  best class's rate), latency_us, launch_overhead_us.collective and
+//                  efficiency.intra_node per collective class: the values that minimize the
+//                  squared log error of the model's own closed form (cost_model.hpp's
+//                  collective_time) over the rows, by coordinate descent
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/config/cluster.hpp"
+#include "core/results/collective_bench.hpp"
+#include "core/experiment/experiment.hpp"
+#include "core/plan/plan.hpp"
+
+namespace muonbed {
+
+// One Newton-Schulz call shape: `batch` matrices of rows x cols.
+struct NsCallShape {
+  std::int64_t batch = 1;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  bool operator==(const NsCallShape&) const = default;
+  bool operator<(const NsCallShape& o) const {
+    return std::tie(rows, cols, batch) < std::tie(o.rows, o.cols, o.batch);
+  }
+};
+
+// A collective the plans run: kind (bench op name), mesh and group, and the sizes to bench.
+struct CollectiveWorkload {
+  CollectiveBenchSpec spec;
+  std::int64_t min_bytes = 0;  // smallest and largest S the plans move
+  std::int64_t max_bytes = 0;
+  std::vector<std::int64_t> sizes;  // what calibrate benches (covers min..max)
+};
+
+struct CalibrationWorkload {
+  int ranks = 2;
+  int ns_steps = 5;
+  OptimizerConfig optimizer;                     // of the first point (NS coefficients, dtypes)
+  std::vector<NsCallShape> ns_shapes;            // distinct, sorted
+  std::vector<std::int64_t> elementwise_numels;  // sizes to time momentum, apply and adamw at
+  std::vector<CollectiveWorkload> collectives;
+};
+
+// The workload of an experiment's points whose mesh has `ranks` ranks (the world calibrate runs
+// in; other points are skipped). Throws ConfigError when no point has that many ranks. Collective
+// sizes: factor-4 steps from the smallest S the plans move (at least 1 KiB) up past the largest.
+CalibrationWorkload calibration_workload(const std::vector<Experiment>& points, int ranks);
+// Without an experiment: NS on 256^2, 256x688 (hidden x MLP of the llama-shaped CPU model of
+// experiments/mpi_quickstart.yaml), 512^2 and 1024^2; every bench collective over all `ranks`
+// ranks, 4 KiB to 16 MiB by 4.
+CalibrationWorkload default_calibration_workload(int ranks);
+
+// The synthetic plan the compute benchmark runs on every rank: one replicated Muon matrix of
+// `shape` (every rank holds all of it), momentum -> newton_schulz -> apply_update on every rank,
+// with the experiment's optimizer settings. Ops 0, 1, 2 in that order.
+StepPlan compute_bench_plan(const DeviceMesh& mesh, const NsCallShape& shape,
+                            const OptimizerConfig& optimizer);
+// The machine-speed probe of a measured point: does the machine still run compute at the speed
+// its cluster profile says? The plan's costliest Newton-Schulz call shape (most FLOPs per call,
+// over every rank) as a compute_bench_plan on the plan's mesh, and the seconds the profile gives
+// that call (compute_time of the probe plan's newton_schulz op: gpu.ns_table where it has the
+// shape, else what the model interpolates). A real backend times the probe before and after a
+// point's steps as calibrate times gpu.ns_table; measured / predicted far from 1 means the
+// profile describes another machine (or this one under other load), and compare says so.
+struct SpeedProbe {
+  NsCallShape shape;
+  StepPlan plan;
+  double predicted_s = 0;
+};
+// nullopt when the plan runs no Newton-Schulz.
+std::optional<SpeedProbe> speed_probe(const StepPlan& plan, const ClusterSpec& cluster);
+
+// The synthetic plan of an elementwise row: a 1 x numel Muon matrix (momentum, newton_schulz,
+// apply_update: ops 0, 1, 2) and a numel-element AdamW vector (adamw: op 3), replicated.
+StepPlan elementwise_bench_plan(const DeviceMesh& mesh, std::int64_t numel,
+                                const OptimizerConfig& optimizer);
+
+// Measured compute: median seconds over repeats of the slowest rank (ranks run concurrently).
+struct ComputeBenchRow {
+  std::string kernel;  // newton_schulz | momentum | apply_update | gemm | pack | host_comm
+  NsCallShape shape;   // gemm: rows x cols is the NS shape whose X X^T it times
+  std::int64_t numel = 0;
+  double seconds = 0;
+  double model_bytes = 0;   // momentum, apply_update: op_memory_bytes of the bench plan's op;
+                            // host_comm: bytes sent + received per call (seconds: the extra)
+  double flops = 0;         // newton_schulz, gemm
+  bool step_sized = false;  // an elementwise row at a plan op's size (elementwise_bench_plan)
+};
+
+struct CalibrationInput {
+  std::string name = "local-cpu";
+  int ranks = 2;
+  int ns_steps = 5;
+  std::vector<ComputeBenchRow> compute;
+  std::vector<CollectiveBenchRow> collectives;
+  CalibrationInfo info;
+  double memory_GiB = 2;  // per rank
+};
+
+// The fitted profile (a single node of max(8, ranks) "GPUs": every rank on this machine).
+ClusterSpec calibrated_profile(const CalibrationInput& input);
+
+// The model's closed-form time (seconds) of one bench row on `cluster`: what the analytic
+// backend predicts for the bench's one-op plan (tests check that the two agree).
+double model_bench_seconds(const ClusterSpec& cluster, const CollectiveBenchRow& row);
+
+// The profile as YAML: `header` lines as comments first (provenance, what each number is), then
+// the profile in the loader's format.
+std::string calibrated_profile_yaml(const ClusterSpec& cluster,
+                                    const std::vector<std::string>& header);
+
+}  // namespace muonbed

@@ -1,0 +1,94 @@
+// Running one experiment point on a backend, whatever the backend: build the point's plan, run it
+// on the backend the name picks, and write its results. A registry maps backend names to run
+// functions: core registers `analytic`; the SimGrid library registers `sim`
+// (register_sim_backend in sim/simulate.hpp), the real executors in backends/ will register
+// `mpi` and `nccl`. Static libraries drop objects nothing refers to, so backends do not register
+// themselves: a program calls each backend library's register function (the CLI does so in the
+// one place that lists its compiled-in backends, experiments/cli/backends.cpp).
+//
+//   PointRun r = run_point(experiment_point, "analytic");  // plan + run
+//   write_point(experiment_point, r);                      // <output>/<point>/analytic.json
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/experiment/experiment.hpp"
+#include "core/plan/plan.hpp"
+#include "core/results/results.hpp"
+
+namespace muonbed {
+
+// The note deterministic backends (analytic, sim) add to their records: the experiment's steps,
+// repeats and seed are for measured backends.
+extern const char* const kDeterministicNote;
+
+// Settings of a run that are not part of the experiment.
+struct RunSettings {
+  int trace_max_ranks = 64;  // ranks (lowest first) in the Chrome trace of backends that trace
+  // Real backends (mpi, nccl): untimed steps first, then timed steps whose instance times the
+  // record reports (nccl-tests' -w and -n; `muonbed bench collective` passes its flags here).
+  // Predicting backends (analytic, sim) are deterministic and ignore both.
+  int warmup = 0;
+  int iterations = 1;
+  // Real backends: after the timed steps, one untimed step whose messages carry a known pattern,
+  // checked by every receiver (nccl-tests' -c; PointRun::wrong_elements). `muonbed bench
+  // collective` and `muonbed calibrate` set it; experiment points do not (the step's data are
+  // checked by the equivalence tests instead).
+  bool check_data = false;
+};
+
+// What a run cost, for progress lines; not part of the results file (it is not deterministic).
+struct RunCost {
+  std::string what;           // what wall_s timed ("simulation"); empty: nothing to report
+  double wall_s = 0;          // the backend's own run, in the process that ran it
+  double peak_rss_bytes = 0;  // of that process
+  std::int64_t messages = 0;  // transfers the backend modelled or sent ...
+  std::string messages_what;  // ... named so ("SimGrid transfers")
+};
+
+struct PointRun {
+  ResultRecord record;     // provenance with the experiment, timestamp set
+  nlohmann::json trace;    // Chrome trace of the worst step; null when the backend has none
+  RunCost cost;            // filled by backends that measure themselves
+  double plan_wall_s = 0;  // time to build the plan (run_point)
+  // Elements a real backend found wrong when it checked its results against the reference
+  // (nccl-tests' #wrong); -1 when nothing was checked (predicting backends).
+  std::int64_t wrong_elements = -1;
+};
+
+// A backend's run function: the record (provenance included, timestamp left to run_plan) and,
+// if it traces, the trace of `plan`, the plan of `experiment`.
+using BackendRun = PointRun (*)(const Experiment& experiment, const StepPlan& plan,
+                                const RunSettings& settings);
+
+struct BackendInfo {
+  std::string name;  // as experiments name it (backend: [...])
+  std::string description;
+  BackendRun run = nullptr;
+};
+
+// Adds a backend, or replaces the one of the same name (so registering twice is harmless).
+void register_backend(const BackendInfo& backend);
+// The registered backend of this name, or null.
+const BackendInfo* find_backend(const std::string& name);
+// Registered backends' names: analytic first, then in registration order.
+std::vector<std::string> registered_backends();
+
+// Runs an already built plan (sweeps reuse one plan for several backends) on a registered
+// backend; throws Error naming the registered ones for any other name.
+PointRun run_plan(const Experiment& experiment, const StepPlan& plan, const std::string& backend,
+                  const RunSettings& settings = {});
+// Builds the point's plan and runs it.
+PointRun run_point(const Experiment& experiment, const std::string& backend,
+                   const RunSettings& settings = {});
+
+// Writes result_path(experiment, backend) and, when there is a trace, the trace next to it as
+// <backend>.trace.json (both atomically; an older trace without a new one is removed). Returns the
+// result file's path.
+std::string write_point(const Experiment& experiment, const PointRun& run);
+
+}  // namespace muonbed

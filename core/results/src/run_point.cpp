@@ -1,0 +1,101 @@
+// The backend registry and the point runner (see core/results/run_point.hpp); the analytic backend's run
+// function lives here, as core's own backend.
+#include "core/results/run_point.hpp"
+
+#include <chrono>
+#include <filesystem>
+
+#include "core/base/errors.hpp"
+#include "core/config/src/yaml_util.hpp"
+
+namespace muonbed {
+
+const char* const kDeterministicNote =
+    "steps, repeats and seed (warm-up steps, timed steps and data of the measured backends) do "
+    "not apply: a deterministic model computes each step pattern of the hyper-period once";
+
+namespace {
+
+PointRun run_analytic(const Experiment& experiment, const StepPlan& plan, const RunSettings&) {
+  PointRun run;
+  run.record = analytic_record(plan, experiment.cluster);
+  run.record.provenance = make_provenance(&experiment, "");
+  run.record.notes.push_back(kDeterministicNote);
+  return run;
+}
+
+std::vector<BackendInfo>& registry() {
+  static std::vector<BackendInfo> backends = {
+      {"analytic", "closed-form cost model on the execution engine (core/cost_model.hpp)",
+       &run_analytic}};
+  return backends;
+}
+
+}  // namespace
+
+void register_backend(const BackendInfo& backend) {
+  if (backend.name.empty() || backend.run == nullptr)
+    throw Error("register_backend: a backend needs a name and a run function");
+  for (BackendInfo& b : registry())
+    if (b.name == backend.name) {
+      b = backend;
+      return;
+    }
+  registry().push_back(backend);
+}
+
+const BackendInfo* find_backend(const std::string& name) {
+  for (const BackendInfo& b : registry())
+    if (b.name == name) return &b;
+  return nullptr;
+}
+
+std::vector<std::string> registered_backends() {
+  std::vector<std::string> names;
+  for (const BackendInfo& b : registry()) names.push_back(b.name);
+  return names;
+}
+
+PointRun run_plan(const Experiment& experiment, const StepPlan& plan, const std::string& backend,
+                  const RunSettings& settings) {
+  const BackendInfo* b = find_backend(backend);
+  if (b == nullptr)
+    throw Error("run_plan: backend '" + backend + "' is not built into this muonbed (it has " +
+                yaml_util::join(registered_backends()) +
+                "); fix: use one of those, or register the backend before running it");
+  PointRun run = b->run(experiment, plan, settings);
+  run.record.timestamp = utc_timestamp();
+  return run;
+}
+
+PointRun run_point(const Experiment& experiment, const std::string& backend,
+                   const RunSettings& settings) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const StepPlan plan = plan_experiment(experiment);
+  const double plan_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  PointRun run = run_plan(experiment, plan, backend, settings);
+  run.plan_wall_s = plan_s;
+  return run;
+}
+
+std::string write_point(const Experiment& experiment, const PointRun& run) {
+  const std::string path = result_path(experiment, run.record.backend);
+  // The trace first, the result last: a result on disk marks the point done, and the trace
+  // beside it is always this run's (or none: an older run's trace is removed, not kept).
+  const std::filesystem::path trace_path =
+      std::filesystem::path(path).replace_filename(run.record.backend + ".trace.json");
+  if (!run.trace.is_null()) {
+    write_file_atomically(trace_path.string(), run.trace.dump() + "\n");
+  } else {
+    std::error_code ec;
+    std::filesystem::remove(trace_path, ec);
+    if (ec)
+      throw Error("cannot remove the previous run's trace " + trace_path.string() + ": " +
+                  ec.message() + "; fix: check the output folder's permissions");
+  }
+  write_file_atomically(path, result_to_json(run.record));
+  return path;
+}
+
+}  // namespace muonbed
