@@ -29,6 +29,9 @@ namespace muonbed {
 // Records the file open as `fd` (read from `path`) as an input of this command: no output of
 // the same command may replace it.
 void note_input_file(int fd, const std::string& path);
+// Forgets every input recorded so far: a long-lived process that runs one command after another
+// (a test binary) starts each with a clean slate; a command never calls it.
+void forget_input_files();
 // True when `path` resolves to a file this command recorded as an input.
 bool is_input_file(const std::string& path);
 

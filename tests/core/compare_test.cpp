@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "core/results/compare.hpp"
 #include "core/base/errors.hpp"
+#include "core/results/compare.hpp"
 #include "core/results/results.hpp"
 #include "core/results/run_point.hpp"
 #include "tests/common/temp_dir.hpp"
@@ -174,7 +174,9 @@ std::string experiment_text(const std::string& out, const std::string& cluster =
   return text;
 }
 
+// The test edits files it has read as a command would: each write starts a new "command".
 void write(const std::string& path, const std::string& text) {
+  forget_input_files();
   write_file_atomically(path, text);
 }
 

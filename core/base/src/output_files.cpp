@@ -135,7 +135,13 @@ void note_input_file(int fd, const std::string& path) {
   if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) return;
   InputFiles& r = inputs();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.files.emplace(std::make_pair(info.st_dev, info.st_ino), path);
+  r.files.insert_or_assign(std::make_pair(info.st_dev, info.st_ino), path);
+}
+
+void forget_input_files() {
+  InputFiles& r = inputs();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.files.clear();
 }
 
 bool is_input_file(const std::string& path) {
