@@ -64,6 +64,11 @@ struct LinkParams {
   double launch_s = 0;         // per call (launch_overhead_us.collective)
   int channels = 1;            // multi-node rings: channels (the fewest members on a node)
   double intra_channel_Bps = 0;  // multi-node rings: a GPU's NVLink, shared by its channels
+  // The two parts of bandwidth_Bps, per rank and direction, at the class's efficiency: inside
+  // the node (NVLink, or PCIe under its host bridge's share) and to other nodes (the NICs a
+  // member can drive for this class; fat-tree oversubscription applied).
+  double intra_Bps = 0;
+  double network_Bps = 0;
   NvlsParams nvls;
 };
 LinkParams link_for_group(const ClusterSpec& cluster, const DeviceMesh& mesh,
@@ -98,8 +103,11 @@ double collective_time(OpKind kind, int group_size, double total_bytes, const Li
 // The smallest piece a member of an all_gather or reduce_scatter instance contributes or ends
 // with (collective_time's p_min); -1 for other kinds.
 double smallest_piece_bytes(const StepPlan& plan, const Op& op, const std::vector<int>& members);
-// The analytic time of one instance of collective `op`: `participants` as the engine lists them
-// (the group, or the send/recv pair {sender, receiver}), sized by `leader` (the sender of a pair).
+// The analytic time of one instance of collective `op` alone (nothing else in flight):
+// `participants` as the engine lists them (the group, or the send/recv pair {sender, receiver});
+// ring classes sized by `leader`, point-to-point classes (all_to_all, gather, scatter, send/recv)
+// by their busiest member's bytes to its node and to other nodes; never less than the occupancy
+// of the busiest link its own traffic crosses (core/engine/link_sharing.hpp).
 double instance_time(const StepPlan& plan, const ClusterSpec& cluster, const Op& op,
                      const std::vector<int>& participants, int leader);
 // The algorithm collective_time picks for an all-reduce of S bytes (ring without NVLS).
@@ -116,10 +124,19 @@ struct RankTimes {
   double finish_s = 0;
 };
 
+// The instances of one collective op in a step: how many ran and how long each took from its
+// start (the last member's arrival) to its completion, links shared with everything in flight.
+struct InstanceTimes {
+  int instances = 0;
+  double time_sum_s = 0;
+  double time_max_s = 0;
+};
+
 struct StepEstimate {
   int step = 0;
   double step_time_s = 0;  // max over ranks of finish time
   std::vector<RankTimes> ranks;
+  std::vector<InstanceTimes> collectives;  // by op id (zero for compute ops and idle steps)
 };
 
 struct EstimateSummary {
@@ -128,12 +145,21 @@ struct EstimateSummary {
   StepEstimate worst;  // the slowest step's detail
 };
 
-// Replays the plan for step `step` on the execution engine (core/engine/engine.hpp) with closed-form op
-// durations. Collective instances start when all members are ready (stream order and deps), so
-// waiting shows up as idle time; the breakdown follows core/engine/timeline.hpp's rules. Throws
-// PlanError for a plan the engine cannot run or finish.
-StepEstimate estimate_step(const StepPlan& plan, const ClusterSpec& cluster, int step = 0);
-EstimateSummary estimate(const StepPlan& plan, const ClusterSpec& cluster);
+// Replays the plan for step `step` on the execution engine (core/engine/engine.hpp) with
+// closed-form op durations. Collective instances start when all members are ready (stream order and
+// deps), so waiting shows up as idle time; the breakdown follows core/engine/timeline.hpp's rules.
+// Throws PlanError for a plan the engine cannot run or finish.
+//
+// share_links = false prices every collective instance alone, as if nothing else were in flight
+// (core/engine/link_sharing.hpp says what sharing adds): a bound on what contention costs, and
+// the reference that tests of the replay's own bookkeeping compare with.
+struct AnalyticOptions {
+  bool share_links = true;
+};
+StepEstimate estimate_step(const StepPlan& plan, const ClusterSpec& cluster, int step = 0,
+                           const AnalyticOptions& options = {});
+EstimateSummary estimate(const StepPlan& plan, const ClusterSpec& cluster,
+                         const AnalyticOptions& options = {});
 
 // Duration of one compute op on one rank. Newton-Schulz: per matrix (or stacked batch) call, the
 // measured time of gpu.ns_table for the cluster's gpu.ns_kernel version, else its FLOPs at the

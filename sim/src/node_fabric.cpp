@@ -15,8 +15,8 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 NodeFabric::NodeFabric(int gpus, double link_Bps, double bridge_Bps)
     : gpus_(gpus), link_Bps_(link_Bps), bridge_Bps_(bridge_Bps) {
-  capacity_.assign(2 * gpus_ + 2, link_Bps_);
-  capacity_[2 * gpus_] = capacity_[2 * gpus_ + 1] = bridge_Bps_;
+  capacity_.assign(2 * gpus_ + 1, link_Bps_);
+  capacity_[2 * gpus_] = bridge_Bps_;
 }
 
 void NodeFabric::add(double now, int src, int dst, double bytes, std::uint64_t token) {
@@ -25,7 +25,7 @@ void NodeFabric::add(double now, int src, int dst, double bytes, std::uint64_t t
   f.links[0] = src;          // src's link toward the switch
   f.links[1] = gpus_ + dst;  // the switch's link toward dst
   f.nlinks = 2;
-  if (bridge_Bps_ > 0) f.links[f.nlinks++] = 2 * gpus_ + (src < dst ? 0 : 1);
+  if (bridge_Bps_ > 0) f.links[f.nlinks++] = 2 * gpus_;  // both directions: one budget
   f.remaining = bytes;
   f.size = bytes;
   f.rate = 0;

@@ -19,8 +19,8 @@ namespace muonbed::sim {
 class NodeFabric {
  public:
   // `gpus` local GPUs; per-direction link bandwidth; bridge_Bps > 0 adds a shared host bridge,
-  // crossed UP by flows from a lower to a higher local index and DOWN otherwise (as the
-  // platform's symmetric PCIe routes do).
+  // one budget that every flow between two GPUs of the node crosses, whatever its direction
+  // (as the platform's SHARED bridge link).
   NodeFabric(int gpus, double link_Bps, double bridge_Bps);
 
   // A flow of `bytes` from local GPU src to dst starts sharing the links at `now` (the caller
@@ -51,7 +51,7 @@ class NodeFabric {
   double last_ = 0;
   double next_ = -1;
   std::vector<Flow> flows_;
-  std::vector<double> capacity_;  // per link: up[g], down[g], bridge up, bridge down
+  std::vector<double> capacity_;  // per link: up[g], down[g], the bridge (both directions)
   // scratch for share()
   std::vector<double> residual_;
   std::vector<int> users_;

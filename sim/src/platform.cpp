@@ -141,9 +141,10 @@ sg4::NetZone* build_node(const Topology& t, int node, bool latency_in_links, sg4
   }
   sg4::Link* bridge = nullptr;
   if (t.bridge_Bps() > 0)
-    bridge = zone->create_split_duplex_link("bridge-" + num(node), t.bridge_Bps())
-                 ->set_latency(0)
-                 ->seal();
+    // One budget for both directions (SHARED): every byte through the host bridge counts once,
+    // so no step moves more bytes through it than its bandwidth allows (the analytic model's
+    // core/engine/link_sharing.hpp counts it the same way).
+    bridge = zone->create_link("bridge-" + num(node), t.bridge_Bps())->set_latency(0)->seal();
   std::vector<sg4::Link*> nics;
   if (t.nodes() > 1)
     for (int k = 0; k < t.nic_links(); ++k)
@@ -156,7 +157,7 @@ sg4::NetZone* build_node(const Topology& t, int node, bool latency_in_links, sg4
   for (int i = 0; i < count; ++i) {
     for (int j = i + 1; j < count; ++j) {
       std::vector<sg4::LinkInRoute> links{{intra[i], Dir::UP}};
-      if (bridge) links.emplace_back(bridge, Dir::UP);
+      if (bridge) links.emplace_back(bridge);
       links.emplace_back(intra[j], Dir::DOWN);
       zone->add_route(gpus[i]->get_netpoint(), gpus[j]->get_netpoint(), nullptr, nullptr, links,
                       true);
@@ -165,7 +166,7 @@ sg4::NetZone* build_node(const Topology& t, int node, bool latency_in_links, sg4
       std::vector<sg4::LinkInRoute> links;
       if (t.pcie()) {  // GPU-to-NIC DMA crosses the GPU's PCIe link and the host bridge
         links.emplace_back(intra[i], Dir::UP);
-        if (bridge) links.emplace_back(bridge, Dir::UP);
+        if (bridge) links.emplace_back(bridge);
       }
       links.emplace_back(nics[t.nic_of_local(i)], Dir::UP);
       zone->add_route(gpus[i]->get_netpoint(), router, nullptr, nullptr, links, true);

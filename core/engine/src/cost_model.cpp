@@ -1,8 +1,8 @@
 // Analytic step-time model: nccl-tests bus factors, the link a collective instance sees on a
 // modelled cluster, alpha-beta closed forms per collective, compute at the GPU's sustained rate
-// (or HBM bandwidth for memory-bound ops), and a replay of a plan on core/engine/engine.hpp's execution
-// engine with these durations on a virtual clock, which yields each rank's finish time and its
-// busy, exposed-communication and idle time (see "The replay" below).
+// (or HBM bandwidth for memory-bound ops), and a replay of a plan on core/engine/engine.hpp's
+// execution engine with these durations on a virtual clock, which yields each rank's finish time
+// and its busy, exposed-communication and idle time (see "The replay" below).
 #include "core/engine/cost_model.hpp"
 
 #include <algorithm>
@@ -14,11 +14,12 @@
 #include <utility>
 #include <vector>
 
-#include "core/engine/engine.hpp"
 #include "core/base/errors.hpp"
-#include "core/results/results.hpp"
-#include "core/plan/split_ns.hpp"
+#include "core/engine/engine.hpp"
+#include "core/engine/link_sharing.hpp"
 #include "core/engine/timeline.hpp"
+#include "core/plan/split_ns.hpp"
+#include "core/results/results.hpp"
 
 namespace muonbed {
 
@@ -104,10 +105,9 @@ double overlapped_bandwidth(double cross, double intra, double network) {
 
 // The link rules.
 //
-// Inside one node: NVSwitch gives every GPU its per-GPU bandwidth and latency. PCIe gives each
-// GPU its link bandwidth, but when pcie_switch_GBps is set the group's members on the node share
-// that host bridge: per rank min(link, switch / members on the node). Every link class runs at
-// its efficiency for the kind's collective class (cluster.efficiency).
+// Inside one node: NVSwitch gives every GPU its per-GPU bandwidth and latency, PCIe its link
+// bandwidth (a host bridge, pcie_switch_GBps, is a shared link of the replay). Every link class
+// runs at its efficiency for the kind's collective class (cluster.efficiency).
 //
 // Across nodes: the crossing latency = NIC latency + switch hops x switch latency (single switch:
 // 1 hop; fat tree: 1 hop under one leaf, else 2*levels-1 hops, the worst path up to the top
@@ -124,17 +124,21 @@ double overlapped_bandwidth(double cross, double intra, double network) {
 //     the same time (NCCL posts every peer at once), so the per-rank bandwidth is what makes both
 //     parts take equally long: min(net / f, intra / (1 - f)), f = (n-M)/(n-1).
 //   rooted (gather, scatter, send, recv): the same overlap through the root's own NIC (gpu_nic).
-// A fat tree with oversubscription > 1 divides the network share of groups that span leaves by
-// it. Concurrent instances of other groups on the same NICs are not modelled (each instance is
-// costed alone); rail-optimized wiring does not change these per-instance figures.
+// These are figures for one instance alone. What instances in flight at once take from each
+// other (NIC links, PCIe links and host bridges, GPU links, the uplinks of an oversubscribed fat
+// tree's leaves) is the replay's link sharing (core/engine/link_sharing.hpp), which also holds
+// back an instance whose own traffic exceeds a link (two members behind one NIC, a leaf's
+// uplinks under an all-to-all); a ring alone crosses a leaf boundary through one node's uplink
+// and is not slowed by oversubscription. Rail-optimized wiring does not change these figures.
 LinkParams link_from_profile(const ClusterSpec& c, int gpus_per_node, const GroupProfile& g,
                              OpKind kind) {
   const CollectiveClass cls = collective_class(kind);
   const LinkEfficiency& ei = c.efficiency.intra_node;
   const LinkEfficiency& en = c.efficiency.network;
-  double intra_bw = c.intra.bandwidth_GBps * kGB;
-  if (c.intra.kind == IntraNodeKind::pcie && c.intra.pcie_switch_GBps > 0 && g.max_per_node > 0)
-    intra_bw = std::min(intra_bw, c.intra.pcie_switch_GBps * kGB / g.max_per_node);
+  // A PCIe host bridge is not divided here: how much of it an instance gets depends on what
+  // else crosses it (a gather loads it with the root's bytes only, a ring with every member's),
+  // which the replay's link sharing counts.
+  const double intra_bw = c.intra.bandwidth_GBps * kGB;
   LinkParams link;
   link.intra_latency_s = c.intra.latency_us * kMicro;
   link.latency_s = link.intra_latency_s;
@@ -145,11 +149,8 @@ LinkParams link_from_profile(const ClusterSpec& c, int gpus_per_node, const Grou
   const double nic_total = nic_count * nic_bw;
   const double gpu_nic = nic_bw * std::max(1, nic_count / std::max(1, gpus_per_node));
   int hops = 1;
-  double over = 1;
-  if (g.nodes > 1 && c.network.topology == TopologyKind::fat_tree && g.spans_leaves) {
+  if (g.nodes > 1 && c.network.topology == TopologyKind::fat_tree && g.spans_leaves)
     hops = 2 * std::max(1, c.network.levels) - 1;
-    if (c.network.oversubscription > 1) over = c.network.oversubscription;
-  }
   if (g.nodes > 1)
     link.latency_s = (c.nic.latency_us + hops * c.network.switch_latency_us) * kMicro;
 
@@ -162,11 +163,12 @@ LinkParams link_from_profile(const ClusterSpec& c, int gpus_per_node, const Grou
     v.nodes = std::max(1, g.nodes);
     v.latency_s = c.intra.nvls_latency_us * kMicro;
     v.intra_Bps = intra_bw * ei.nvls;
-    v.network_Bps = std::min(gpu_nic, nic_total / v.per_node) * en.nvls / over;
+    v.network_Bps = std::min(gpu_nic, nic_total / v.per_node) * en.nvls;
     v.step_latency_s = link.latency_s;
   }
 
   const double intra = intra_bw * ei.of(cls);
+  link.intra_Bps = intra;
   if (g.nodes <= 1) {
     link.bandwidth_Bps = intra;
     return link;
@@ -176,7 +178,8 @@ LinkParams link_from_profile(const ClusterSpec& c, int gpus_per_node, const Grou
   switch (cls) {
     case CollectiveClass::ring:
     case CollectiveClass::nvls: {
-      const double share = std::min(m * gpu_nic, nic_total) * en.of(cls) / over;
+      const double share = std::min(m * gpu_nic, nic_total) * en.of(cls);
+      link.network_Bps = share;
       link.bandwidth_Bps = m > 1 ? std::min(share, intra * m / static_cast<double>(m - 1)) : share;
       link.channels = m;
       link.intra_channel_Bps = intra;
@@ -186,7 +189,8 @@ LinkParams link_from_profile(const ClusterSpec& c, int gpus_per_node, const Grou
     case CollectiveClass::p2p: {
       const double net =
           (cls == CollectiveClass::all_to_all ? std::min(gpu_nic, nic_total / big_m) : gpu_nic) *
-          en.of(cls) / over;
+          en.of(cls);
+      link.network_Bps = net;
       const double cross =
           n > 1 ? static_cast<double>(n - std::min(n, big_m)) / static_cast<double>(n - 1) : 1.0;
       link.bandwidth_Bps = overlapped_bandwidth(cross, intra, net);
@@ -518,9 +522,261 @@ struct OpCost {
   std::vector<double> cache_min;  // all_gather / reduce_scatter: the smallest member piece
 };
 
+// Bytes one participant of a collective instance moves, by where they go.
+struct MemberTraffic {
+  double intra_out = 0, intra_in = 0;  // to and from members on its node
+  double cross_out = 0, cross_in = 0;  // to and from other nodes (through its NIC)
+  double leaf_out = 0, leaf_in = 0;    // of those, across leaf switches
+};
+
+// A ring-class instance (members ascending, volumes[i] bytes through member i: a ring edge
+// carries everything but its receiver's piece): inside one node a member sends and receives its
+// volume over its link; across nodes
+// each node's channels (sim/src/collectives.hpp: one per member on a node, each entering and
+// leaving the node once) move `volume` through the node's NICs, spread over its members, and
+// the rest stays on the node.
+std::vector<MemberTraffic> ring_traffic(const std::vector<int>& members,
+                                        const std::vector<double>& volumes,
+                                        const ClusterLinks& links) {
+  const int n = static_cast<int>(members.size());
+  std::vector<MemberTraffic> out(n);
+  std::vector<std::pair<int, int>> runs;  // node -> [first, end) of its members
+  for (int i = 0; i < n; ++i) {
+    const int node = links.node_of(members[i]);
+    if (runs.empty() || links.node_of(members[runs.back().first]) != node) runs.emplace_back(i, i);
+    runs.back().second = i + 1;
+  }
+  const int nodes = static_cast<int>(runs.size());
+  for (int j = 0; j < nodes; ++j) {
+    const int k = runs[j].second - runs[j].first;
+    const int node = links.node_of(members[runs[j].first]);
+    const int next = links.node_of(members[runs[(j + 1) % nodes].first]);
+    const int prev = links.node_of(members[runs[(j + nodes - 1) % nodes].first]);
+    for (int i = runs[j].first; i < runs[j].second; ++i) {
+      MemberTraffic& t = out[i];
+      const double volume = volumes[i];
+      if (nodes <= 1) {
+        t.intra_out = t.intra_in = volume;
+        continue;
+      }
+      t.cross_out = t.cross_in = volume / k;
+      t.intra_out = t.intra_in = volume - volume / k;
+      if (links.leaf_of_node(next) != links.leaf_of_node(node)) t.leaf_out = volume / k;
+      if (links.leaf_of_node(prev) != links.leaf_of_node(node)) t.leaf_in = volume / k;
+    }
+  }
+  return out;
+}
+
+// Point-to-point classes (all_to_all, gather, scatter, send/recv): the plan's bytes per peer.
+std::vector<MemberTraffic> peer_traffic(const StepPlan& plan, const Op& op,
+                                        const std::vector<int>& participants,
+                                        const ClusterLinks& links) {
+  const int n = static_cast<int>(participants.size());
+  std::vector<MemberTraffic> out(n);
+  const auto index_of = [&](int rank) {
+    for (int i = 0; i < n; ++i)
+      if (participants[i] == rank) return i;
+    return -1;
+  };
+  const auto move = [&](int i, int j, double b) {
+    const int from = links.node_of(participants[i]), to = links.node_of(participants[j]);
+    if (from == to) {
+      out[i].intra_out += b;
+      out[j].intra_in += b;
+      return;
+    }
+    out[i].cross_out += b;
+    out[j].cross_in += b;
+    if (links.leaf_of_node(from) != links.leaf_of_node(to)) {
+      out[i].leaf_out += b;
+      out[j].leaf_in += b;
+    }
+  };
+  // Rooted kinds move one piece per member (plan.hpp's piece_bytes): O(n), not O(n^2).
+  if (op.kind == OpKind::send || op.kind == OpKind::recv) {
+    if (n == 2) move(0, 1, static_cast<double>(piece_bytes(plan, op, participants[0])));
+    return out;
+  }
+  if (op.kind == OpKind::gather || op.kind == OpKind::scatter) {
+    const int root = op.root;  // group order is ascending world ranks: participants' order
+    for (int i = 0; i < n; ++i) {
+      if (i == root) continue;
+      const double b = static_cast<double>(piece_bytes(plan, op, participants[i]));
+      if (b <= 0) continue;
+      if (op.kind == OpKind::gather)
+        move(i, root, b);
+      else
+        move(root, i, b);
+    }
+    return out;
+  }
+  const bool sorted = std::is_sorted(participants.begin(), participants.end());
+  for (int i = 0; i < n; ++i) {
+    const int rank = participants[i];
+    const std::vector<std::int64_t> sent = bytes_sent(plan, op, rank);
+    for (int k = 0; k < static_cast<int>(sent.size()); ++k) {
+      if (sent[k] <= 0) continue;
+      const int peer = plan.mesh().group_member(rank, op.group, k);
+      int j = -1;
+      if (sorted) {
+        const auto it = std::lower_bound(participants.begin(), participants.end(), peer);
+        if (it != participants.end() && *it == peer)
+          j = static_cast<int>(it - participants.begin());
+      } else {
+        j = index_of(peer);
+      }
+      if (j < 0 || j == i) continue;
+      move(i, j, static_cast<double>(sent[k]));
+    }
+  }
+  return out;
+}
+
+// Seconds of each link the traffic occupies (bytes over capacity at the class's efficiency;
+// the routes of sim/src/platform.cpp: on PCIe nodes NIC traffic also crosses the GPU's PCIe link
+// and the host bridge; a byte between two GPUs crosses the bridge once).
+LinkOccupancy link_occupancy(const std::vector<int>& participants,
+                             const std::vector<MemberTraffic>& traffic, const ClusterLinks& links,
+                             double intra_efficiency, double network_efficiency) {
+  LinkOccupancy out;
+  const auto add = [&](int link, double bytes, double efficiency) {
+    if (bytes > 0) out.emplace_back(link, bytes / (links.capacity_Bps(link) * efficiency));
+  };
+  for (std::size_t i = 0; i < participants.size(); ++i) {
+    const int r = participants[i];
+    const MemberTraffic& t = traffic[i];
+    const double via_pcie_out = links.pcie() ? t.cross_out : 0;
+    const double via_pcie_in = links.pcie() ? t.cross_in : 0;
+    add(links.gpu_out(r), t.intra_out + via_pcie_out, intra_efficiency);
+    add(links.gpu_in(r), t.intra_in + via_pcie_in, intra_efficiency);
+    add(links.nic_out(r), t.cross_out, network_efficiency);
+    add(links.nic_in(r), t.cross_in, network_efficiency);
+    if (links.has_bridge())
+      add(links.bridge(links.node_of(r)), t.intra_out + t.cross_out + t.cross_in, intra_efficiency);
+    if (links.has_leaves()) {
+      const int leaf = links.leaf_of_node(links.node_of(r));
+      add(links.leaf_up(leaf), t.leaf_out, network_efficiency);
+      add(links.leaf_down(leaf), t.leaf_in, network_efficiency);
+    }
+  }
+  return out;
+}
+
+// What one collective instance costs alone, and what it asks of the shared links: the closed
+// form's latency part and bandwidth part (ring classes: S from the instance's leader; point-to-
+// point classes: the busiest member's bytes to its node and to other nodes, so a skewed
+// exchange is priced by the receiver it piles onto), and each link's occupancy.
+struct InstancePrice {
+  double seconds = 0;    // alone
+  double latency_s = 0;  // paid after the shared part
+  double shared_s = 0;   // occupancy of the busiest link (0: nothing to share)
+  LinkOccupancy occupancy;
+};
+
+InstancePrice price_instance(const StepPlan& plan, const ClusterSpec& cluster,
+                             const ClusterLinks& links, const Op& o,
+                             const std::vector<int>& members, double bytes, double min_piece,
+                             const LinkParams& link) {
+  const int n = static_cast<int>(members.size());
+  // Ring classes move the same S on every member; point-to-point classes are sized per member
+  // below (the leader may send nothing while others send a lot: a skewed all-to-all).
+  const CollectiveClass cls = collective_class(o.kind);
+  const bool per_member = cls == CollectiveClass::all_to_all || cls == CollectiveClass::p2p;
+  InstancePrice price;
+  if (o.kind == OpKind::barrier || n <= 1 || (!per_member && !(bytes > 0))) {
+    price.seconds = collective_time(o.kind, n, bytes, link, min_piece);
+    return price;
+  }
+  // The closed form alone: latency part L and bandwidth part W; the bandwidth part then shares
+  // the links with every other instance in flight.
+  double intra_eff = cluster.efficiency.intra_node.of(cls);
+  double net_eff = cluster.efficiency.network.of(cls);
+  double latency = 0, work = 0;
+  std::vector<MemberTraffic> traffic;
+  switch (cls) {
+    case CollectiveClass::ring:
+    case CollectiveClass::nvls: {
+      double volume = bytes;
+      if (o.kind == OpKind::all_reduce) {
+        const AllReduceAlgorithm algorithm = all_reduce_algorithm(n, bytes, link);
+        latency = all_reduce_time(algorithm, n, 0, link);
+        work = all_reduce_time(algorithm, n, bytes, link) - latency;
+        if (algorithm != AllReduceAlgorithm::ring) {
+          // The NVSwitch reduces: each GPU moves S (g+1)/g over NVLink per direction, and in a
+          // tree 2 (N-1)/N S/g through its NIC (cost_model.hpp).
+          const NvlsParams& v = link.nvls;
+          const double g = std::max(1, v.per_node);
+          traffic.assign(n, MemberTraffic{});
+          for (MemberTraffic& t : traffic) {
+            t.intra_out = t.intra_in = bytes * (g + 1) / g;
+            if (v.nodes > 1) t.cross_out = t.cross_in = 2.0 * (v.nodes - 1) / v.nodes * bytes / g;
+          }
+          intra_eff = cluster.efficiency.intra_node.nvls;
+          net_eff = cluster.efficiency.network.nvls;
+          break;
+        }
+        volume = 2.0 * (n - 1) * bytes / n;
+      } else {
+        latency = collective_time(o.kind, n, 0, link, 0);
+        work = collective_time(o.kind, n, bytes, link, min_piece) - latency;
+        if (o.kind == OpKind::all_gather || o.kind == OpKind::reduce_scatter)
+          volume = bytes - (min_piece >= 0 ? std::min(min_piece, bytes) : bytes / n);
+      }
+      std::vector<double> volumes(n, volume);
+      // Uneven pieces: an edge carries everything but its receiver's piece (even: S - S/n).
+      const bool uneven = min_piece >= 0 && std::abs(min_piece * n - bytes) > 0.5 * n;
+      if ((o.kind == OpKind::all_gather || o.kind == OpKind::reduce_scatter) && uneven)
+        for (int i = 0; i < n; ++i)
+          volumes[i] = std::max(0.0, bytes - static_cast<double>(piece_bytes(plan, o, members[i])));
+      traffic = ring_traffic(members, volumes, links);
+      break;
+    }
+    case CollectiveClass::all_to_all:
+    case CollectiveClass::p2p: {
+      // Sized by the busiest member: each one's bytes to its node and to other nodes, both at
+      // once, over its NVLink and its NIC share (the closed form for even pieces).
+      latency = collective_time(o.kind, n, 0, link);
+      traffic = peer_traffic(plan, o, members, links);
+      for (const MemberTraffic& t : traffic) {
+        const double net = std::max(t.cross_out, t.cross_in);
+        const double intra = std::max(t.intra_out, t.intra_in);
+        if (net > 0) work = std::max(work, net / checked_bandwidth(link.network_Bps, net, o.kind));
+        if (intra > 0)
+          work = std::max(work, intra / checked_bandwidth(link.intra_Bps, intra, o.kind));
+      }
+      break;
+    }
+  }
+  if (!(work > 0)) {
+    price.seconds = latency + std::max(0.0, work);
+    return price;
+  }
+  // Only the time the instance keeps its busiest link busy is shared; the rest of its closed
+  // form (pipeline fill, a ring's wait on its slowest edge) is paid after it like latency, so
+  // contention stretches what crosses the links and not the instance's own idle part. An
+  // instance whose own traffic exceeds a link (two members behind one NIC) takes that long even
+  // alone.
+  price.occupancy = link_occupancy(members, traffic, links, intra_eff, net_eff);
+  std::sort(price.occupancy.begin(), price.occupancy.end());
+  double busiest = 0;
+  for (std::size_t i = 0; i < price.occupancy.size();) {
+    double on_link = 0;
+    std::size_t k = i;
+    for (; k < price.occupancy.size() && price.occupancy[k].first == price.occupancy[i].first; ++k)
+      on_link += price.occupancy[k].second;
+    busiest = std::max(busiest, on_link);
+    i = k;
+  }
+  price.seconds = latency + std::max(work, busiest);
+  price.latency_s = latency + std::max(0.0, work - busiest);
+  price.shared_s = busiest;
+  return price;
+}
+
 class AnalyticReplay final : public OpHandler {
  public:
-  AnalyticReplay(const StepPlan& plan, const ClusterSpec& cluster);
+  AnalyticReplay(const StepPlan& plan, const ClusterSpec& cluster, const AnalyticOptions& options);
   StepEstimate run(int step);
 
   void reached(int rank, int /*op*/) override { timeline_.touch_finish(rank, now_); }
@@ -548,6 +804,7 @@ class AnalyticReplay final : public OpHandler {
   double cached(int op, int rank, Eval eval, bool smallest_piece = false);
   void due(int op, double t, int item);
 
+  AnalyticOptions options_;
   const StepPlan& plan_;
   const ClusterSpec& cluster_;
   PlanIndex index_;
@@ -564,16 +821,37 @@ class AnalyticReplay final : public OpHandler {
   std::vector<int> done_;                  // items of the batch being completed
   double now_ = 0;
   HostCommCharge host_comm_;
+  // Bandwidth parts of the instances in flight, sharing the cluster's links (link_sharing.hpp).
+  struct Flowing {
+    double t = 0;
+    std::uint64_t seq = 0;
+    int instance = 0;
+    std::uint64_t version = 0;
+    bool operator>(const Flowing& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+  };
+  void start_sharing(int instance, int op, double latency_s, double work_s,
+                     const LinkOccupancy& occupancy);
+  void schedule_changed();
+  ClusterLinks links_;
+  SharedLinks sharing_;
+  std::vector<Flowing> flowing_;
+  std::vector<std::pair<int, double>> instance_tail_;  // instance -> op, latency after its bytes
+  std::vector<double> instance_start_;                 // instance -> when it started
+  std::vector<InstanceTimes> instance_times_;          // op -> its instances this step
 };
 
-AnalyticReplay::AnalyticReplay(const StepPlan& plan, const ClusterSpec& cluster)
-    : plan_(plan),
+AnalyticReplay::AnalyticReplay(const StepPlan& plan, const ClusterSpec& cluster,
+                               const AnalyticOptions& options)
+    : options_(options),
+      plan_(plan),
       cluster_(cluster),
       index_(plan),
       timeline_(index_.world_size(), index_.num_ops(), 0),
       engine_(index_, *this, index_.all_ranks()),
       gpn_(physical_gpus_per_node(cluster, plan.mesh())),
-      host_comm_(plan, cluster) {
+      host_comm_(plan, cluster),
+      links_(cluster, index_.world_size(), gpn_),
+      sharing_(links_.count()) {
   const DeviceMesh& mesh = plan.mesh();
   const int nops = index_.num_ops();
   const int nparams = static_cast<int>(plan.model.params.size());
@@ -695,16 +973,44 @@ void AnalyticReplay::start_collective(const CollectiveInstance& instance) {
   // Split Newton-Schulz is compute with all-reduces inside (core/plan/split_ns.hpp): its members
   // start together like a collective's, and its time counts as compute.
   const bool split = o.kind == OpKind::split_newton_schulz;
-  const double seconds =
-      split ? cached(op, instance.leader,
-                     [&] { return split_ns_time(plan_, o, instance.leader, cluster_); })
-            : collective_time(o.kind, static_cast<int>(members.size()), bytes, link, min_piece);
   host_comm_.collective_started(op, members);
   for (int m : members)
     timeline_.begin(m, split ? Activity::compute : Activity::communication, now_);
-  if (instance.id >= static_cast<int>(members_.size())) members_.resize(instance.id + 1);
+  if (instance.id >= static_cast<int>(members_.size())) {
+    members_.resize(instance.id + 1);
+    instance_start_.resize(instance.id + 1);
+  }
   members_[instance.id] = members;
-  due(op, now_ + seconds, instance.id);
+  instance_start_[instance.id] = now_;
+  if (split) {
+    due(op,
+        now_ + cached(op, instance.leader,
+                      [&] { return split_ns_time(plan_, o, instance.leader, cluster_); }),
+        instance.id);
+    return;
+  }
+  const InstancePrice price =
+      price_instance(plan_, cluster_, links_, o, members, bytes, min_piece, link);
+  if (!(price.shared_s > 0) || !options_.share_links) {
+    due(op, now_ + price.seconds, instance.id);
+    return;
+  }
+  start_sharing(instance.id, op, price.latency_s, price.shared_s, price.occupancy);
+}
+
+void AnalyticReplay::start_sharing(int instance, int op, double latency_s, double work_s,
+                                   const LinkOccupancy& occupancy) {
+  if (instance >= static_cast<int>(instance_tail_.size())) instance_tail_.resize(instance + 1);
+  instance_tail_[instance] = {op, latency_s};
+  sharing_.add(instance, now_, work_s, occupancy);
+}
+
+// New finish times of the instances whose speed changed; their old entries go stale.
+void AnalyticReplay::schedule_changed() {
+  for (int instance : sharing_.resolve(now_)) {
+    flowing_.push_back({sharing_.finish_s(instance), seq_++, instance, sharing_.version(instance)});
+    std::push_heap(flowing_.begin(), flowing_.end(), std::greater<>());
+  }
 }
 
 StepEstimate AnalyticReplay::run(int step) {
@@ -721,8 +1027,33 @@ StepEstimate AnalyticReplay::run(int step) {
     cost_[i].cache.clear();
     cost_[i].cache_min.clear();
   }
+  flowing_.clear();
+  sharing_ = SharedLinks(links_.count());
+  instance_times_.assign(index_.num_ops(), InstanceTimes{});
   engine_.begin_step(step);
-  while (!heap_.empty()) {
+  while (true) {
+    // Speeds are re-solved once per instant, after every start and end at it.
+    const auto stale = [&](const Flowing& f) { return sharing_.version(f.instance) != f.version; };
+    while (!flowing_.empty() && stale(flowing_.front())) {
+      std::pop_heap(flowing_.begin(), flowing_.end(), std::greater<>());
+      flowing_.pop_back();
+    }
+    if (sharing_.pending() && (heap_.empty() || heap_.front().t > now_) &&
+        (flowing_.empty() || flowing_.front().t > now_)) {
+      schedule_changed();
+      continue;
+    }
+    if (!flowing_.empty() && (heap_.empty() || flowing_.front().t <= heap_.front().t)) {
+      std::pop_heap(flowing_.begin(), flowing_.end(), std::greater<>());
+      const Flowing f = flowing_.back();
+      flowing_.pop_back();
+      now_ = std::max(now_, f.t);
+      sharing_.remove(f.instance);
+      const auto [op, latency] = instance_tail_[f.instance];
+      due(op, now_ + latency, f.instance);
+      continue;
+    }
+    if (heap_.empty()) break;
     std::pop_heap(heap_.begin(), heap_.end(), std::greater<>());
     const int id = heap_.back().batch;
     heap_.pop_back();
@@ -743,7 +1074,12 @@ StepEstimate AnalyticReplay::run(int step) {
       const Activity activity = plan_.ops[op].kind == OpKind::split_newton_schulz
                                     ? Activity::compute
                                     : Activity::communication;
+      InstanceTimes& times = instance_times_[op];
       for (int instance : done_) {
+        const double took = now_ - instance_start_[instance];
+        ++times.instances;
+        times.time_sum_s += took;
+        times.time_max_s = std::max(times.time_max_s, took);
         for (int m : members_[instance]) {
           timeline_.end(m, activity, now_);
           timeline_.touch_finish(m, now_);
@@ -761,6 +1097,7 @@ StepEstimate AnalyticReplay::run(int step) {
   StepEstimate out;
   out.step = step;
   out.step_time_s = m.time_s;
+  out.collectives = std::move(instance_times_);
   out.ranks.resize(m.ranks.size());
   for (std::size_t r = 0; r < m.ranks.size(); ++r) {
     const TimeBreakdown& t = m.ranks[r];
@@ -788,8 +1125,14 @@ double instance_time(const StepPlan& plan, const ClusterSpec& cluster, const Op&
   const double bytes =
       op.kind == OpKind::barrier ? 0 : static_cast<double>(collective_bytes(plan, op, sizer));
   const LinkParams link = link_for_group(cluster, plan.mesh(), participants, op.kind);
-  return collective_time(op.kind, static_cast<int>(participants.size()), bytes, link,
-                         smallest_piece_bytes(plan, op, participants));
+  if (op.kind == OpKind::split_newton_schulz) return split_ns_time(plan, op, leader, cluster);
+  std::vector<int> members = participants;
+  if (!pair) std::sort(members.begin(), members.end());
+  const ClusterLinks links(cluster, plan.mesh().world_size(),
+                           physical_gpus_per_node(cluster, plan.mesh()));
+  return price_instance(plan, cluster, links, op, members, bytes,
+                        smallest_piece_bytes(plan, op, members), link)
+      .seconds;
 }
 
 HostCommCharge::HostCommCharge(const StepPlan& plan, const ClusterSpec& cluster)
@@ -832,14 +1175,16 @@ double HostCommCharge::compute_started(int rank, double t) {
   return extra;
 }
 
-StepEstimate estimate_step(const StepPlan& plan, const ClusterSpec& cluster, int step) {
+StepEstimate estimate_step(const StepPlan& plan, const ClusterSpec& cluster, int step,
+                           const AnalyticOptions& options) {
   if (step < 0) throw PlanError("estimate_step: step " + std::to_string(step) + " is negative");
-  return AnalyticReplay(plan, cluster).run(step);
+  return AnalyticReplay(plan, cluster, options).run(step);
 }
 
-EstimateSummary estimate(const StepPlan& plan, const ClusterSpec& cluster) {
+EstimateSummary estimate(const StepPlan& plan, const ClusterSpec& cluster,
+                         const AnalyticOptions& options) {
   const std::vector<StepPatternSpec> patterns = step_patterns(plan);
-  AnalyticReplay replay(plan, cluster);
+  AnalyticReplay replay(plan, cluster, options);
   EstimateSummary out;
   double total = 0;
   bool first = true;

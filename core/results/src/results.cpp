@@ -20,12 +20,12 @@
 #include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
+#include "core/base/errors.hpp"
+#include "core/base/sha256.hpp"
 #include "core/engine/bound.hpp"
 #include "core/engine/cost_model.hpp"
 #include "core/engine/engine.hpp"
-#include "core/base/errors.hpp"
 #include "core/experiment/experiment.hpp"
-#include "core/base/sha256.hpp"
 #include "core/plan/split_ns.hpp"
 #include "muonbed/config.hpp"
 
@@ -468,13 +468,8 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster) {
         const std::vector<int> members = index.participants(op.id, leader);
         const int sizer = members.size() == 2 && index.is_pair(op.id) ? members.front() : leader;
         const double bytes = static_cast<double>(collective_bytes(plan, op, sizer));
-        const double time = split ? split_ns_time(plan, op, leader, cluster)
-                                  : instance_time(plan, cluster, op, members, leader);
         c.group_size = static_cast<int>(members.size());
-        ++c.instances;
         c.bytes_sum += bytes;
-        c.time_sum += time;
-        c.time_max = std::max(c.time_max, time);
         if (members.front() / gpn != members.back() / gpn) c.crosses_nodes = true;
         const AllReduceAlgorithm algorithm =
             op.kind == OpKind::all_reduce
@@ -486,6 +481,11 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster) {
         m.intra_node_bytes += t.intra;
         m.network_bytes += t.network;
       });
+      // Times as the replay ran them (links shared with whatever was in flight).
+      const InstanceTimes& times = e.collectives[op.id];
+      c.instances = times.instances;
+      c.time_sum = times.time_sum_s;
+      c.time_max = times.time_max_s;
       per_op.push_back(c);
     }
     steps.push_back(std::move(m));
@@ -499,8 +499,9 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster) {
   record.notes.push_back(
       "analytic: alpha-beta closed forms per collective instance (core/cost_model.hpp): link "
       "efficiencies per collective class, per-call launch overhead, NVLS all-reduce where the "
-      "cluster has it; instances are costed alone, so contention between concurrent collectives "
-      "is not modelled");
+      "cluster has it; concurrent instances share the links they cross (GPU links, NIC links, "
+      "PCIe host bridge, oversubscribed leaf uplinks) max-min fairly "
+      "(core/engine/link_sharing.hpp)");
   return record;
 }
 
