@@ -210,8 +210,8 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
   std::vector<CollectiveBenchRow> rows;
   std::cout << "# collectives: " << w.collectives.size() << " (op, group) pairs the plans use, "
             << o.iters << " timed iterations after " << o.warmup << " warm-up, the median of "
-            << o.runs << " such runs\n"
-            << collective_bench_header();
+            << o.runs << " such runs (min / median / max: over that run's iterations)\n"
+            << collective_bench_header(true);
   for (const CollectiveWorkload& c : w.collectives) {
     e.mesh = c.spec.mesh;
     std::cout << "# " << c.spec.op << " on mesh " << c.spec.mesh.describe() << ", groups of "

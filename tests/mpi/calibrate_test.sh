@@ -2,8 +2,10 @@
 # The measured side of issue 12 under mpirun (no timing assertions: this machine may be loaded).
 # Modes:
 #   bench      `muonbed bench collective --backend mpi`: nccl-tests' table with a checked #wrong
-#              column (0), JSON rows with op, size_bytes, gpus, time_us, algbw_GBps, busbw_GBps,
-#              backend; busbw = algbw x the bus factor
+#              column (0) and min / median / max over the iterations, JSON rows with op,
+#              size_bytes, gpus, time_us, algbw_GBps, busbw_GBps, backend, min_time_us <=
+#              median_time_us <= max_time_us around the mean time_us, iterations, noisy;
+#              busbw = algbw x the bus factor; a spread verdict under the table
 #   calibrate  `muonbed calibrate --backend mpi` on a tiny experiment: the profile it writes is
 #              accepted by the loader (an experiment naming it by path validates and runs on the
 #              analytic backend), its provenance is there, its GEMM rate is within physical bounds
@@ -32,7 +34,9 @@ bench)
   "$muonbed" bench collective --backend mpi --op all_gather --gpus 2 --sizes 1K:64K:8 \
     --warmup 1 --iters 3 --json ag.json >bench.out 2>&1 || { cat bench.out; fail "bench collective --backend mpi failed"; }
   cat bench.out
-  grep -q "#wrong" bench.out || fail "no #wrong column"
+  grep -q "#wrong      min   median      max" bench.out || fail "no #wrong and min/median/max columns"
+  grep -q "^# measured: " bench.out || fail "no 'measured' line"
+  grep -q "^# spread: " bench.out || fail "no spread verdict"
   python3 - ag.json <<'EOF' || fail "bad JSON rows"
 import json, sys
 doc = json.load(open(sys.argv[1]))
@@ -46,6 +50,11 @@ for r in rows:
     assert r["time_us"] > 0, r
     assert abs(r["algbw_GBps"] - r["size_bytes"] / (r["time_us"] * 1e-6) / 1e9) <= 1e-6 * r["algbw_GBps"], r
     assert abs(r["busbw_GBps"] - r["algbw_GBps"] * 0.5) <= 1e-9 + 1e-9 * r["busbw_GBps"], r
+    assert r["iterations"] == 3, r
+    eps = 1e-9 * r["max_time_us"]
+    assert 0 < r["min_time_us"] <= r["median_time_us"] <= r["max_time_us"], r
+    assert r["min_time_us"] - eps <= r["time_us"] <= r["max_time_us"] + eps, r  # the mean
+    assert r["noisy"] == (r["max_time_us"] / r["min_time_us"] > 1.5), r
 print("rows ok")
 EOF
   # Every op, one size: each checks its data.
@@ -112,7 +121,8 @@ for line in out.splitlines():
         op = m.group(1)
         continue
     f = line.split()
-    if op and len(f) == 9 and f[0].isdigit():
+    if op and len(f) >= 12 and f[0].isdigit():  # nccl-tests' 9 columns, then min median max
+        assert float(f[9]) <= float(f[10]) <= float(f[11]), line
         printed[(op, int(f[0]))] = float(f[5])
         assert f[8] == "0", line
 meas = re.findall(r"\{op: (\w+), gpus: (\d+), size_bytes: (\d+), busbw_GBps: [^,]+, time_us: ([0-9.e+-]+)", prof)
