@@ -124,8 +124,47 @@ struct CalibrationInput {
   double memory_GiB = 2;  // per rank
 };
 
-// The fitted profile (a single node of max(8, ranks) "GPUs": every rank on this machine).
+// How well one fit reproduces the rows it was made from: per row |model - measured| / |measured|
+// in percent, the median and the largest, and the row of the largest.
+struct FitQuality {
+  std::string name;  // the profile keys fitted, and to what
+  int rows = 0;
+  double median_error_pct = 0;
+  double max_error_pct = 0;
+  std::string worst;  // the row of the largest error: "... model X, measured Y"
+};
+
+// The fitted profile, how well each fit reproduces its rows, and the terms least squares wanted
+// below zero that non-negative least squares refitted at 0 (one message each, naming the
+// quantity, what plain least squares gave and the rows it came from).
+struct CalibrationResult {
+  ClusterSpec profile;
+  std::vector<FitQuality> fits;  // every fit, always
+  std::vector<std::string> clamped;
+};
+
+// The fitted profile (a single node of max(8, ranks) "GPUs": every rank on this machine), fitted
+// as the header above says, with the physical limits enforced:
+//   - a fixed cost that plain least squares puts below 0 (launch_overhead_us.kernel,
+//     gpu.host_comm_us_per_message) or a per-byte cost below 0 (gpu.host_comm_ns_per_byte) is
+//     refitted by non-negative least squares with that term at 0, and reported in `clamped`: a
+//     zero cost is physical, a negative one is noise;
+//   - anything else impossible (a bandwidth <= 0 or unbounded: elementwise times that do not grow
+//     with the bytes; a time, cost or latency < 0; a value that is not finite) throws Error naming
+//     the quantity, its fitted value, the rows it came from and the fix. No profile is made.
+CalibrationResult calibrate_profile(const CalibrationInput& input);
+// calibrate_profile(input).profile.
 ClusterSpec calibrated_profile(const CalibrationInput& input);
+
+// `muonbed calibrate --max-fit-error`'s default: a fit whose largest row error exceeds it (in %)
+// is warned about and recorded in the profile's header.
+constexpr double kDefaultMaxFitErrorPct = 25;
+// One warning per fit whose max_error_pct exceeds `max_pct`, naming the fit, its errors and its
+// worst row.
+std::vector<std::string> fit_error_warnings(const CalibrationResult& result, double max_pct);
+// The profile header's lines on the fits: every fit's errors, then "WARNING: ..." per fit above
+// `max_pct` and "CLAMPED: ..." per clamped term.
+std::vector<std::string> fit_quality_header(const CalibrationResult& result, double max_pct);
 
 // The model's closed-form time (seconds) of one bench row on `cluster`: what the analytic
 // backend predicts for the bench's one-op plan (tests check that the two agree).

@@ -74,7 +74,29 @@ struct CollectiveBenchRow {
   std::int64_t wrong = -1;  // elements a real backend found wrong; -1: not checked (N/A)
   std::string backend;
   std::string fidelity;
+  // Measured backends: the instance time of each timed iteration (time_us is their mean) and
+  // its min, median and max; empty and 0 for predictions (one deterministic, modelled time).
+  std::vector<double> iteration_us;
+  double min_us = 0;
+  double median_us = 0;
+  double max_us = 0;
 };
+
+// The min, median (the mean of the middle two of an even count) and max of iteration times;
+// all 0 for none.
+struct IterationSpread {
+  double min = 0;
+  double median = 0;
+  double max = 0;
+};
+IterationSpread iteration_spread(std::vector<double> times);
+
+// A measured size whose slowest iteration took more than this times its fastest is noisy: the
+// machine did other work meanwhile (rerun on a quiet machine, or with more --iters).
+constexpr double kNoisySpread = 1.5;
+// Measured rows only: max_us / min_us > kNoisySpread (or a fastest iteration of 0 beside a
+// slower one).
+bool noisy(const CollectiveBenchRow& row);
 
 // Runs one size on `backend` (registered) with the experiment's cluster and settings; the
 // experiment's mesh must be the spec's.
@@ -84,10 +106,14 @@ CollectiveBenchRow run_collective_bench(const CollectiveBenchSpec& spec,
                                         const RunSettings& settings = {});
 
 // nccl-tests' column header (the "out-of-place" block) and one row, exactly its widths.
-std::string collective_bench_header();
+// `measured`: three more columns, min, median and max over the timed iterations (us); a
+// measured row (one with iteration times) prints them, and "noisy: rerun on a quiet machine"
+// after them when noisy(row).
+std::string collective_bench_header(bool measured = false);
 std::string collective_bench_line(const CollectiveBenchRow& row);
 // One JSON object per row: op, size_bytes, count, type, redop, root, gpus, nodes, group_size,
-// instances, time_us, algbw_GBps, busbw_GBps, wrong (null: not checked), backend, fidelity.
+// instances, time_us, algbw_GBps, busbw_GBps, wrong (null: not checked), backend, fidelity;
+// measured rows add min_time_us, median_time_us, max_time_us, iterations and noisy.
 nlohmann::ordered_json collective_bench_json(const CollectiveBenchRow& row);
 
 }  // namespace muonbed

@@ -59,7 +59,9 @@
 //                    mean over instances), time_s (mean instance time from the last member's
 //                    arrival to completion, waiting excluded), max_time_s, algbw_GBps
 //                    (bytes / time_s), busbw_GBps (algbw x core/engine/cost_model.hpp's bus_factor),
-//                    crosses_nodes (some instance spans nodes)
+//                    crosses_nodes (some instance spans nodes); measured backends add
+//                    step_times_s (per timed step, that step's mean instance time: the spread
+//                    behind time_s, which `bench collective` reports as min / median / max)
 //   ranks            one entry per rank: rank, node, average and worst (each {compute_s,
 //                    communication_s, exposed_comm_s, idle_s, finish_s}: busy time on compute
 //                    ops, time inside collective instances, the part of it not overlapped by
@@ -203,6 +205,9 @@ struct CollectiveResult {
   double algbw_GBps = 0;
   double busbw_GBps = 0;
   bool crosses_nodes = false;
+  // Measured backends: per timed step, the mean instance time of that step (time_s is their
+  // mean); empty for predictions, which compute one deterministic time.
+  std::vector<double> step_times_s;
 };
 
 struct TimeBreakdown {

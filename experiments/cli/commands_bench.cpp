@@ -207,14 +207,15 @@ int run_bench_collective(const BenchCollectiveOptions& o) {
             << "# busbw = algbw x " << factor.str() << " (nccl-tests' bus factor for " << o.op
             << " on " << n << " ranks); algbw = size / time\n";
   if (predicting)
-    std::cout << "# " << backend
-              << " predicts one deterministic iteration per size (warmup and iterations are for "
+    std::cout << "# modelled: " << backend
+              << " predicts one deterministic time per size (warmup and iterations are for "
                  "real backends); #wrong N/A: no data is computed\n";
   else
-    std::cout << "# warmup iters: " << o.warmup << " iters: " << o.iterations
-              << "; time = mean over iters of the instance time (last arrival to completion); "
-                 "#wrong from one untimed check pass\n";
-  std::cout << "#\n" << collective_bench_header();
+    std::cout << "# measured: warmup iters: " << o.warmup << " iters: " << o.iterations
+              << "; time = mean over iters of the instance time (last arrival to completion), "
+                 "min / median / max over the same iters; a size whose max/min > "
+              << kNoisySpread << " is flagged noisy; #wrong from one untimed check pass\n";
+  std::cout << "#\n" << collective_bench_header(!predicting);
   std::vector<CollectiveBenchRow> rows;
   double busbw_sum = 0;
   for (std::int64_t size : sizes) {
@@ -226,7 +227,27 @@ int run_bench_collective(const BenchCollectiveOptions& o) {
   avg.setf(std::ios::fixed);
   avg.precision(3);
   avg << (rows.empty() ? 0.0 : busbw_sum / static_cast<double>(rows.size()));
-  std::cout << "# Avg bus bandwidth    : " << avg.str() << "\n#\n";
+  std::cout << "# Avg bus bandwidth    : " << avg.str() << "\n";
+  if (!predicting) {
+    // The spread verdict (a bench plan runs no Newton-Schulz, so the speed probe of `muonbed
+    // run` has nothing to time here).
+    std::string noisy_sizes;
+    int n_noisy = 0;
+    for (const CollectiveBenchRow& r : rows)
+      if (noisy(r)) {
+        noisy_sizes += (n_noisy++ ? ", " : "") + std::to_string(r.size_bytes);
+      }
+    if (n_noisy > 0)
+      std::cout << "# spread: " << n_noisy << " of " << rows.size()
+                << " sizes noisy (max/min over the iterations > " << kNoisySpread
+                << "): " << noisy_sizes
+                << " B; their times are not a benchmark: rerun on a quiet machine (or with more "
+                   "--iters)\n";
+    else
+      std::cout << "# spread: steady (every size's max/min over the iterations <= " << kNoisySpread
+                << ")\n";
+  }
+  std::cout << "#\n";
   if (!o.json_path.empty()) {
     nlohmann::ordered_json doc;
     doc["bench"] = "collective";
@@ -234,6 +255,7 @@ int run_bench_collective(const BenchCollectiveOptions& o) {
     doc["backend"] = backend;
     doc["cluster"] = e.cluster.name;
     doc["mesh"] = spec.mesh.describe();
+    doc["timing"] = predicting ? "modelled" : "measured";
     doc["warmup"] = o.warmup;
     doc["iterations"] = o.iterations;
     const Provenance p = make_provenance(nullptr, "");

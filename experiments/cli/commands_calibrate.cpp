@@ -52,6 +52,7 @@ struct CalibrateOptions {
   int iters = 10;
   int runs = 3;             // bench runs per collective size: the median one is kept
   bool concurrent = false;  // compute: all ranks at once (else one rank at a time)
+  double max_fit_error = kDefaultMaxFitErrorPct;  // % above which a fit is warned about
 };
 
 ConfigError calibrate_error(const std::string& what, const std::string& fix) {
@@ -99,6 +100,12 @@ std::vector<std::string> relaunch_args(const CalibrateOptions& o) {
   if (!o.note.empty()) args.insert(args.end(), {"--note", o.note});
   args.insert(args.end(), {"--runs", std::to_string(o.runs)});
   if (o.concurrent) args.push_back("--concurrent");
+  if (o.max_fit_error != kDefaultMaxFitErrorPct) {
+    std::ostringstream pct;
+    pct.precision(17);
+    pct << o.max_fit_error;
+    args.insert(args.end(), {"--max-fit-error", pct.str()});
+  }
   return args;
 }
 
@@ -210,8 +217,8 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
   std::vector<CollectiveBenchRow> rows;
   std::cout << "# collectives: " << w.collectives.size() << " (op, group) pairs the plans use, "
             << o.iters << " timed iterations after " << o.warmup << " warm-up, the median of "
-            << o.runs << " such runs\n"
-            << collective_bench_header();
+            << o.runs << " such runs (min / median / max: over that run's iterations)\n"
+            << collective_bench_header(true);
   for (const CollectiveWorkload& c : w.collectives) {
     e.mesh = c.spec.mesh;
     std::cout << "# " << c.spec.op << " on mesh " << c.spec.mesh.describe() << ", groups of "
@@ -255,17 +262,36 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
                   std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cores (" + cpu_model() +
                   "), load average " + load_average() + "; " + mpi_library_version() + "; " +
                   cpu_gemm_backend();
-  ClusterSpec profile = calibrated_profile(in);
+  // Refuses a physically impossible fit (the quantity, its value, the rows, the fix): no
+  // profile is written then.
+  CalibrationResult fitted = calibrate_profile(in);
+  ClusterSpec& profile = fitted.profile;
   profile.source = "muonbed calibrate on " + prov.host_name + ", " + date +
                    " (microbenchmarks only; see the calibration block)";
-
-  // How well the fitted closed forms reproduce the bench rows they were fitted to.
-  std::vector<double> errors;
-  for (const CollectiveBenchRow& r : rows)
-    errors.push_back(std::abs(model_bench_seconds(profile, r) / (r.time_us * 1e-6) - 1) * 100);
-  std::sort(errors.begin(), errors.end());
-  const double median_error = errors.empty() ? 0 : errors[errors.size() / 2];
-  const double max_error = errors.empty() ? 0 : errors.back();
+  // The quality of every fit: warned about on stderr and recorded in the header (and the
+  // source line) when a fit misses its own rows by more than --max-fit-error, or when a term was
+  // clamped at 0.
+  const std::vector<std::string> fit_warnings = fit_error_warnings(fitted, o.max_fit_error);
+  // Each warning in one write, after stdout's table: under mpirun the two streams are forwarded
+  // apart, and a line written in pieces could be split by the table's lines.
+  std::cout << std::flush;
+  for (const std::string& w : fit_warnings)
+    std::cerr << ("muonbed: warning: calibrate: " + w + "\n") << std::flush;
+  for (const std::string& c : fitted.clamped)
+    std::cerr << ("muonbed: warning: calibrate: CLAMPED at 0 by non-negative least squares: " + c +
+                  "\n")
+              << std::flush;
+  if (!fit_warnings.empty() || !fitted.clamped.empty())
+    profile.source +=
+        "; WARNING: " +
+        (fit_warnings.empty()
+             ? std::string()
+             : std::to_string(fit_warnings.size()) + " fit(s) above --max-fit-error " +
+                   fmt::format("{:g}", o.max_fit_error) + " %") +
+        (!fit_warnings.empty() && !fitted.clamped.empty() ? ", " : "") +
+        (fitted.clamped.empty() ? std::string()
+                                : std::to_string(fitted.clamped.size()) + " term(s) clamped at 0") +
+        " (see the header)";
 
   std::vector<std::string> header = {
       in.name +
@@ -316,12 +342,11 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
       "                            their efficiency (ring: all_gather, reduce_scatter, all_reduce, "
       "broadcast;",
       "                            p2p: gather, scatter, send/recv)",
-      fmt::format(
-          "  fit quality: model vs bench rows |error| median {:.1f} %, max {:.1f} % over {} "
-          "rows",
-          median_error, max_error, rows.size()),
       "  nic, network              placeholders: one machine, no network is measured",
+      "",
   };
+  for (const std::string& line : fit_quality_header(fitted, o.max_fit_error))
+    header.push_back(line);
   const std::string yaml = calibrated_profile_yaml(profile, header);
   // The new profile replaces an old one only after the loader users run has read it back.
   WriteOptions write;
@@ -333,15 +358,19 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
       "# profile '{}': NS table {} shapes; GEMM peak {:.1f} GFLOP/s; elementwise {:.2f} GB/s + "
       "{:.1f} us per kernel; host comm {:.1f} us/message + {:.3f} ns/byte; link {:.2f} GB/s, "
       "latency {:.1f} us, collective launch {:.1f} us, "
-      "efficiency ring {:.2f} all_to_all {:.2f} p2p {:.2f}\n"
-      "# the model reproduces the {} bench rows with |error| median {:.1f} %, max {:.1f} %\n"
-      "# wrote {}\n",
+      "efficiency ring {:.2f} all_to_all {:.2f} p2p {:.2f}\n",
       back.name, back.gpu.ns_table.size(), back.gpu.peak_tflops * 1e3, back.gpu.hbm_GBps,
       back.launch_overhead.kernel_us, back.gpu.host_comm_us_per_message,
       back.gpu.host_comm_ns_per_byte, back.intra.bandwidth_GBps, back.intra.latency_us,
       back.launch_overhead.collective_us, back.efficiency.intra_node.ring,
-      back.efficiency.intra_node.all_to_all, back.efficiency.intra_node.p2p, rows.size(),
-      median_error, max_error, o.out);
+      back.efficiency.intra_node.all_to_all, back.efficiency.intra_node.p2p);
+  for (const std::string& line : fit_quality_header(fitted, o.max_fit_error))
+    std::cout << "# " << line << "\n";
+  std::cout << "# wrote " << o.out
+            << (fit_warnings.empty() && fitted.clamped.empty()
+                    ? std::string()
+                    : " (with the warnings above in its header)")
+            << "\n";
   return 0;
 }
 #endif
@@ -425,12 +454,20 @@ void add_calibrate_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--runs", o->runs, "runs per collective size (the median one is kept)")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  cmd->add_option("--max-fit-error", o->max_fit_error,
+                  "PCT: warn (stderr and the profile's header) about every fit whose model "
+                  "misses one of its own rows by more than this")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
   cmd->footer(R"(Examples:
   muonbed calibrate --backend mpi --experiment experiments/validate_cpu.yaml --out my-cpu.yaml
   then set `cluster: my-cpu.yaml` in the experiment, muonbed run it, and muonbed compare it
 Calibration uses microbenchmarks only (never the step times the profile is judged by). The
 profile is written atomically, read back with the loader, and its header says where, when and
-how it was measured.)");
+how it was measured and how well each fit reproduces its rows. A physically impossible fit (a
+time or cost below 0, a bandwidth at or below 0, a value that is not finite) is refused with the
+rows it came from; a fixed or per-byte cost least squares puts below 0 is refitted at 0
+(non-negative least squares) and the header says so (CLAMPED).)");
   cmd->callback([o, &exit_code] { exit_code = run_calibrate(*o); });
 }
 

@@ -184,6 +184,16 @@ TEST_CASE("fitting rows made by a known profile gives that profile back", "[core
   CHECK(fit.efficiency.intra_node.all_to_all == Approx(0.7).epsilon(0.02));
   CHECK(fit.intra.bandwidth_GBps == Approx(6).epsilon(0.02));
   CHECK(fit.measurements.size() == in.collectives.size());
+  // Rows the model made are reproduced: every fit's largest error is small, nothing is warned
+  // about, nothing clamped.
+  const CalibrationResult quality = calibrate_profile(in);
+  REQUIRE(quality.fits.size() == 6);  // the elementwise line and one per collective
+  for (const FitQuality& f : quality.fits) {
+    INFO(f.name);
+    CHECK(f.max_error_pct < 2);
+  }
+  CHECK(fit_error_warnings(quality, kDefaultMaxFitErrorPct).empty());
+  CHECK(quality.clamped.empty());
 
   // The YAML the command writes is accepted by the loader and gives the same profile.
   const std::string yaml = calibrated_profile_yaml(fit, {"header line", ""});
@@ -358,4 +368,170 @@ TEST_CASE("the speed probe times the plan's costliest Newton-Schulz at the profi
   REQUIRE(rate);
   const double flops = 5.0 * (4.0 * 128 * 128 * 344 + 2.0 * 128 * 128 * 128);
   CHECK(rate->predicted_s == Approx(flops / (0.1e12 * bare.gpu.efficiency(128)) + 4e-6));
+}
+
+namespace {
+
+ComputeBenchRow host_comm_row(double bytes, double seconds) {
+  ComputeBenchRow r;
+  r.kernel = "host_comm";
+  r.shape = {1, 64, 96};
+  r.model_bytes = bytes;
+  r.seconds = seconds;
+  return r;
+}
+
+ComputeBenchRow elementwise_row(const char* kernel, double bytes, double seconds) {
+  ComputeBenchRow r;
+  r.kernel = kernel;
+  r.shape = {1, 64, 96};
+  r.model_bytes = bytes;
+  r.seconds = seconds;
+  return r;
+}
+
+bool any_contains(const std::vector<std::string>& lines, const std::string& text) {
+  return std::any_of(lines.begin(), lines.end(),
+                     [&](const std::string& l) { return l.find(text) != std::string::npos; });
+}
+
+}  // namespace
+
+TEST_CASE("a cost least squares puts below 0 is refitted at 0 and reported, never written negative",
+          "[core][calibrate][quality]") {
+  CalibrationInput in;
+  in.ranks = 2;
+  const auto [ns, gemm] = minimal_compute_rows();
+  in.compute = {ns, gemm};
+  // host_comm: extra time per exchange exactly on t = -5 us + 0.3 ns x bytes, so plain least
+  // squares gives a cost of -5 us per exchange (-2.5 us per message). Non-negative least squares
+  // puts it at 0 and refits the slope through the origin: sum(x y) / sum(x^2).
+  double sxy = 0, sxx = 0;
+  for (double bytes : {32768.0, 131072.0, 524288.0}) {
+    const double t = -5e-6 + 0.3e-9 * bytes;
+    REQUIRE(t > 0);
+    in.compute.push_back(host_comm_row(bytes, t));
+    sxy += bytes * t;
+    sxx += bytes * bytes;
+  }
+  // momentum: t = -2 us + bytes / 8 GB/s, so the fitted kernel launch would be -2 us; at 0 the
+  // weighted (1 / t^2) line through the origin has slope sum(w x t) / sum(w x^2).
+  double wxy = 0, wxx = 0;
+  for (double bytes : {1e5, 1e6, 1e7}) {
+    const double t = -2e-6 + bytes / 8e9;
+    in.compute.push_back(elementwise_row("momentum", bytes, t));
+    wxy += bytes * t / (t * t);
+    wxx += bytes * bytes / (t * t);
+  }
+  const CalibrationResult r = calibrate_profile(in);
+  const GpuSpec& gpu = r.profile.gpu;
+  CHECK(gpu.host_comm_us_per_message == 0.0);
+  CHECK(gpu.host_comm_ns_per_byte == Approx(sxy / sxx * 1e9).epsilon(1e-9));
+  CHECK(r.profile.launch_overhead.kernel_us == 0.0);
+  CHECK(gpu.hbm_GBps == Approx(1.0 / (wxy / wxx) / 1e9).epsilon(1e-9));
+  // Said loudly: each clamped term named with what least squares gave and its rows.
+  REQUIRE(r.clamped.size() == 2);
+  CHECK_THAT(r.clamped[0], Contains("gpu.host_comm_us_per_message") && Contains("-2.5 us") &&
+                               Contains("32768 B") && Contains("non-negative least squares"));
+  CHECK_THAT(r.clamped[1],
+             Contains("launch_overhead_us.kernel") && Contains("-2 us") && Contains("momentum"));
+  const std::vector<std::string> header = fit_quality_header(r, kDefaultMaxFitErrorPct);
+  CHECK(any_contains(header, "CLAMPED: gpu.host_comm_us_per_message"));
+  CHECK(any_contains(header, "CLAMPED: launch_overhead_us.kernel"));
+  // The profile with that header is one the loader reads, with the clamped values.
+  const ClusterSpec back =
+      parse_cluster(YAML::Load(calibrated_profile_yaml(r.profile, header)), "clamped.yaml");
+  CHECK(back.gpu.host_comm_us_per_message == 0.0);
+  CHECK(back.gpu.host_comm_ns_per_byte == Approx(gpu.host_comm_ns_per_byte));
+
+  SECTION("a line least squares fits with every term >= 0 is kept as it is") {
+    in.compute = {ns, gemm};
+    for (double bytes : {32768.0, 131072.0, 524288.0})
+      in.compute.push_back(host_comm_row(bytes, 5e-6 + 0.3e-9 * bytes));
+    const CalibrationResult plain = calibrate_profile(in);
+    CHECK(plain.clamped.empty());
+    CHECK(plain.profile.gpu.host_comm_us_per_message == Approx(2.5));
+    CHECK(plain.profile.gpu.host_comm_ns_per_byte == Approx(0.3));
+  }
+}
+
+TEST_CASE("a physically impossible fit is refused with the quantity, its value, rows and fix",
+          "[core][calibrate][quality]") {
+  CalibrationInput in;
+  in.ranks = 2;
+  const auto [ns, gemm] = minimal_compute_rows();
+  SECTION("elementwise times that fall as the bytes grow: no bandwidth fits") {
+    in.compute = {ns, gemm, elementwise_row("momentum", 1e5, 50e-6),
+                  elementwise_row("apply_update", 1e6, 40e-6),
+                  elementwise_row("momentum", 1e7, 30e-6)};
+    CHECK_THROWS_AS(calibrate_profile(in), Error);
+    CHECK_THROWS_WITH(calibrate_profile(in),
+                      Contains("gpu.hbm_GBps = -") && Contains("physically impossible") &&
+                          Contains("momentum 64x96 (10000000 B): 0.03 ms") &&
+                          Contains("no profile was written") && Contains("fix: rerun"));
+  }
+  SECTION("a host_comm time that is not a number") {
+    in.compute = {ns, gemm, host_comm_row(32768, 1e-6), host_comm_row(131072, std::nan(""))};
+    CHECK_THROWS_WITH(calibrate_profile(in), Contains("gpu.host_comm_us_per_message") &&
+                                                 Contains("must be finite") &&
+                                                 Contains("host_comm 64x96 (131072 B): nan ms"));
+  }
+  SECTION("an infinite Newton-Schulz time") {
+    ComputeBenchRow slow = ns;
+    slow.seconds = INFINITY;
+    in.compute = {slow, gemm};
+    CHECK_THROWS_WITH(calibrate_profile(in), Contains("gpu.ns_table (64x96) = inf ms"));
+  }
+}
+
+TEST_CASE("a fit that misses its own rows by more than --max-fit-error is warned about",
+          "[core][calibrate][quality]") {
+  CalibrationInput in;
+  in.ranks = 2;
+  const auto [ns, gemm] = minimal_compute_rows();
+  in.compute = {ns, gemm};
+  // all_gather rows a known profile makes, one of them 4x slower than it says (a burst of other
+  // work): the closed form cannot follow it.
+  const ClusterSpec truth = known_profile();
+  for (std::int64_t size = 1024; size <= (16 << 20); size *= 4) {
+    CollectiveBenchRow r = bench_row("all_gather", 2, size);
+    r.time_us = model_bench_seconds(truth, r) * 1e6 * (size == 65536 ? 4 : 1);
+    r.algbw_GBps = static_cast<double>(size) / (r.time_us * 1e-6) / 1e9;
+    in.collectives.push_back(r);
+  }
+  const CalibrationResult r = calibrate_profile(in);
+  // The errors, computed here from the fitted profile.
+  std::vector<double> errors;
+  for (const CollectiveBenchRow& row : in.collectives)
+    errors.push_back(std::abs(model_bench_seconds(r.profile, row) * 1e6 / row.time_us - 1) * 100);
+  std::sort(errors.begin(), errors.end());
+  const double max_error = errors.back();
+  REQUIRE(errors.size() == 8);
+  REQUIRE(max_error > kDefaultMaxFitErrorPct);
+  REQUIRE(r.fits.size() == 1);
+  const FitQuality& f = r.fits[0];
+  CHECK_THAT(f.name, Contains("all_gather"));
+  CHECK(f.rows == 8);
+  CHECK(f.max_error_pct == Approx(max_error));
+  CHECK(f.median_error_pct == Approx((errors[3] + errors[4]) / 2));  // of 8
+  CHECK_THAT(f.worst, Contains("all_gather 65536 B"));
+
+  // Above the threshold: a warning naming the fit, its error and its worst row, and the header
+  // says so; below it neither.
+  const std::vector<std::string> warned = fit_error_warnings(r, kDefaultMaxFitErrorPct);
+  REQUIRE(warned.size() == 1);
+  CHECK_THAT(warned[0], Contains("above --max-fit-error 25 %") && Contains("all_gather") &&
+                            Contains("worst all_gather 65536 B"));
+  const std::vector<std::string> header = fit_quality_header(r, kDefaultMaxFitErrorPct);
+  CHECK(any_contains(header, "WARNING: fit error"));
+  CHECK(any_contains(header, "on all_gather: |error| median"));  // every fit's errors, always
+  CHECK(fit_error_warnings(r, max_error * 0.99).size() == 1);
+  CHECK(fit_error_warnings(r, max_error * 1.01).empty());
+  const std::vector<std::string> quiet = fit_quality_header(r, max_error * 1.01);
+  CHECK_FALSE(any_contains(quiet, "WARNING"));
+  CHECK(any_contains(quiet, "on all_gather: |error| median"));
+  // The header keeps the profile loadable.
+  const ClusterSpec back =
+      parse_cluster(YAML::Load(calibrated_profile_yaml(r.profile, header)), "warned.yaml");
+  CHECK(back.intra.bandwidth_GBps == Approx(r.profile.intra.bandwidth_GBps).epsilon(1e-4));
 }

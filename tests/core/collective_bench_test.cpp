@@ -140,6 +140,96 @@ TEST_CASE("bench rows print in nccl-tests' columns and as JSON", "[core][bench]"
   CHECK(j["wrong"] == 0);
 }
 
+namespace {
+
+// A measured backend whose iterations took known times: the bench's collective with the
+// instance time of each timed iteration (step_times_s) and their mean (time_s), as the mpi
+// backend's record has them (backends/mpi/src/measure.cpp).
+std::vector<double> g_iteration_s;
+
+PointRun known_iterations(const Experiment&, const StepPlan& plan, const RunSettings&) {
+  PointRun run;
+  run.record.backend = "known_iterations";
+  run.record.fidelity = "measured";
+  CollectiveResult c;
+  for (const Op& op : plan.ops)
+    if (op.kind != OpKind::momentum) c.kind = std::string(to_string(op.kind));
+  c.group_size = plan.mesh().world_size();
+  c.instances = 1;
+  c.bytes = 1 << 20;
+  double sum = 0;
+  for (const double t : g_iteration_s) sum += t;
+  c.time_s = sum / static_cast<double>(g_iteration_s.size());
+  c.step_times_s = g_iteration_s;
+  run.record.collectives = {c};
+  run.wrong_elements = 0;
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("measured rows report min, median and max over the iterations; modelled rows one time",
+          "[core][bench][spread]") {
+  // Hand-computed: {40, 10, 30, 20, 100} us sorted is 10 20 30 40 100: min 10, median 30 (the
+  // middle one), max 100; without the 100 the median is (20 + 30) / 2 = 25.
+  const IterationSpread odd = iteration_spread({40, 10, 30, 20, 100});
+  CHECK(odd.min == 10);
+  CHECK(odd.median == 30);
+  CHECK(odd.max == 100);
+  const IterationSpread even = iteration_spread({40, 10, 30, 20});
+  CHECK(even.min == 10);
+  CHECK(even.median == 25);
+  CHECK(even.max == 40);
+  const IterationSpread none = iteration_spread({});
+  CHECK((none.min == 0 && none.median == 0 && none.max == 0));
+
+  // Through the harness: a backend whose four iterations took 30, 10, 20 and 12 us.
+  register_backend({"known_iterations", "test: known iteration times", &known_iterations});
+  g_iteration_s = {30e-6, 10e-6, 20e-6, 12e-6};
+  const ClusterSpec c = profile("dgx-h100");
+  const CollectiveBenchSpec spec = spec_of("all_gather", 2);
+  Experiment e = bench_experiment(c, spec.mesh);
+  e.backends = {"known_iterations"};
+  CollectiveBenchRow row = run_collective_bench(spec, e, 1 << 20, "known_iterations");
+  REQUIRE(row.iteration_us.size() == 4);
+  CHECK(row.time_us == Approx(18));  // the mean, as nccl-tests reports
+  CHECK(row.min_us == Approx(10));
+  CHECK(row.median_us == Approx(16));  // (12 + 20) / 2
+  CHECK(row.max_us == Approx(30));
+  CHECK(noisy(row));  // 30 / 10 = 3 > 1.5
+  const std::string line = collective_bench_line(row);
+  CHECK_THAT(line, Catch::Contains("    10.00    16.00    30.00") &&
+                       Catch::Contains("noisy (max/min 3.00): rerun on a quiet machine"));
+  auto j = collective_bench_json(row);
+  CHECK(j["min_time_us"].get<double>() == Approx(10));
+  CHECK(j["median_time_us"].get<double>() == Approx(16));
+  CHECK(j["max_time_us"].get<double>() == Approx(30));
+  CHECK(j["iterations"] == 4);
+  CHECK(j["noisy"] == true);
+  CHECK(collective_bench_header(true).find("#wrong      min   median      max") !=
+        std::string::npos);
+
+  // A steady size: 14 / 10 = 1.4 is within the 1.5 allowed.
+  g_iteration_s = {10e-6, 14e-6, 12e-6};
+  row = run_collective_bench(spec, e, 1 << 20, "known_iterations");
+  CHECK(row.median_us == Approx(12));
+  CHECK_FALSE(noisy(row));
+  CHECK(collective_bench_line(row).find("noisy") == std::string::npos);
+  CHECK(collective_bench_json(row)["noisy"] == false);
+
+  // The analytic backend models one deterministic time: no spread columns, no spread keys.
+  e.backends = {"analytic"};
+  const CollectiveBenchRow modelled = run_collective_bench(spec, e, 1 << 20, "analytic");
+  CHECK(modelled.iteration_us.empty());
+  CHECK_FALSE(noisy(modelled));
+  // A measured line is nccl-tests' line with the spread after it.
+  CollectiveBenchRow plain = row;
+  plain.iteration_us.clear();
+  CHECK(collective_bench_line(row).rfind(collective_bench_line(plain) + "  ", 0) == 0);
+  CHECK(collective_bench_line(row).size() == collective_bench_line(plain).size() + 27);
+  CHECK_FALSE(collective_bench_json(modelled).contains("min_time_us"));
+}
+
 TEST_CASE("the analytic model meets the shipped profiles' published figures within 10%",
           "[core][bench][calibration]") {
   for (const char* name : {"dgx-h100", "dgx-h200"}) {

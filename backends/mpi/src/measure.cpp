@@ -192,6 +192,11 @@ Measured build_record(const StepPlan& plan, const std::vector<std::vector<StepTi
   cluster.gpus_per_node = gpn;
   cluster.gpu.peak_tflops = settings.peak_tflops;
   fill_record(record, plan, cluster, steps, collectives);
+  // The spread behind each collective's mean: its mean instance time in every timed step.
+  for (CollectiveResult& c : record.collectives)
+    for (const std::vector<CollectiveMeasurement>& step : collectives)
+      for (const CollectiveMeasurement& m : step)
+        if (m.op == c.op && m.instances > 0) c.step_times_s.push_back(m.time_sum / m.instances);
   record.setup.nodes = static_cast<int>(hosts.size());
   for (int r = 0; r < world; ++r) record.ranks[r].node = host_of[r];
   record.step.measured = step_statistics(times, settings.warmup_steps);

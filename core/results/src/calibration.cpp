@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <set>
@@ -72,59 +73,122 @@ std::string mesh_key(const DeviceMesh& mesh, DimSet group) {
   return key;
 }
 
-// Least squares of t = a + b x with weights w (here 1/t^2: relative error); a >= 0.
-std::pair<double, double> weighted_line(const std::vector<double>& x,
-                                        const std::vector<double>& t) {
-  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double w = 1.0 / (t[i] * t[i]);
-    sw += w;
-    sx += w * x[i];
-    sy += w * t[i];
-    sxx += w * x[i] * x[i];
-    sxy += w * x[i] * t[i];
-  }
-  const double det = sw * sxx - sx * sx;
-  double a = 0, b = 0;
-  if (det > 0) {
-    a = (sxx * sy - sx * sxy) / det;
-    b = (sw * sxy - sx * sy) / det;
-  }
-  if (!(a >= 0) || !(b > 0)) {  // through the origin
-    a = 0;
-    b = sxx > 0 ? sxy / sxx : 0;
-  }
-  return {a, b};
+// A number for a message: %.4g (enough to tell values apart, short enough to read).
+std::string num(double v) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "%.4g", v);
+  return buffer;
 }
 
-// Least squares y = a + b x with a, b >= 0 (a cost per call and per byte; noise may make a
-// measured point <= 0): a negative slope becomes a constant, a negative intercept a line through
-// the origin.
-std::pair<double, double> host_comm_line(const std::vector<double>& x,
-                                         const std::vector<double>& y) {
-  const double n = static_cast<double>(x.size());
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+// A byte count for a message: whole numbers in full.
+std::string bytes_text(double v) {
+  if (v == std::floor(v) && std::abs(v) < 1e15) {
+    char buffer[64];
+    std::snprintf(buffer, sizeof buffer, "%.0f", v);
+    return buffer;
+  }
+  return num(v);
+}
+
+// A fit of y = a + b x: the intercept and slope, what plain least squares gave, and which term
+// it put below 0 (the fit is then non-negative least squares').
+struct Line {
+  double a = 0, b = 0;
+  double free_a = 0, free_b = 0;
+  bool a_clamped = false, b_clamped = false;
+};
+
+// Weighted least squares of y = a + b x (weights w) with a >= 0 and b >= 0: the plain solution
+// when both terms are, else the best of the fits with one or both terms at 0 (non-negative least
+// squares of two terms: the minimum lies on a face of the feasible quadrant). Without
+// `slope_may_be_zero` (the slope is 1 / a bandwidth) only the face a = 0 is tried: a caller
+// refuses a slope least squares puts at or below 0. Every x equal: a and b cannot be told apart,
+// a = 0 and b through the origin (reported as clamped).
+Line nonnegative_line(const std::vector<double>& x, const std::vector<double>& y,
+                      const std::vector<double>& w, bool slope_may_be_zero) {
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {
-    sx += x[i];
-    sy += y[i];
-    sxx += x[i] * x[i];
-    sxy += x[i] * y[i];
+    sw += w[i];
+    sx += w[i] * x[i];
+    sy += w[i] * y[i];
+    sxx += w[i] * x[i] * x[i];
+    sxy += w[i] * x[i] * y[i];
   }
-  const double det = n * sxx - sx * sx;
-  double a = n > 0 ? sy / n : 0, b = 0;
-  if (det > 0) {
-    b = (n * sxy - sx * sy) / det;
-    a = (sy - b * sx) / n;
+  const auto residual = [&](double a, double b) {
+    double sum = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double e = a + b * x[i] - y[i];
+      sum += w[i] * e * e;
+    }
+    return sum;
+  };
+  Line line;
+  const double det = sw * sxx - sx * sx;
+  if (det > 1e-12 * sw * sxx) {
+    line.free_a = (sxx * sy - sx * sxy) / det;
+    line.free_b = (sw * sxy - sx * sy) / det;
+  } else {  // one size: the line through the origin
+    line.free_a = 0;
+    line.free_b = sxx > 0 ? sxy / sxx : 0;
+    line.a_clamped = true;
   }
-  if (b < 0) {
-    b = 0;
-    a = n > 0 ? sy / n : 0;
+  line.a = line.free_a;
+  line.b = line.free_b;
+  if (line.a >= 0 && line.b >= 0) return line;
+  // The faces: a = 0 (through the origin), b = 0 (a constant), and both 0.
+  const double origin_b = sxx > 0 ? std::max(0.0, sxy / sxx) : 0;
+  const double constant_a = sw > 0 ? std::max(0.0, sy / sw) : 0;
+  const double r_origin = residual(0, origin_b), r_constant = residual(constant_a, 0);
+  if (!slope_may_be_zero || r_origin <= r_constant) {
+    line.a = 0;
+    line.b = origin_b;
+  } else {
+    line.a = constant_a;
+    line.b = 0;
   }
-  if (a < 0) {
-    a = 0;
-    b = sxx > 0 ? std::max(0.0, sxy / sxx) : 0;
+  line.a_clamped = line.a_clamped || line.free_a < 0;
+  line.b_clamped = line.free_b < 0;
+  return line;
+}
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// The quality of a fit from its rows' (model, measured) pairs; `describe(i)` names row i.
+FitQuality fit_quality(const std::string& name, const std::vector<double>& model,
+                       const std::vector<double>& measured,
+                       const std::function<std::string(std::size_t)>& describe) {
+  FitQuality q;
+  q.name = name;
+  q.rows = static_cast<int>(measured.size());
+  std::vector<double> errors;
+  std::size_t worst = 0;
+  for (std::size_t i = 0; i < measured.size(); ++i) {
+    const double m = measured[i];
+    // A measured 0 cannot be reproduced relatively: any model value other than 0 misses it fully.
+    const double e =
+        m != 0 ? std::abs(model[i] - m) / std::abs(m) * 100 : (model[i] == 0 ? 0.0 : 100.0);
+    errors.push_back(e);
+    if (!(e <= errors[worst])) worst = i;  // NaN counts as the worst
   }
-  return {std::max(0.0, a), b};
+  if (errors.empty()) return q;
+  q.max_error_pct = errors[worst];
+  q.median_error_pct = median_of(errors);
+  q.worst = describe(worst);
+  return q;
+}
+
+[[noreturn]] void refuse(const std::string& quantity, const std::string& value,
+                         const std::string& why, const std::string& rows) {
+  throw Error("calibrate: the fit gives " + quantity + " = " + value + ", which is physically " +
+              "impossible (" + why + "); it came from " + rows +
+              "; no profile was written; fix: rerun calibrate on a quiet machine (nothing else "
+              "running, --note saying so), with more --repeats and --iters (and --runs) so that "
+              "noise averages out");
 }
 
 // Golden-section minimum of f on [lo, hi].
@@ -359,8 +423,39 @@ double model_bench_seconds(const ClusterSpec& cluster, const CollectiveBenchRow&
   return collective_time(kind, n, static_cast<double>(row.size_bytes), link);
 }
 
-ClusterSpec calibrated_profile(const CalibrationInput& in) {
-  ClusterSpec c;
+namespace {
+
+std::string shape_text(const NsCallShape& s) {
+  return (s.batch > 1 ? std::to_string(s.batch) + "x" : "") + std::to_string(s.rows) + "x" +
+         std::to_string(s.cols);
+}
+
+std::string compute_row_text(const ComputeBenchRow& r) {
+  std::string text = r.kernel + " ";
+  text += r.numel > 0 && r.shape.rows == 0 ? std::to_string(r.numel) + " elements"
+                                           : shape_text(r.shape);
+  if (r.model_bytes > 0) text += " (" + bytes_text(r.model_bytes) + " B)";
+  return text + ": " + num(r.seconds * 1e3) + " ms";
+}
+
+std::string collective_row_text(const CollectiveBenchRow& r) {
+  return r.op + " " + std::to_string(r.size_bytes) + " B over " + std::to_string(r.group_size) +
+         " ranks";
+}
+
+// "a, b, c" of up to `most` items, then "and N more".
+std::string list_text(const std::vector<std::string>& items, std::size_t most = 8) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size() && i < most; ++i) out += (i ? "; " : "") + items[i];
+  if (items.size() > most) out += "; and " + std::to_string(items.size() - most) + " more";
+  return out.empty() ? "no rows" : out;
+}
+
+}  // namespace
+
+CalibrationResult calibrate_profile(const CalibrationInput& in) {
+  CalibrationResult result;
+  ClusterSpec& c = result.profile;
   c.name = in.name;
   c.gpus_per_node = std::max(8, in.ranks);
   c.nodes = 1;
@@ -374,19 +469,28 @@ ClusterSpec calibrated_profile(const CalibrationInput& in) {
   c.nic.latency_us = 20;
   c.network.topology = TopologyKind::single_switch;
   c.calibration = in.info;
+  const std::string noisy_fix =
+      "rerun on a quiet machine with more --repeats (and --iters, --runs) if that is not expected";
 
   // Compute: the NS table, GEMM peak and efficiency curve, elementwise bandwidth and launch.
   std::map<double, double> gemm_rate;  // min dim -> best FLOP/s
   double peak = 0;
-  std::vector<double> bytes, secs;
+  std::vector<const ComputeBenchRow*> line_rows;  // momentum and apply_update at the NS shapes
   std::map<double, std::vector<double>> host_exchange;  // bytes per exchange -> extra seconds
   for (const ComputeBenchRow& r : in.compute) {
     if (r.kernel == "host_comm") {  // may be <= 0 by noise: medians over shapes decide
+      if (!std::isfinite(r.seconds))
+        refuse("gpu.host_comm_us_per_message and host_comm_ns_per_byte",
+               "a line through " + num(r.seconds * 1e6) + " us", "a time must be finite",
+               "the row " + compute_row_text(r));
       if (r.model_bytes > 0) host_exchange[r.model_bytes].push_back(r.seconds);
       continue;
     }
     if (!(r.seconds > 0)) continue;
     if (r.kernel == "newton_schulz") {
+      if (!std::isfinite(r.seconds))
+        refuse("gpu.ns_table (" + shape_text(r.shape) + ")", num(r.seconds * 1e3) + " ms",
+               "a time must be finite", "the row " + compute_row_text(r));
       NsTiming t;
       t.version = "cpu-fp32";
       t.batch = r.shape.batch;
@@ -397,14 +501,20 @@ ClusterSpec calibrated_profile(const CalibrationInput& in) {
       c.gpu.ns_table.push_back(t);
     } else if (r.kernel == "gemm") {
       const double rate = r.flops / r.seconds;
+      if (!std::isfinite(rate) || !(rate > 0))
+        refuse("a GEMM rate (gpu.peak_tflops, gpu.gemm_efficiency)", num(rate / 1e12) + " TFLOP/s",
+               "a rate must be finite and above 0", "the row " + compute_row_text(r));
       const double dim = static_cast<double>(std::min(r.shape.rows, r.shape.cols));
       gemm_rate[dim] = std::max(gemm_rate[dim], rate);
       peak = std::max(peak, rate);
     } else if (r.step_sized) {
+      if (!std::isfinite(r.seconds))
+        refuse("gpu.elementwise_table (" + r.kernel + ", " + std::to_string(r.numel) + ")",
+               num(r.seconds * 1e3) + " ms", "a time must be finite",
+               "the row " + compute_row_text(r));
       c.gpu.elementwise_table.push_back({r.kernel, r.numel, r.seconds * 1e3, ""});
     } else if (r.kernel == "momentum" || r.kernel == "apply_update") {
-      bytes.push_back(r.model_bytes);
-      secs.push_back(r.seconds);
+      line_rows.push_back(&r);
     }
   }
   if (c.gpu.ns_table.empty())
@@ -414,25 +524,87 @@ ClusterSpec calibrated_profile(const CalibrationInput& in) {
     // A line through the median extra time per exchange (two messages: one sent, one received)
     // against its bytes: the intercept is the cost of two messages, the slope the cost per byte.
     std::vector<double> x, y;
+    std::vector<std::string> rows;
     for (auto& [b, extra] : host_exchange) {
-      std::sort(extra.begin(), extra.end());
-      const std::size_t n = extra.size();
       x.push_back(b);
-      y.push_back(n % 2 ? extra[n / 2] : (extra[n / 2 - 1] + extra[n / 2]) / 2);
+      y.push_back(median_of(extra));
+      rows.push_back(bytes_text(b) + " B: " + num(y.back() * 1e6) + " us (median of " +
+                     std::to_string(extra.size()) + ")");
     }
-    const auto [per_exchange, per_byte] = host_comm_line(x, y);
-    c.gpu.host_comm_us_per_message = per_exchange / 2 * 1e6;
-    c.gpu.host_comm_ns_per_byte = per_byte * 1e9;
+    const std::string from =
+        "the median extra Newton-Schulz time per exchange of messages (host_comm rows) at " +
+        list_text(rows);
+    const Line line = nonnegative_line(x, y, std::vector<double>(x.size(), 1.0), true);
+    const std::string refit =
+        "; refitted by non-negative least squares (every term >= 0): " + num(line.a / 2 * 1e6) +
+        " us per message + " + num(line.b * 1e9) + " ns per byte; " + noisy_fix;
+    if (line.a_clamped)
+      result.clamped.push_back("gpu.host_comm_us_per_message: least squares gave " +
+                               num(line.free_a / 2 * 1e6) + " us per message" +
+                               (line.free_a >= 0 ? " (one size: no intercept)" : "") + " from " +
+                               from + refit);
+    if (line.b_clamped)
+      result.clamped.push_back("gpu.host_comm_ns_per_byte: least squares gave " +
+                               num(line.free_b * 1e9) + " ns per byte from " + from + refit);
+    c.gpu.host_comm_us_per_message = line.a / 2 * 1e6;
+    c.gpu.host_comm_ns_per_byte = line.b * 1e9;
+    std::vector<double> model;
+    for (double b : x) model.push_back(line.a + line.b * b);
+    result.fits.push_back(fit_quality(
+        "gpu.host_comm_us_per_message + host_comm_ns_per_byte (line through the median extra "
+        "time per exchange)",
+        model, y, [&](std::size_t i) {
+          return bytes_text(x[i]) + " B per exchange: model " + num(model[i] * 1e6) +
+                 " us, measured " + num(y[i] * 1e6) + " us";
+        }));
   }
   if (!(peak > 0))
     throw Error("calibrate: no GEMM rate was measured; fix: check the compute benchmark");
   c.gpu.peak_tflops = peak / 1e12;
   for (const auto& [dim, rate] : gemm_rate)
     c.gpu.gemm_efficiency.push_back({dim, std::clamp(rate / peak, 0.001, 1.0)});
-  if (bytes.size() >= 2) {
-    const auto [kernel_s, s_per_byte] = weighted_line(bytes, secs);
-    c.gpu.hbm_GBps = s_per_byte > 0 ? 1.0 / s_per_byte / 1e9 : 10;
-    c.launch_overhead.kernel_us = kernel_s * 1e6;
+  if (line_rows.size() >= 2) {
+    // Least squares of t = kernel + bytes / hbm, weighted by 1 / t^2 (relative errors).
+    std::vector<double> x, y, w;
+    std::vector<std::string> rows;
+    for (const ComputeBenchRow* r : line_rows) {
+      x.push_back(r->model_bytes);
+      y.push_back(r->seconds);
+      w.push_back(1.0 / (r->seconds * r->seconds));
+      rows.push_back(compute_row_text(*r));
+    }
+    const std::string from = std::to_string(rows.size()) +
+                             " momentum and apply_update rows at the NS shapes: " + list_text(rows);
+    for (std::size_t i = 0; i < y.size(); ++i)
+      if (!std::isfinite(y[i]) || !std::isfinite(x[i]))
+        refuse("gpu.hbm_GBps and launch_overhead_us.kernel",
+               "a line through " + num(y[i] * 1e6) + " us at " + num(x[i]) + " B",
+               "times and bytes must be finite", from);
+    const Line line = nonnegative_line(x, y, w, false);
+    if (!(line.free_b > 0) || !(line.b > 0))
+      refuse("gpu.hbm_GBps", line.free_b != 0 ? num(1.0 / line.free_b / 1e9) + " GB/s" : "infinite",
+             "least squares gives " + num(line.free_b * 1e9) +
+                 " ns per byte: the elementwise times do not grow with the bytes, and a "
+                 "bandwidth must be finite and above 0",
+             from);
+    if (line.a_clamped)
+      result.clamped.push_back(
+          "launch_overhead_us.kernel: least squares gave " + num(line.free_a * 1e6) +
+          " us per kernel" + (line.free_a >= 0 ? " (one size: no intercept)" : "") + " from " +
+          from + "; refitted by non-negative least squares with it at 0: hbm_GBps " +
+          num(1.0 / line.b / 1e9) + "; " + noisy_fix);
+    c.gpu.hbm_GBps = 1.0 / line.b / 1e9;
+    c.launch_overhead.kernel_us = line.a * 1e6;
+    std::vector<double> model;
+    for (double b : x) model.push_back(line.a + line.b * b);
+    result.fits.push_back(fit_quality(
+        "gpu.hbm_GBps + launch_overhead_us.kernel (line through momentum and apply_update "
+        "times)",
+        model, y, [&](std::size_t i) {
+          return line_rows[i]->kernel + " " + shape_text(line_rows[i]->shape) + " (" +
+                 bytes_text(x[i]) + " B): model " + num(model[i] * 1e6) + " us, measured " +
+                 num(y[i] * 1e6) + " us";
+        }));
   } else {
     c.gpu.hbm_GBps = 10;
   }
@@ -440,7 +612,12 @@ ClusterSpec calibrated_profile(const CalibrationInput& in) {
   // Collectives: bandwidth per class, one latency, one launch overhead.
   std::vector<CollectiveBenchRow> rows;
   for (const CollectiveBenchRow& r : in.collectives)
-    if (r.time_us > 0 && r.size_bytes > 0) rows.push_back(r);
+    if (r.time_us > 0 && r.size_bytes > 0) {
+      if (!std::isfinite(r.time_us) || !std::isfinite(r.algbw_GBps))
+        refuse("the collective fit (intra_node.*)", "a fit through " + num(r.time_us) + " us",
+               "a time must be finite", "the bench row " + collective_row_text(r));
+      rows.push_back(r);
+    }
   std::map<CollectiveClass, double> bw;  // GB/s
   for (const CollectiveBenchRow& r : rows) {
     const CollectiveClass cls = collective_class(bench_kind(r.op));
@@ -449,7 +626,7 @@ ClusterSpec calibrated_profile(const CalibrationInput& in) {
   if (bw.empty()) {
     c.intra.bandwidth_GBps = 5;
     c.intra.latency_us = 1;
-    return c;
+    return result;
   }
   double latency_us = 1, launch_us = 5;
   const auto apply = [&](ClusterSpec& s) {
@@ -500,6 +677,8 @@ ClusterSpec calibrated_profile(const CalibrationInput& in) {
           std::log(0.01), std::log(10000.0)));
     }
   }
+  // The parametrization keeps both at or above 0 (exp(x) - 0.01 with x >= log(0.01)); rounding
+  // may leave -1e-18.
   latency_us = std::max(0.0, latency_us);
   launch_us = std::max(0.0, launch_us);
   double line = 0;
@@ -515,6 +694,43 @@ ClusterSpec calibrated_profile(const CalibrationInput& in) {
   c.efficiency.intra_node.all_to_all = eff(CollectiveClass::all_to_all);
   c.efficiency.intra_node.p2p = eff(CollectiveClass::p2p);
   c.efficiency.intra_node.nvls = 1;
+  {
+    std::vector<std::string> texts;
+    for (const CollectiveBenchRow& r : rows) texts.push_back(collective_row_text(r));
+    const std::string from =
+        std::to_string(rows.size()) + " bench collective rows: " + list_text(texts);
+    if (!std::isfinite(line) || !(line > 0))
+      refuse("intra_node.bandwidth_GBps", num(line), "a bandwidth must be finite and above 0",
+             from);
+    if (!std::isfinite(latency_us))
+      refuse("intra_node.latency_us", num(latency_us), "a latency must be finite and >= 0", from);
+    if (!std::isfinite(launch_us))
+      refuse("launch_overhead_us.collective", num(launch_us), "a cost must be finite and >= 0",
+             from);
+  }
+
+  // How well the fitted closed form reproduces the rows, per collective.
+  std::vector<std::string> ops;
+  for (const CollectiveBenchRow& r : rows)
+    if (std::find(ops.begin(), ops.end(), r.op) == ops.end()) ops.push_back(r.op);
+  for (const std::string& op : ops) {
+    std::vector<const CollectiveBenchRow*> mine;
+    std::vector<double> model, measured;
+    for (const CollectiveBenchRow& r : rows)
+      if (r.op == op) {
+        mine.push_back(&r);
+        model.push_back(model_bench_seconds(c, r) * 1e6);
+        measured.push_back(r.time_us);
+      }
+    result.fits.push_back(
+        fit_quality("collective closed form (intra_node.*, launch_overhead_us.collective, "
+                    "efficiency.intra_node) on " +
+                        op,
+                    model, measured, [&](std::size_t i) {
+                      return collective_row_text(*mine[i]) + ": model " + num(model[i]) +
+                             " us, measured " + num(measured[i]) + " us";
+                    }));
+  }
 
   for (const CollectiveBenchRow& r : rows) {
     if (r.instances != 1 || r.group_size != r.gpus) continue;  // measurements: one group of all
@@ -527,7 +743,40 @@ ClusterSpec calibrated_profile(const CalibrationInput& in) {
     m.source = "muonbed calibrate: bench collective --backend " + r.backend;
     c.measurements.push_back(m);
   }
-  return c;
+  return result;
+}
+
+ClusterSpec calibrated_profile(const CalibrationInput& in) {
+  return calibrate_profile(in).profile;
+}
+
+std::vector<std::string> fit_error_warnings(const CalibrationResult& result, double max_pct) {
+  std::vector<std::string> out;
+  for (const FitQuality& f : result.fits)
+    if (!(f.max_error_pct <= max_pct))
+      out.push_back("fit error " + num(f.max_error_pct) + " % is above --max-fit-error " +
+                    num(max_pct) + " %: " + f.name + ": |error| median " + num(f.median_error_pct) +
+                    " %, max " + num(f.max_error_pct) + " % over " + std::to_string(f.rows) +
+                    " rows; worst " + f.worst +
+                    " (the model does not reproduce its own calibration rows: rerun on a quiet "
+                    "machine with more --repeats / --iters, or use this profile knowing that)");
+  return out;
+}
+
+std::vector<std::string> fit_quality_header(const CalibrationResult& result, double max_pct) {
+  std::vector<std::string> out;
+  out.push_back(
+      "fit quality (|model - measured| / |measured| over the rows each fit was made "
+      "from; --max-fit-error " +
+      num(max_pct) + " %):");
+  for (const FitQuality& f : result.fits)
+    out.push_back("  " + f.name + ": |error| median " + num(f.median_error_pct) + " %, max " +
+                  num(f.max_error_pct) + " % over " + std::to_string(f.rows) + " rows" +
+                  (f.worst.empty() ? "" : " (worst " + f.worst + ")"));
+  if (result.fits.empty()) out.push_back("  (no fitted quantity: every number is measured)");
+  for (const std::string& w : fit_error_warnings(result, max_pct)) out.push_back("WARNING: " + w);
+  for (const std::string& c : result.clamped) out.push_back("CLAMPED: " + c);
+  return out;
 }
 
 namespace {

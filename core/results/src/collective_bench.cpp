@@ -298,13 +298,41 @@ CollectiveBenchRow run_collective_bench(const CollectiveBenchSpec& spec,
   row.wrong = run.wrong_elements;
   row.backend = r.backend;
   row.fidelity = r.fidelity;
+  for (const double t : c->step_times_s) row.iteration_us.push_back(t * 1e6);
+  const IterationSpread spread = iteration_spread(row.iteration_us);
+  row.min_us = spread.min;
+  row.median_us = spread.median;
+  row.max_us = spread.max;
   return row;
 }
 
-std::string collective_bench_header() {
-  return "#                                                              out-of-place\n"
-         "#       size         count      type   redop    root     time   algbw   busbw #wrong\n"
-         "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)       \n";
+IterationSpread iteration_spread(std::vector<double> times) {
+  IterationSpread s;
+  if (times.empty()) return s;
+  std::sort(times.begin(), times.end());
+  const std::size_t n = times.size();
+  s.min = times.front();
+  s.max = times.back();
+  s.median = n % 2 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2;
+  return s;
+}
+
+bool noisy(const CollectiveBenchRow& row) {
+  if (row.iteration_us.empty()) return false;
+  return row.min_us > 0 ? row.max_us / row.min_us > kNoisySpread : row.max_us > 0;
+}
+
+std::string collective_bench_header(bool measured) {
+  if (!measured)
+    return "#                                                              out-of-place\n"
+           "#       size         count      type   redop    root     time   algbw   busbw #wrong\n"
+           "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)       \n";
+  return "#                                                              out-of-place"
+         "          over the iterations\n"
+         "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+         "      min   median      max\n"
+         "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)       "
+         "     (us)     (us)     (us)\n";
 }
 
 std::string collective_bench_line(const CollectiveBenchRow& row) {
@@ -320,6 +348,16 @@ std::string collective_bench_line(const CollectiveBenchRow& row) {
     char wrong[32];
     std::snprintf(wrong, sizeof wrong, "  %6" PRId64, row.wrong);
     line += wrong;
+  }
+  if (!row.iteration_us.empty()) {
+    line += "  " + float_text(row.min_us, 7) + "  " + float_text(row.median_us, 7) + "  " +
+            float_text(row.max_us, 7);
+    if (noisy(row)) {
+      char ratio[64];
+      std::snprintf(ratio, sizeof ratio, "%.2f", row.min_us > 0 ? row.max_us / row.min_us : 0.0);
+      line += std::string("  noisy (max/min ") + (row.min_us > 0 ? ratio : "inf") +
+              "): rerun on a quiet machine";
+    }
   }
   return line;
 }
@@ -341,6 +379,13 @@ nlohmann::ordered_json collective_bench_json(const CollectiveBenchRow& row) {
   j["wrong"] = row.wrong < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(row.wrong);
   j["backend"] = row.backend;
   j["fidelity"] = row.fidelity;
+  if (!row.iteration_us.empty()) {
+    j["min_time_us"] = row.min_us;
+    j["median_time_us"] = row.median_us;
+    j["max_time_us"] = row.max_us;
+    j["iterations"] = row.iteration_us.size();
+    j["noisy"] = noisy(row);
+  }
   return j;
 }
 

@@ -656,7 +656,7 @@ std::string result_to_json(const ResultRecord& r) {
                        {"intra_node_bytes", aw(r.traffic.intra_node_bytes)},
                        {"network_bytes", aw(r.traffic.network_bytes)}};
   ojson colls = ojson::array();
-  for (const auto& c : r.collectives)
+  for (const auto& c : r.collectives) {
     colls.push_back(ojson{{"op", c.op},
                           {"label", c.label},
                           {"kind", c.kind},
@@ -669,6 +669,8 @@ std::string result_to_json(const ResultRecord& r) {
                           {"algbw_GBps", c.algbw_GBps},
                           {"busbw_GBps", c.busbw_GBps},
                           {"crosses_nodes", c.crosses_nodes}});
+    if (!c.step_times_s.empty()) colls.back()["step_times_s"] = c.step_times_s;
+  }
   j["collectives"] = std::move(colls);
   ojson ranks = ojson::array();
   for (const auto& rr : r.ranks)
@@ -811,6 +813,8 @@ ResultRecord result_from_json(const std::string& text) {
       x.algbw_GBps = c.at("algbw_GBps").get<double>();
       x.busbw_GBps = c.at("busbw_GBps").get<double>();
       x.crosses_nodes = c.at("crosses_nodes").get<bool>();
+      if (c.contains("step_times_s"))
+        x.step_times_s = c.at("step_times_s").get<std::vector<double>>();
       r.collectives.push_back(std::move(x));
     }
     for (const auto& rr : j.at("ranks")) {
