@@ -72,6 +72,12 @@ struct ElementwiseTiming {
   std::string source;
 };
 
+// Where a Newton-Schulz time comes from (GpuSpec::ns_call_seconds).
+enum class NsTimeSource { table, interpolated, extrapolated, curve };
+std::string_view to_string(NsTimeSource source);
+// Past the table's FLOPs by more than this factor, NS times come from the efficiency curve.
+inline constexpr double kNsExtrapolationLimit = 2.0;
+
 struct GpuSpec {
   std::string name;
   double peak_tflops = 0;  // dense bf16
@@ -99,8 +105,17 @@ struct GpuSpec {
   // entries for batched calls when there are any, single calls otherwise), below the smallest
   // entry along the line through the two smallest (its intercept is the per-call overhead), and
   // above the largest at the largest entry's FLOP rate.
+  //
+  // Where the time comes from is told through `source` (when given): table (an entry of the
+  // same shape), interpolated (between entries), extrapolated (past the smallest or largest
+  // entry by at most 2x in FLOPs per matrix) or curve: past the table by more than 2x, where a
+  // line through large shapes would time a small one at a large one's rate (a [128, 768, 2048]
+  // expert stack at the rate of [128, 4096, 4096]), so the call is timed from the GEMM-efficiency
+  // curve (its FLOPs at sustained_flops of its smallest dimension) plus the per-call overhead
+  // the table measured (the intercept of the line through its two smallest entries, when
+  // positive); negative when the GPU has no compute rate.
   double ns_call_seconds(std::int64_t rows, std::int64_t cols, std::int64_t batch, int steps,
-                         const std::string& version) const;
+                         const std::string& version, NsTimeSource* source = nullptr) const;
   // The versions ns_table has entries for, in the order they first appear.
   std::vector<std::string> ns_versions() const;
   // Seconds of one `kernel` op over `numel` elements from elementwise_table: piecewise linear in

@@ -116,6 +116,19 @@ AllReduceAlgorithm all_reduce_algorithm(int group_size, double total_bytes, cons
 double all_reduce_time(AllReduceAlgorithm algorithm, int group_size, double total_bytes,
                        const LinkParams& link);
 
+// How the model times the plan's Newton-Schulz calls: each distinct call shape (rows x cols,
+// batch, steps) by the source of its time (GpuSpec::ns_call_seconds; without a table of the
+// cluster's kernel version, every shape is "curve"). A sentence for a result's notes, e.g.
+// "NS times (gpu.ns_table v2): 5 shapes from the table, 2 interpolated, 1 from the GEMM-
+// efficiency curve (past the table by more than 2x in FLOPs: 128x[768x2048])"; the counts are
+// also returned by source.
+struct NsSourceSummary {
+  int table = 0, interpolated = 0, extrapolated = 0, curve = 0;
+  std::vector<std::string> extrapolated_shapes, curve_shapes;
+  std::string note;
+};
+NsSourceSummary ns_time_sources(const StepPlan& plan, const ClusterSpec& cluster);
+
 struct RankTimes {
   double compute_s = 0;        // busy time on compute streams
   double communication_s = 0;  // busy time on communication streams

@@ -13,9 +13,9 @@
 
 #include <fmt/format.h>
 
+#include "core/base/errors.hpp"
 #include "core/engine/bound.hpp"
 #include "core/engine/cost_model.hpp"
-#include "core/base/errors.hpp"
 #include "core/experiment/experiment.hpp"
 #include "core/plan/plan_json.hpp"
 #include "core/results/results.hpp"
@@ -136,7 +136,8 @@ void print_point(const Experiment& e, std::size_t index, std::size_t count, int 
   const EstimateSummary est = estimate(plan, e.cluster);
   std::cout << fmt::format(
       "estimate  average step {}, worst step {} (step {} of hyper-period {}; "
-      "analytic, {})\n",
+      "analytic model on {}: closed-form collectives sharing links max-min, "
+      "core/engine/link_sharing.hpp)\n",
       human_seconds(est.average_step_s), human_seconds(est.worst_step_s), est.worst.step,
       plan.hyper_period(), e.cluster.name);
   const StepBound bound = step_bound(plan, e.cluster);
@@ -238,7 +239,9 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   muonbed plan experiments/fsdp_tp.yaml --json plans/       then inspect plans/*.plan.json
 Columns: matrices = Muon matrices the rank orthogonalizes (owner); NS GFLOP = its Newton-Schulz
 work; sent/recv = bytes it moves in one step; peak = static state + peak transient buffers.
-The estimate is closed-form (alpha-beta links, sustained GEMM rate); the sim backend refines it.)");
+The estimate is the analytic model: closed-form collectives whose concurrent instances share GPU
+links, NICs, PCIe bridges and leaf uplinks, NS from the cluster's table or GEMM curve (README "What
+each backend models"); the sim backend replays every transfer.)");
   cmd->callback([options, &exit_code] { exit_code = run_plan(*options); });
 }
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -26,8 +27,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/errors.hpp"
-#include "core/experiment/experiment.hpp"
 #include "core/base/process.hpp"
+#include "core/experiment/experiment.hpp"
 #include "core/results/results.hpp"
 #include "core/results/run_point.hpp"
 #include "experiments/cli/backends.hpp"
@@ -299,6 +300,31 @@ void print_results_table(const std::vector<ResultRecord>& records,
                "time; exposed = comm not hidden by compute"
             << (sweep ? "; speedup vs the first point" : "") << ")\n";
   table.print(std::cout);
+  // Said out loud, never left to the reader: two predicted backends of one point that disagree
+  // by more than 10 %, and Newton-Schulz times that are not from the measured table.
+  std::map<std::string, std::map<std::string, const ResultRecord*>> by_point;
+  for (const ResultRecord* r : ordered) by_point[r->provenance.point][r->backend] = r;
+  for (const ResultRecord* r : ordered) {
+    if (r->backend != "analytic") continue;
+    const auto& backends = by_point[r->provenance.point];
+    const auto sim = backends.find("sim");
+    const std::string point =
+        r->provenance.point.empty() ? r->provenance.experiment : r->provenance.point;
+    if (sim != backends.end() && sim->second->step.average_s > 0) {
+      const double off = r->step.average_s / sim->second->step.average_s - 1;
+      if (std::abs(off) > 0.10)
+        std::cout << fmt::format(
+            "DISAGREE  {}: analytic {} vs sim/{} {} ({:+.1f} %): the analytic model is coarser "
+            "here; use the simulator's figure (README \"What each backend models\")\n",
+            point, human_seconds(r->step.average_s), sim->second->fidelity,
+            human_seconds(sim->second->step.average_s), off * 100);
+    }
+    for (const std::string& note : r->notes)
+      if (note.rfind("NS times (gpu.ns_table", 0) == 0 &&
+          (note.find("curve") != std::string::npos ||
+           note.find("extrapolated") != std::string::npos))
+        std::cout << "note      " << point << ": " << note << "\n";
+  }
 }
 
 // A run killed while writing leaves "<file>.muonbed-tmp-<pid>" (write_output_file). Remove those
@@ -373,8 +399,8 @@ void write_manifests(const std::vector<Experiment>& points, const Provenance& bu
         m["traces"].push_back(trace.lexically_relative(dir).generic_string());
     }
   }
-  // Seed 000's claims, classified here once (core/results/results.hpp seed_claims): plot.py draws these
-  // rows with the ratios of the records it verified.
+  // Seed 000's claims, classified here once (core/results/results.hpp seed_claims): plot.py draws
+  // these rows with the ratios of the records it verified.
   for (auto& [dir, manifest] : manifests) {
     nlohmann::json rows = nlohmann::json::array();
     for (const SeedClaimRow& row : seed_claims(listed[dir]))

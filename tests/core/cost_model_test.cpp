@@ -921,12 +921,41 @@ TEST_CASE("Newton-Schulz time comes from the measured table of the chosen kernel
   const double t = 0.25 + (f(1024, 3072) - f(1024, 1024)) / (f(2048, 2048) - f(1024, 1024)) * 0.25;
   CHECK(ms(3072, 1024, 1, 5) == Approx(t));
   CHECK(ms(1024, 3072, 1, 5) == Approx(t));
-  // Below the smallest entry: the line through the two smallest (its intercept is the per-call
-  // overhead); above the largest: the largest's FLOP rate.
+  // Below the smallest entry by at most 2x in FLOPs: the line through the two smallest (its
+  // intercept is the per-call overhead); above the largest by at most 2x: the largest's rate.
   const double slope = 0.25 / (f(2048, 2048) - f(1024, 1024));
-  CHECK(ms(256, 256, 1, 5) == Approx(0.25 - slope * (f(1024, 1024) - f(256, 256))));
-  CHECK(ms(8192, 8192, 1, 5) == Approx(2.7 * 8));
+  REQUIRE(f(768, 1024) * 2 >= f(1024, 1024));
+  CHECK(ms(1024, 768, 1, 5) == Approx(0.25 - slope * (f(1024, 1024) - f(768, 1024))));
+  REQUIRE(f(4096, 6144) <= 2 * f(4096, 4096));
+  CHECK(ms(4096, 6144, 1, 5) == Approx(2.7 * f(4096, 6144) / f(4096, 4096)));
   CHECK(gpu.ns_versions() == std::vector<std::string>{"v2", "v1"});
+  // Each time says where it comes from; past the table by more than 2x in FLOPs: the efficiency
+  // curve plus the table's per-call overhead, never the far end's rate.
+  const auto source = [&](std::int64_t r, std::int64_t c, std::int64_t b) {
+    NsTimeSource from = NsTimeSource::table;
+    gpu.ns_call_seconds(r, c, b, 5, "v2", &from);
+    return from;
+  };
+  CHECK(source(2048, 2048, 1) == NsTimeSource::table);
+  CHECK(source(3072, 1024, 1) == NsTimeSource::interpolated);
+  CHECK(source(1024, 768, 1) == NsTimeSource::extrapolated);
+  CHECK(source(4096, 6144, 1) == NsTimeSource::extrapolated);
+  // gemm_efficiency is empty: the curve is the peak, 1000 TFLOP/s.
+  const double overhead = 0.25e-3 - slope * 1e-3 * f(1024, 1024);  // the line's intercept
+  REQUIRE(overhead > 0);
+  CHECK(source(256, 256, 1) == NsTimeSource::curve);
+  CHECK(gpu.ns_call_seconds(256, 256, 1, 5, "v2") == Approx(f(256, 256) / 1e15 + overhead));
+  CHECK(source(8192, 8192, 1) == NsTimeSource::curve);
+  CHECK(gpu.ns_call_seconds(8192, 8192, 1, 5, "v2") == Approx(f(8192, 8192) / 1e15 + overhead));
+  // Issue 22's case: a batched [128, 768, 2048] expert stack against one batched entry of
+  // [128, 4096, 4096] (16x the FLOPs per matrix): the curve (no line: one batched entry), not
+  // the large shape's rate.
+  CHECK(source(768, 2048, 128) == NsTimeSource::curve);
+  CHECK(gpu.ns_call_seconds(768, 2048, 128, 5, "v2") == Approx(128 * f(768, 2048) / 1e15));
+  CHECK(source(1024, 1024, 1) == NsTimeSource::table);
+  NsTimeSource none = NsTimeSource::table;
+  CHECK(gpu.ns_call_seconds(1024, 1024, 1, 5, "v9", &none) < 0);
+  CHECK(none == NsTimeSource::curve);
 }
 
 TEST_CASE("compute_time: measured NS table, peak-rate fallback and kernel launch overhead",
@@ -938,8 +967,13 @@ TEST_CASE("compute_time: measured NS table, peak-rate fallback and kernel launch
   c.gpu.ns_table = {{"v2", 128, 128, 1, 5, 0.05, ""}, {"v1", 64, 64, 1, 5, 0.02, ""}};
   c.gpu.ns_kernel = "v2";
   CHECK(compute_time(plan, plan.ops[0], 0, c) == near(0.05e-3));
-  c.gpu.ns_kernel = "v1";  // no 128 x 128 entry: the v1 line through its one point
-  CHECK(compute_time(plan, plan.ops[0], 0, c) == near(0.02e-3 * 8));
+  c.gpu.ns_kernel = "v1";  // v1's one entry (64 x 64) has 1/8 the FLOPs: the efficiency curve
+  CHECK(compute_time(plan, plan.ops[0], 0, c) ==
+        near(newton_schulz_flops(128, 128, 5) / c.gpu.sustained_flops(128)));
+  // An entry within 2x below: the largest entry's rate.
+  c.gpu.ns_table.push_back({"v1", 112, 112, 1, 5, 0.04, ""});
+  const auto f = [](double m) { return 5 * (4 * m * m * m + 2 * m * m * m); };
+  CHECK(compute_time(plan, plan.ops[0], 0, c) == near(0.04e-3 * f(128) / f(112)));
   // Without a table for the version: peak x efficiency plus one kernel launch per NS call.
   c.gpu.ns_kernel = "";
   c.launch_overhead.kernel_us = 5;
@@ -1017,4 +1051,24 @@ TEST_CASE("link sharing: concurrent rings through one node's NICs, by hand",
   }
   shared.resolve(0.0);
   for (int g = 0; g < 4; ++g) CHECK(shared.finish_s(g) == near(2 * (alone - latency)));
+}
+
+TEST_CASE("ns_time_sources says where each NS shape's time comes from", "[cost_model][ns_table]") {
+  StepPlan plan = tiny_plan(2, 2);
+  ClusterSpec c = test_cluster();
+  add(plan, ns_op(plan, 0, 1, 0));  // p1: 128 x 128
+  c.gpu.ns_kernel = "";
+  NsSourceSummary s = ns_time_sources(plan, c);
+  CHECK(s.curve == 1);
+  CHECK(s.note.find("GEMM-efficiency curve") != std::string::npos);
+  c.gpu.ns_table = {{"v2", 128, 128, 1, 5, 0.05, ""}};
+  c.gpu.ns_kernel = "v2";
+  s = ns_time_sources(plan, c);
+  CHECK(s.table == 1);
+  CHECK(s.curve == 0);
+  c.gpu.ns_table = {{"v2", 1024, 1024, 1, 5, 0.05, ""}};
+  s = ns_time_sources(plan, c);
+  CHECK(s.curve == 1);
+  CHECK(s.curve_shapes == std::vector<std::string>{"128x128"});
+  CHECK(s.note.find("128x128") != std::string::npos);
 }

@@ -69,8 +69,25 @@ double interpolate_ns(const std::vector<NsPoint>& p, double flops) {
 
 }  // namespace
 
+std::string_view to_string(NsTimeSource source) {
+  switch (source) {
+    case NsTimeSource::table:
+      return "table";
+    case NsTimeSource::interpolated:
+      return "interpolated";
+    case NsTimeSource::extrapolated:
+      return "extrapolated";
+    case NsTimeSource::curve:
+      return "curve";
+  }
+  return "?";
+}
+
 double GpuSpec::ns_call_seconds(std::int64_t rows, std::int64_t cols, std::int64_t batch, int steps,
-                                const std::string& version) const {
+                                const std::string& version, NsTimeSource* source) const {
+  NsTimeSource ignored;
+  NsTimeSource& from = source ? *source : ignored;
+  from = NsTimeSource::curve;
   const double m = static_cast<double>(std::min(rows, cols));
   const double n = static_cast<double>(std::max(rows, cols));
   const double b = static_cast<double>(std::max<std::int64_t>(1, batch));
@@ -89,9 +106,11 @@ double GpuSpec::ns_call_seconds(std::int64_t rows, std::int64_t cols, std::int64
     };
     if (same == nullptr || distance(t) < distance(same)) same = t;
   }
-  if (same != nullptr)
+  if (same != nullptr) {
+    from = NsTimeSource::table;
     return same->ms * 1e-3 * (b / static_cast<double>(same->batch)) *
            (static_cast<double>(steps) / same->steps);
+  }
   // Other shapes: per-matrix points of batched entries for a batched call (when there are any),
   // of single calls otherwise.
   const bool batched = batch > 1;
@@ -120,7 +139,29 @@ double GpuSpec::ns_call_seconds(std::int64_t rows, std::int64_t cols, std::int64
     }
   }
   for (std::size_t i = 0; i < distinct.size(); ++i) distinct[i].seconds /= count[i];
-  return b * interpolate_ns(distinct, ns_step_flops(m, n) * steps);
+  const double flops = ns_step_flops(m, n) * steps;
+  const double lo = distinct.front().flops, hi = distinct.back().flops;
+  if (flops >= lo && flops <= hi) {
+    from = NsTimeSource::interpolated;
+  } else if (flops * kNsExtrapolationLimit >= lo && flops <= hi * kNsExtrapolationLimit) {
+    from = NsTimeSource::extrapolated;
+  } else {
+    // Past the table by more than 2x: the work at the GEMM-efficiency curve's rate for the
+    // matrix's smallest dimension, plus the per-call overhead the table measured (the intercept
+    // of the line through its two smallest entries, when positive): never a far entry's rate.
+    from = NsTimeSource::curve;
+    const double rate = sustained_flops(m);
+    if (!(rate > 0)) return -1;
+    double overhead = 0;
+    if (distinct.size() >= 2) {
+      const NsPoint& p0 = distinct[0];
+      const NsPoint& p1 = distinct[1];
+      const double slope = (p1.seconds - p0.seconds) / (p1.flops - p0.flops);
+      overhead = std::max(0.0, p0.seconds - slope * p0.flops);
+    }
+    return b * flops / rate + overhead;
+  }
+  return b * interpolate_ns(distinct, flops);
 }
 
 double GpuSpec::elementwise_seconds(std::string_view kernel, std::int64_t numel) const {

@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -1173,6 +1175,73 @@ double HostCommCharge::compute_started(int rank, double t) {
   const double extra = std::max(0.0, owed_[rank] - std::max(0.0, t - last_end_[rank]));
   owed_[rank] = 0;
   return extra;
+}
+
+NsSourceSummary ns_time_sources(const StepPlan& plan, const ClusterSpec& cluster) {
+  struct Shape {
+    std::int64_t rows, cols, batch;
+    int steps;
+    bool operator<(const Shape& o) const {
+      return std::tie(rows, cols, batch, steps) < std::tie(o.rows, o.cols, o.batch, o.steps);
+    }
+  };
+  std::set<Shape> shapes;
+  for (const Op& op : plan.ops) {
+    if (op.kind != OpKind::newton_schulz) continue;
+    for (int p : op.params) {
+      const auto& param = plan.model.params[p];
+      shapes.insert({param.rows(), param.cols(), param.batch(), op.ns_steps});
+    }
+  }
+  NsSourceSummary out;
+  const GpuSpec& gpu = cluster.gpu;
+  for (const Shape& sh : shapes) {
+    NsTimeSource source = NsTimeSource::curve;
+    if (!gpu.ns_kernel.empty())
+      gpu.ns_call_seconds(sh.rows, sh.cols, sh.batch, sh.steps, gpu.ns_kernel, &source);
+    const std::string name = (sh.batch > 1 ? std::to_string(sh.batch) + "x[" : "") +
+                             std::to_string(sh.rows) + "x" + std::to_string(sh.cols) +
+                             (sh.batch > 1 ? "]" : "");
+    switch (source) {
+      case NsTimeSource::table:
+        ++out.table;
+        break;
+      case NsTimeSource::interpolated:
+        ++out.interpolated;
+        break;
+      case NsTimeSource::extrapolated:
+        ++out.extrapolated;
+        out.extrapolated_shapes.push_back(name);
+        break;
+      case NsTimeSource::curve:
+        ++out.curve;
+        out.curve_shapes.push_back(name);
+        break;
+    }
+  }
+  const auto list = [](const std::vector<std::string>& names) {
+    std::string text;
+    for (std::size_t i = 0; i < names.size() && i < 8; ++i) text += (i ? ", " : "") + names[i];
+    if (names.size() > 8) text += ", ... (" + std::to_string(names.size()) + " in all)";
+    return text;
+  };
+  std::string& n = out.note;
+  if (gpu.ns_kernel.empty()) {
+    n = "NS times: every shape (" + std::to_string(out.curve) +
+        ") from the GEMM-efficiency curve at the GPU's peak (the cluster names no measured "
+        "kernel, gpu.ns_kernel)";
+    return out;
+  }
+  n = "NS times (gpu.ns_table " + gpu.ns_kernel + "): " + std::to_string(out.table) +
+      " shape(s) from the table, " + std::to_string(out.interpolated) + " interpolated in FLOPs";
+  if (out.extrapolated > 0)
+    n += ", " + std::to_string(out.extrapolated) + " extrapolated past the table by at most " +
+         "2x in FLOPs (" + list(out.extrapolated_shapes) + ")";
+  if (out.curve > 0)
+    n += ", " + std::to_string(out.curve) +
+         " from the GEMM-efficiency curve (past the table by more than 2x in FLOPs: " +
+         list(out.curve_shapes) + "; measure them: muonbed calibrate, or bench ns)";
+  return out;
 }
 
 StepEstimate estimate_step(const StepPlan& plan, const ClusterSpec& cluster, int step,

@@ -163,6 +163,11 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
     record.notes.push_back(std::string("no T_bound: ") + e.what());
   }
 
+  // Predicted records say where their Newton-Schulz times come from (a shape past the measured
+  // table is timed from the efficiency curve, and the note names it).
+  if (record.backend == "analytic" || record.backend == "sim")
+    record.notes.push_back(ns_time_sources(plan, cluster).note);
+
   // Per rank: averages over patterns weighted by their step counts, and the worst step's values.
   record.ranks.assign(world, RankResult{});
   std::vector<double> mean_compute(steps.size()), mean_comm(steps.size()),
