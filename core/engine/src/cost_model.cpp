@@ -522,6 +522,10 @@ struct OpCost {
   std::int64_t left = 0;    // starts left in this step; the cache goes at zero
   std::vector<double> cache;
   std::vector<double> cache_min;  // all_gather / reduce_scatter: the smallest member piece
+  // Every member's piece has one size (cacheable, and no param's pieces differ along any mesh
+  // dim): it is computed once per step.
+  bool uniform_pieces = false;
+  double uniform_piece = -1;
 };
 
 // Bytes one participant of a collective instance moves, by where they go.
@@ -570,10 +574,13 @@ std::vector<MemberTraffic> ring_traffic(const std::vector<int>& members,
   return out;
 }
 
+// A member's piece (plan.hpp's piece_bytes), possibly from a cache.
+using PieceOf = std::function<double(int rank)>;
+
 // Point-to-point classes (all_to_all, gather, scatter, send/recv): the plan's bytes per peer.
 std::vector<MemberTraffic> peer_traffic(const StepPlan& plan, const Op& op,
                                         const std::vector<int>& participants,
-                                        const ClusterLinks& links) {
+                                        const ClusterLinks& links, const PieceOf& piece) {
   const int n = static_cast<int>(participants.size());
   std::vector<MemberTraffic> out(n);
   const auto index_of = [&](int rank) {
@@ -597,14 +604,14 @@ std::vector<MemberTraffic> peer_traffic(const StepPlan& plan, const Op& op,
   };
   // Rooted kinds move one piece per member (plan.hpp's piece_bytes): O(n), not O(n^2).
   if (op.kind == OpKind::send || op.kind == OpKind::recv) {
-    if (n == 2) move(0, 1, static_cast<double>(piece_bytes(plan, op, participants[0])));
+    if (n == 2) move(0, 1, piece(participants[0]));
     return out;
   }
   if (op.kind == OpKind::gather || op.kind == OpKind::scatter) {
     const int root = op.root;  // group order is ascending world ranks: participants' order
     for (int i = 0; i < n; ++i) {
       if (i == root) continue;
-      const double b = static_cast<double>(piece_bytes(plan, op, participants[i]));
+      const double b = piece(participants[i]);
       if (b <= 0) continue;
       if (op.kind == OpKind::gather)
         move(i, root, b);
@@ -679,7 +686,7 @@ struct InstancePrice {
 InstancePrice price_instance(const StepPlan& plan, const ClusterSpec& cluster,
                              const ClusterLinks& links, const Op& o,
                              const std::vector<int>& members, double bytes, double min_piece,
-                             const LinkParams& link) {
+                             const LinkParams& link, const PieceOf& piece) {
   const int n = static_cast<int>(members.size());
   // Ring classes move the same S on every member; point-to-point classes are sized per member
   // below (the leader may send nothing while others send a lot: a skewed all-to-all).
@@ -729,8 +736,7 @@ InstancePrice price_instance(const StepPlan& plan, const ClusterSpec& cluster,
       // Uneven pieces: an edge carries everything but its receiver's piece (even: S - S/n).
       const bool uneven = min_piece >= 0 && std::abs(min_piece * n - bytes) > 0.5 * n;
       if ((o.kind == OpKind::all_gather || o.kind == OpKind::reduce_scatter) && uneven)
-        for (int i = 0; i < n; ++i)
-          volumes[i] = std::max(0.0, bytes - static_cast<double>(piece_bytes(plan, o, members[i])));
+        for (int i = 0; i < n; ++i) volumes[i] = std::max(0.0, bytes - piece(members[i]));
       traffic = ring_traffic(members, volumes, links);
       break;
     }
@@ -739,7 +745,7 @@ InstancePrice price_instance(const StepPlan& plan, const ClusterSpec& cluster,
       // Sized by the busiest member: each one's bytes to its node and to other nodes, both at
       // once, over its NVLink and its NIC share (the closed form for even pieces).
       latency = collective_time(o.kind, n, 0, link);
-      traffic = peer_traffic(plan, o, members, links);
+      traffic = peer_traffic(plan, o, members, links, piece);
       for (const MemberTraffic& t : traffic) {
         const double net = std::max(t.cross_out, t.cross_in);
         const double intra = std::max(t.intra_out, t.intra_in);
@@ -892,6 +898,7 @@ AnalyticReplay::AnalyticReplay(const StepPlan& plan, const ClusterSpec& cluster,
       }
     c.cacheable = !op.owned_only && op.kind != OpKind::all_to_all;
     if (!c.cacheable) continue;
+    c.uniform_pieces = relevant.empty();
     for (int k = static_cast<int>(walk.size()) - 1; k >= 0; --k)
       if (relevant.contains(walk[k])) {
         c.key.emplace_back(walk[k], c.key_count);
@@ -991,8 +998,15 @@ void AnalyticReplay::start_collective(const CollectiveInstance& instance) {
         instance.id);
     return;
   }
+  OpCost& cost = cost_[op];
+  const PieceOf piece = [&](int rank) {
+    if (!cost.uniform_pieces) return static_cast<double>(piece_bytes(plan_, o, rank));
+    if (cost.uniform_piece < 0)
+      cost.uniform_piece = static_cast<double>(piece_bytes(plan_, o, rank));
+    return cost.uniform_piece;
+  };
   const InstancePrice price =
-      price_instance(plan_, cluster_, links_, o, members, bytes, min_piece, link);
+      price_instance(plan_, cluster_, links_, o, members, bytes, min_piece, link, piece);
   if (!(price.shared_s > 0) || !options_.share_links) {
     due(op, now_ + price.seconds, instance.id);
     return;
@@ -1028,6 +1042,7 @@ StepEstimate AnalyticReplay::run(int step) {
     cost_[i].left = cost_[i].starts;
     cost_[i].cache.clear();
     cost_[i].cache_min.clear();
+    cost_[i].uniform_piece = -1;
   }
   flowing_.clear();
   sharing_ = SharedLinks(links_.count());
@@ -1132,8 +1147,9 @@ double instance_time(const StepPlan& plan, const ClusterSpec& cluster, const Op&
   if (!pair) std::sort(members.begin(), members.end());
   const ClusterLinks links(cluster, plan.mesh().world_size(),
                            physical_gpus_per_node(cluster, plan.mesh()));
+  const PieceOf piece = [&](int rank) { return static_cast<double>(piece_bytes(plan, op, rank)); };
   return price_instance(plan, cluster, links, op, members, bytes,
-                        smallest_piece_bytes(plan, op, members), link)
+                        smallest_piece_bytes(plan, op, members), link, piece)
       .seconds;
 }
 
