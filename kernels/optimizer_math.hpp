@@ -55,8 +55,8 @@ ApplyParams apply_params(const MuonConfig& muon, std::int64_t rows, std::int64_t
 template <typename T>
 void apply_update(const ApplyParams& params, T* param, const T* update, std::int64_t n);
 
-// torch.optim.AdamW (single-tensor, non-amsgrad), step counted from 1, with core/model/optimizer.hpp's
-// AdamWConfig:
+// torch.optim.AdamW (single-tensor, non-amsgrad), step counted from 1, with
+// core/model/optimizer.hpp's AdamWConfig:
 //   p *= 1 - lr * wd;  m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g * g
 //   p -= (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 // The scalars of step t, computed once in fp64 so CPU and GPU use identical values.

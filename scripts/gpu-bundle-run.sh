@@ -30,6 +30,10 @@
 # budget: paths, libraries, mpirun and the packing are checked; the GPU stages report SKIPPED.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# The interpreter that has torch on the GPU machine (NS vs PyTorch): the first python3 on PATH
+# there, not Debian's /usr/bin/python3 (which has matplotlib here and no torch there).
+# MUONBED_TORCH_PYTHON names another one.
+torch_python=${MUONBED_TORCH_PYTHON:-$(command -v python3 || echo /usr/bin/python3)}
 root=$(cd "$here/.." && pwd)
 start_s=$(date +%s)
 budget=${MUONBED_BUNDLE_BUDGET:-400}
@@ -90,7 +94,7 @@ mb=$pl/bin/muonbed
     echo "$lib: $(LD_LIBRARY_PATH=$libs ldd "$pl/bin/gpu_tests" "$pl/bin/nccl_equivalence" |
       awk -v l="$lib" 'index($1, l) == 1 {print $3; exit}' | xargs -r readlink -f)"
   done
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+  "$torch_python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda,
     'nccl', torch.cuda.nccl.version())" 2>&1 | tail -1
 } >"$out/device.txt" 2>&1
 cat "$out/device.txt"
@@ -215,13 +219,12 @@ stage_ns() {
   [ -n "$newest" ] && run bench_ns_plan_shapes "$mb" bench ns --device gpu --kernel-version \
     "$newest" --model "" --shape 128x768x2048 --shape 32x768x2048 --shape 4096x4096 \
     --shape 4096x11008 --json "$out/bench_ns_plan_shapes.json"
-  # The bare python3 is deliberate: on the GPU machine it is the interpreter that has torch.
-  PYTHONUNBUFFERED=1 run bench_torch python3 "$here/bench_torch_muon.py" --json \
+  PYTHONUNBUFFERED=1 run bench_torch "$torch_python" "$here/bench_torch_muon.py" --json \
     "$out/bench_torch.json"
   if [ ${#jsons[@]} -gt 0 ]; then
     local torch_args=()
     [ -s "$out/bench_torch.json" ] && torch_args=(--torch "$out/bench_torch.json")
-    run compare_ns python3 "$here/compare_ns.py" "${torch_args[@]}" "${jsons[@]}"
+    run compare_ns "$torch_python" "$here/compare_ns.py" "${torch_args[@]}" "${jsons[@]}"
     cp "$out/compare_ns.log" "$dest/compare_ns.md" 2>/dev/null
   fi
 }

@@ -1,6 +1,6 @@
 // The SimGrid backend's public facade: replay a step plan on a modelled cluster and get the
-// results record of core/results/results.hpp, a Chrome/Perfetto trace and run statistics. No SimGrid type
-// appears here; everything SimGrid lives in sim/src/.
+// results record of core/results/results.hpp, a Chrome/Perfetto trace and run statistics. No
+// SimGrid type appears here; everything SimGrid lives in sim/src/.
 //
 // Fidelities (SimOptions::fidelity):
 //   step  every algorithm step (ring step, all-to-all round, broadcast chunk) is a transfer; the
@@ -110,8 +110,8 @@ SimulationResult simulate(const StepPlan& plan, const ClusterSpec& cluster,
 // SimGrid's version string of this build ("3.32.0").
 std::string simgrid_version();
 
-// Registers the "sim" backend with core/results/run_point.hpp's registry (again: harmless): it simulates
-// a point at its experiment's sim.fidelity in a child process, with the Chrome trace of
+// Registers the "sim" backend with core/results/run_point.hpp's registry (again: harmless): it
+// simulates a point at its experiment's sim.fidelity in a child process, with the Chrome trace of
 // RunSettings::trace_max_ranks ranks. Static libraries drop self-registering objects, so programs
 // call this themselves (the CLI in experiments/cli/backends.cpp).
 void register_sim_backend();

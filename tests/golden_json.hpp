@@ -95,8 +95,8 @@ inline void check_golden_record(const ResultRecord& record, const std::string& p
   const std::string fresh = result_to_json(record);
   const std::string text = read_text_file(path);
   std::string why;
-  const bool equal = !text.empty() && same_json(comparable_record(text),
-                                                comparable_record(fresh), tolerance, "", why);
+  const bool equal = !text.empty() && same_json(comparable_record(text), comparable_record(fresh),
+                                                tolerance, "", why);
   if (std::getenv("MUONBED_UPDATE_GOLDEN") != nullptr) {
     ResultRecord pinned = record;
     pinned.timestamp = "";

@@ -1,5 +1,5 @@
-// A rank's memory on the CPU: the storage of a RankProgram's tensors (core/plan/program.hpp). Static
-// tensors share one arena, laid out by the program's element offsets; transient buffers are
+// A rank's memory on the CPU: the storage of a RankProgram's tensors (core/plan/program.hpp).
+// Static tensors share one arena, laid out by the program's element offsets; transient buffers are
 // allocated by their alloc op (filled with NaN, so a read of something never written shows up in
 // the reference check) and freed by their release.
 //

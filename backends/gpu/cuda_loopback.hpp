@@ -4,8 +4,8 @@
 // It exists because NCCL refuses two ranks on one GPU, and a lent machine has one GPU: with it, a
 // plan of 8 ranks runs on the GPU and is checked against the single-device reference.
 //
-// The one execution engine (core/engine/engine.hpp) drives it, all ranks local, exactly like the CPU
-// loopback executor: it says which ops run in the step and checks that the step can finish;
+// The one execution engine (core/engine/engine.hpp) drives it, all ranks local, exactly like the
+// CPU loopback executor: it says which ops run in the step and checks that the step can finish;
 // every op completes at once for it, and the ops are then *issued* to the GPU in plan order (the
 // GPU's order comes from the CUDA streams and events, see device_rank.hpp). A
 // collective phase: every member gathers its messages on its own stream and records an event;

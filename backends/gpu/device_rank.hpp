@@ -1,7 +1,8 @@
 // One rank's program on a GPU: the CUDA handlers of every op kind, shared by the CUDA loopback
 // runtime (N logical ranks on one GPU, cuda_loopback.hpp) and the NCCL executor (one rank per
-// GPU, nccl_executor.hpp). Neither interprets the plan: the engine (core/engine/engine.hpp) says which op
-// starts, and this class *issues* it, asynchronously, on the CUDA stream of the op's plan stream.
+// GPU, nccl_executor.hpp). Neither interprets the plan: the engine (core/engine/engine.hpp) says
+// which op starts, and this class *issues* it, asynchronously, on the CUDA stream of the op's plan
+// stream.
 //
 //   memory      one device pool allocated once (backends/gpu/layout.hpp's plan_pool: static
 //               tensors, transient buffers at fixed offsets, per-stream scratch and staging), one

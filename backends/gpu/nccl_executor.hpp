@@ -10,13 +10,13 @@
 // NCCL_SPLIT_NOCOLOR), key = group index, so a communicator's NCCL ranks are the program's group
 // indices. comm and comm_scatter are distinct communicators on distinct CUDA streams.
 //
-// Issue order. The engine (core/engine/engine.hpp, this rank its only local rank) decides which ops run
-// in the step; they are issued to the GPU in plan order on every rank (NCCL needs one issue order
-// of its communicators on every rank), one CUDA stream per plan stream, events for cross-stream
-// deps. Every collective phase is one NCCL group of ncclSend / ncclRecv of the phase's messages in
-// the wire dtype, between begin_phase and finish_phase (so uneven gathers, scatters, all-to-all
-// and the fixed-order fp32 reductions are exact and equal the CPU's); a barrier is a one-element
-// ncclAllReduce.
+// Issue order. The engine (core/engine/engine.hpp, this rank its only local rank) decides which ops
+// run in the step; they are issued to the GPU in plan order on every rank (NCCL needs one issue
+// order of its communicators on every rank), one CUDA stream per plan stream, events for
+// cross-stream deps. Every collective phase is one NCCL group of ncclSend / ncclRecv of the phase's
+// messages in the wire dtype, between begin_phase and finish_phase (so uneven gathers, scatters,
+// all-to-all and the fixed-order fp32 reductions are exact and equal the CPU's); a barrier is a
+// one-element ncclAllReduce.
 //
 // Failure. After issuing a step the host waits for it, polling: a CUDA error, an NCCL async error
 // (ncclCommGetAsyncError) on any communicator, or no completion within `timeout_s`, aborts the

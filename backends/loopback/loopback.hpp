@@ -1,10 +1,10 @@
 // The in-process loopback executor: every rank of a plan in one process, with real data and real
-// Newton-Schulz, driven by the one execution engine of core/engine/engine.hpp (no second interpreter of
-// the plan's semantics). Each rank runs its lowered program (core/plan/program.hpp) on its own store;
-// the engine's start_compute runs the CPU handler (backends/cpu/handlers.hpp) and completes at
-// once; start_collective moves each phase's messages between the members' stores in the wire
-// dtype (what the plan says moves, counted per op and pair) and completes. Step k uses the plan's
-// period pattern of step k; data come from backends/cpu/data.hpp's seeds.
+// Newton-Schulz, driven by the one execution engine of core/engine/engine.hpp (no second
+// interpreter of the plan's semantics). Each rank runs its lowered program (core/plan/program.hpp)
+// on its own store; the engine's start_compute runs the CPU handler (backends/cpu/handlers.hpp) and
+// completes at once; start_collective moves each phase's messages between the members' stores in
+// the wire dtype (what the plan says moves, counted per op and pair) and completes. Step k uses the
+// plan's period pattern of step k; data come from backends/cpu/data.hpp's seeds.
 //
 // It is the reference executor for equivalence: after S steps, backends/cpu/check.hpp compares
 // every rank's pieces with the single-device reference.

@@ -1,13 +1,13 @@
 // The Open MPI executor of one rank: the rank's lowered program (core/plan/program.hpp) on its CPU
-// store (backends/cpu), driven by the one execution engine (core/engine/engine.hpp) with this rank as its
-// only local rank. Collectives become nonblocking MPI calls when the engine starts an instance
-// (this rank's own arrival: the library matches the other members), one MPI communicator per
-// communicator identity of the plan (stream + group dims, MPI_Comm_split once, every rank calling
-// every split in one order), so comm and comm_scatter progress independently, as CUDA streams
-// would. Compute ops run on one worker thread per stream that has compute ops, so Newton-Schulz
-// really overlaps communication, when the host has a core for every thread; otherwise on the
-// main thread, which tests its requests at the kernels' progress points (ComputeMode below). Only
-// the main thread calls MPI (MPI_THREAD_FUNNELED); testing outstanding requests is what
+// store (backends/cpu), driven by the one execution engine (core/engine/engine.hpp) with this rank
+// as its only local rank. Collectives become nonblocking MPI calls when the engine starts an
+// instance (this rank's own arrival: the library matches the other members), one MPI communicator
+// per communicator identity of the plan (stream + group dims, MPI_Comm_split once, every rank
+// calling every split in one order), so comm and comm_scatter progress independently, as CUDA
+// streams would. Compute ops run on one worker thread per stream that has compute ops, so
+// Newton-Schulz really overlaps communication, when the host has a core for every thread; otherwise
+// on the main thread, which tests its requests at the kernels' progress points (ComputeMode below).
+// Only the main thread calls MPI (MPI_THREAD_FUNNELED); testing outstanding requests is what
 // progresses them.
 //
 // How each collective maps to MPI (bytes as MPI_BYTE in the wire dtype, counts from the program's

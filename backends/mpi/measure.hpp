@@ -107,8 +107,8 @@ struct BlasInfo {
 BlasInfo set_blas_threads(int threads);
 
 // Collective over `world`: the compute half of `muonbed calibrate`. Each plan is a
-// compute_bench_plan (core/results/calibration.hpp); every rank runs its momentum, newton_schulz and
-// apply_update ops with backends/cpu's handlers, an fp32 GEMM of the matrix's X X^T and the
+// compute_bench_plan (core/results/calibration.hpp); every rank runs its momentum, newton_schulz
+// and apply_update ops with backends/cpu's handlers, an fp32 GEMM of the matrix's X X^T and the
 // packing of the matrix to bf16: `warmup` untimed calls, then `repeats` rounds of back-to-back
 // calls, each round after a barrier, the ranks taking turns (`concurrent` false: each has the
 // machine's cores to itself, as when ranks have cores of their own) or all at once (`concurrent`:
@@ -119,10 +119,10 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
                                            int warmup, int repeats, double timeout_s,
                                            bool concurrent, bool newton_schulz_only = false);
 
-// Collective: the machine-speed probe of a measured point (core/results/calibration.hpp speed_probe).
-// Seconds per Newton-Schulz call of the probe plan's matrix, measured as calibrate measures
-// gpu.ns_table (the ranks taking turns, the median round of the slowest rank) but with fewer
-// rounds; rank 0 gets it, other ranks 0.
+// Collective: the machine-speed probe of a measured point (core/results/calibration.hpp
+// speed_probe). Seconds per Newton-Schulz call of the probe plan's matrix, measured as calibrate
+// measures gpu.ns_table (the ranks taking turns, the median round of the slowest rank) but with
+// fewer rounds; rank 0 gets it, other ranks 0.
 double time_newton_schulz(const StepPlan& probe_plan, MPI_Comm world, double timeout_s);
 
 }  // namespace muonbed::mpi

@@ -1,6 +1,6 @@
-// The `mpi` backend of core/results/run_point.hpp's registry: real execution of a plan with one process per
-// rank under Open MPI (backends/mpi/executor.hpp), measured (backends/mpi/measure.hpp). This
-// header is the CLI's whole view of it and includes no MPI header.
+// The `mpi` backend of core/results/run_point.hpp's registry: real execution of a plan with one
+// process per rank under Open MPI (backends/mpi/executor.hpp), measured (backends/mpi/measure.hpp).
+// This header is the CLI's whole view of it and includes no MPI header.
 //
 // Two ways to run, one code path. A point runs as a *job* (the plan, the experiment's warm-up and
 // timed steps and seed, the watchdog's timeout, a fault to inject) that rank 0 broadcasts and
@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "core/results/calibration.hpp"
 #include "core/plan/plan.hpp"
+#include "core/results/calibration.hpp"
 
 namespace muonbed {
 

@@ -1,7 +1,7 @@
 // A lower bound on the time of a plan's Muon step on a modelled cluster, T_bound, so that every
 // plan says how far it is from what the hardware allows (issue 13). It uses only the cost model's
-// figures (core/engine/cost_model.hpp: the compute time of a Newton-Schulz op, link_for_group's latency
-// and bandwidth), so it follows their calibration.
+// figures (core/engine/cost_model.hpp: the compute time of a Newton-Schulz op, link_for_group's
+// latency and bandwidth), so it follows their calibration.
 //
 //   T_bound = max( W(B) / R(B) + g_min(B) + s_min(B)   over the rank sets B below,
 //                  max over matrices p of  g(p) + span(p) + s(p) )

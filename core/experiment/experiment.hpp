@@ -9,8 +9,8 @@
 //   model: {preset: llama-7b}         # or {dense: {...}}, {moe: {...}}, {params: [...]}
 //   parallel: {fsdp_tensor_dim: 0, tp_dim_per_param: {layers.0.attn.o: 1}}
 //   optimizer: {lr: 0.02, momentum: 0.95, nesterov: true, ns_steps: 5, ns_coefficients: keller,
-//               adamw: {lr: 3e-4, betas: [0.9, 0.95]}}   # core/model/optimizer.hpp: torch.optim.Muon
-//               names
+//               adamw: {lr: 3e-4, betas: [0.9, 0.95]}}   # core/model/optimizer.hpp:
+//               torch.optim.Muon names
 //   strategy: {name: owner, assign: flop_balanced, prefetch_count: 1}
 //   backend: sim                      # sim | analytic | mpi | nccl, or a list
 //   steps: 2                          # measured backends: untimed warm-up steps (default 2)

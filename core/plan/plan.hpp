@@ -1,6 +1,6 @@
 // The step plan: everything a backend needs to execute or replay one distributed Muon optimizer
-// step, and nothing else. Plans are plain data: built by strategies (core/plan/strategy.hpp), printed,
-// serialized to JSON, checked, and interpreted by the simulator and the real backends.
+// step, and nothing else. Plans are plain data: built by strategies (core/plan/strategy.hpp),
+// printed, serialized to JSON, checked, and interpreted by the simulator and the real backends.
 //
 // A plan is SPMD. It holds one global, ordered list of ops; each op names the set of ranks that
 // run it (a RankBox) and, for collectives, the mesh dims its groups span. Rank r's program is the
@@ -38,12 +38,13 @@
 //                     readability); other members of the group do nothing.
 //   barrier           no data.
 //   split_newton_schulz  the members of a group instance orthogonalize each param together
-//                     (core/plan/split_ns.hpp): member r holds the update piece index_set(r, gathered),
-//                     a slice along one tensor dim (the long one) that is whole along the other,
-//                     and the members' slices cover the matrix once; per NS run they all-reduce
-//                     their squared norms and, per step, their partial Gram matrices, and each
-//                     ends with the same slice of the result, in place. It is a collective for the
-//                     engine (its members start together) and a compute op for time accounting.
+//                     (core/plan/split_ns.hpp): member r holds the update piece index_set(r,
+//                     gathered), a slice along one tensor dim (the long one) that is whole along
+//                     the other, and the members' slices cover the matrix once; per NS run they
+//                     all-reduce their squared norms and, per step, their partial Gram matrices,
+//                     and each ends with the same slice of the result, in place. It is a collective
+//                     for the engine (its members start together) and a compute op for time
+//                     accounting.
 //   pack / unpack     stage an all_to_all through the plan buffer they name (Op::buffer): pack
 //                     fills it in the send order of the next all_to_all of the same params and
 //                     tensor on the rank (one block per member, in group order); unpack places
@@ -64,9 +65,9 @@
 #include <string_view>
 #include <vector>
 
-#include "core/plan/assignment.hpp"
 #include "core/model/optimizer.hpp"
 #include "core/model/parallelize.hpp"
+#include "core/plan/assignment.hpp"
 
 namespace muonbed {
 

@@ -191,8 +191,8 @@ struct NewtonSchulzTask {
   View data;
   bool operator==(const NewtonSchulzTask&) const = default;
 };
-// One member's part of a split_newton_schulz op (core/plan/split_ns.hpp), in place: its slice of the
-// update becomes its slice of the result. The slice is row-major [part, gram] (a slice of rows)
+// One member's part of a split_newton_schulz op (core/plan/split_ns.hpp), in place: its slice of
+// the update becomes its slice of the result. The slice is row-major [part, gram] (a slice of rows)
 // or [gram, part] (a slice of columns); its partial Gram (gram x gram, row-major) sits at
 // gram_offset of the op's workspace, its squared norm at element norm_offset.
 struct SplitNsTask {

@@ -1,7 +1,7 @@
 // Strategies build step plans. A strategy is the seeds' three-function interface carried into
-// C++: an assign policy (core/plan/assignment.hpp), a gather policy and a redistribute policy, plus a
-// schedule (pipelining, prefetching). Built-in strategies are compositions of these; a user adds a
-// policy in one file and registers it (see experiments/custom_policy_example.cpp), without
+// C++: an assign policy (core/plan/assignment.hpp), a gather policy and a redistribute policy, plus
+// a schedule (pipelining, prefetching). Built-in strategies are compositions of these; a user adds
+// a policy in one file and registers it (see experiments/custom_policy_example.cpp), without
 // touching any backend.
 //
 //   sequential       seed 000's naive baseline: one matrix at a time, gather, NS, redistribute,
@@ -37,16 +37,17 @@ struct GradSyncOptions {
   std::vector<int> level_periods = {1};
 };
 
-// Split Newton-Schulz (issue 13; core/plan/split_ns.hpp): the largest matrices are orthogonalized by a
-// group of ranks instead of one owner. A matrix splits when its NS on one GPU exceeds `threshold`
-// times the balanced per-rank NS (the total NS work over the ranks that hold Muon matrices, so it
-// splits when ranks outnumber matrices or one matrix dominates), and a group can split it: some of
-// its sharding mesh dims, innermost (e.g. tp) first, whose pieces are slices along its long dim,
-// whole along the short one once the other sharding dims are gathered (split_ns_problem). The
-// group is the smallest such prefix, of at most `max_members` ranks, whose per-member share
-// (1/k of the matrix) is within the balanced share; else the largest one. Its members gather
-// only the other sharding dims (the owner's coordinates there), run split_newton_schulz, and
-// scatter the result back over those dims. Staged gathers only (strategies owner, sequential).
+// Split Newton-Schulz (issue 13; core/plan/split_ns.hpp): the largest matrices are orthogonalized
+// by a group of ranks instead of one owner. A matrix splits when its NS on one GPU exceeds
+// `threshold` times the balanced per-rank NS (the total NS work over the ranks that hold Muon
+// matrices, so it splits when ranks outnumber matrices or one matrix dominates), and a group can
+// split it: some of its sharding mesh dims, innermost (e.g. tp) first, whose pieces are slices
+// along its long dim, whole along the short one once the other sharding dims are gathered
+// (split_ns_problem). The group is the smallest such prefix, of at most `max_members` ranks, whose
+// per-member share (1/k of the matrix) is within the balanced share; else the largest one. Its
+// members gather only the other sharding dims (the owner's coordinates there), run
+// split_newton_schulz, and scatter the result back over those dims. Staged gathers only (strategies
+// owner, sequential).
 struct SplitNsOptions {
   bool enabled = false;
   int max_members = 8;     // the largest split group (8: a DGX node's TP group over NVLink)
@@ -150,11 +151,11 @@ std::vector<std::string> strategy_names();
 
 // Which strategy options a strategy reads: whether `option` (a key of `strategy:` in an
 // experiment, e.g. "chunk_sizing") can change the plan of strategy `s.name` given s's other
-// options. An option no point of an experiment reads is an error (core/experiment/src/experiment.cpp), and
-// the summaries show an option only where it applies. Conditions: chunk_size is dead under
-// chunk_sizing: ns_cost; with small_param_threshold > 0 the small matrices run as replicated,
-// which reads prefetch_count, comm_lanes and order whatever the strategy; order does not change
-// replicated's step (every rank orthogonalizes every matrix).
+// options. An option no point of an experiment reads is an error
+// (core/experiment/src/experiment.cpp), and the summaries show an option only where it applies.
+// Conditions: chunk_size is dead under chunk_sizing: ns_cost; with small_param_threshold > 0 the
+// small matrices run as replicated, which reads prefetch_count, comm_lanes and order whatever the
+// strategy; order does not change replicated's step (every rank orthogonalizes every matrix).
 bool strategy_reads_option(const StrategyOptions& s, std::string_view option);
 // The strategies that read `option` at all, for messages: "owner, all_to_all".
 std::string strategies_reading_option(std::string_view option);

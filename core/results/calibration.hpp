@@ -1,9 +1,9 @@
 // `muonbed calibrate` as a library: what to measure on a machine, and how the measurements become
-// a cluster profile (core/config/cluster.hpp) that the analytic model and the simulator read. Backend-
-// neutral: the measurements themselves come from a real executor (the MPI backend's compute
-// benchmark and `bench collective` rows, backends/mpi/mpi_backend.hpp); this header only plans
-// them and fits the profile's numbers to them. Calibration uses microbenchmarks only, never the
-// step times a profile is later judged by.
+// a cluster profile (core/config/cluster.hpp) that the analytic model and the simulator read.
+// Backend- neutral: the measurements themselves come from a real executor (the MPI backend's
+// compute benchmark and `bench collective` rows, backends/mpi/mpi_backend.hpp); this header only
+// plans them and fits the profile's numbers to them. Calibration uses microbenchmarks only, never
+// the step times a profile is later judged by.
 //
 //   workload       from an experiment's points: every Newton-Schulz call shape the plans make
 //                  ([batch,] rows x cols), the elementwise sizes, and every collective kind with
@@ -34,9 +34,9 @@
 #include <vector>
 
 #include "core/config/cluster.hpp"
-#include "core/results/collective_bench.hpp"
 #include "core/experiment/experiment.hpp"
 #include "core/plan/plan.hpp"
+#include "core/results/collective_bench.hpp"
 
 namespace muonbed {
 

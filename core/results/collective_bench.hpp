@@ -3,11 +3,11 @@
 // tiny synthetic plan holding that one collective over the bench's groups (a synthetic model
 // whose pieces give nccl-tests' buffer size S for the op; before it, for ops that move updates, a
 // momentum op that makes them, so a real executor has data to send), run through the point
-// runner of core/results/run_point.hpp like any experiment point; the row reads the collective's instance
-// time from the result's collective entry. So a backend appears here by registering (analytic,
-// sim, mpi; nccl when its executor registers), and a real backend runs its own timed loop with the
-// warmup and iteration counts of RunSettings, then one untimed pass whose messages carry a known
-// pattern that every receiver checks (RunSettings::check_data: the #wrong column).
+// runner of core/results/run_point.hpp like any experiment point; the row reads the collective's
+// instance time from the result's collective entry. So a backend appears here by registering
+// (analytic, sim, mpi; nccl when its executor registers), and a real backend runs its own timed
+// loop with the warmup and iteration counts of RunSettings, then one untimed pass whose messages
+// carry a known pattern that every receiver checks (RunSettings::check_data: the #wrong column).
 //
 // Buffers (S = the size asked for, e = the element size, n = the group size; pieces are rounded
 // down to whole elements, as nccl-tests does, so the printed size is what moves):

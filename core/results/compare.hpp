@@ -1,8 +1,8 @@
 // `muonbed compare` as a library: an experiment's measured results (mpi, nccl) beside its
 // predicted ones (sim, analytic), point by point, and whether the predictions rank the strategies
-// as the measurements do. Reads the results with core/results/results.hpp's reader (checksums verified)
-// and refuses results made for another configuration (point identity) or missing ones, naming
-// the file and the fix.
+// as the measurements do. Reads the results with core/results/results.hpp's reader (checksums
+// verified) and refuses results made for another configuration (point identity) or missing ones,
+// naming the file and the fix.
 //
 //   error %        (predicted - measured) / measured x 100, step time: the measured record's
 //                  median over its timed steps (robust to a stray slow step on a shared machine),

@@ -1,6 +1,7 @@
 // Results every backend writes (analytic, sim, and later mpi/nccl): one JSON record per
 // experiment point and backend, so predicted and measured lines up field by field. This header is
-// backend-neutral (no SimGrid, CUDA or MPI); core/results/src/results.cpp reads and writes the JSON.
+// backend-neutral (no SimGrid, CUDA or MPI); core/results/src/results.cpp reads and writes the
+// JSON.
 //
 // Schema (version 2). Times in seconds, sizes in bytes, bandwidths in GB/s (1e9 B/s). Keys appear
 // in this order; the same input gives a byte-identical file except "timestamp" (and "checksum",
@@ -32,7 +33,8 @@
 //                    the slowest, and these keys follow (absent from simulated and analytic
 //                    records): warmup_steps, timed_steps (the experiment's `steps` and
 //                    `repeats`), median_s, p95_s (nearest rank), stddev_s (population), min_s
-//   bound            T_bound, the lower bound of core/engine/bound.hpp, and how far the step is from it:
+//   bound            T_bound, the lower bound of core/engine/bound.hpp, and how far the step is
+//   from it:
 //                    step_s (T_bound), ratio (step average_s / step_s), binding ("balanced":
 //                    total NS work over the ranks that may own, or "longest": the longest single
 //                    NS), ns_total_s, ns_balanced_s, ns_longest_s, gather_s and scatter_s (the
@@ -58,8 +60,8 @@
 //                    steps of the hyper-period run it), bytes (nccl-tests' S of an instance,
 //                    mean over instances), time_s (mean instance time from the last member's
 //                    arrival to completion, waiting excluded), max_time_s, algbw_GBps
-//                    (bytes / time_s), busbw_GBps (algbw x core/engine/cost_model.hpp's bus_factor),
-//                    crosses_nodes (some instance spans nodes); measured backends add
+//                    (bytes / time_s), busbw_GBps (algbw x core/engine/cost_model.hpp's
+//                    bus_factor), crosses_nodes (some instance spans nodes); measured backends add
 //                    step_times_s (per timed step, that step's mean instance time: the spread
 //                    behind time_s, which `bench collective` reports as min / median / max)
 //   ranks            one entry per rank: rank, node, average and worst (each {compute_s,
@@ -97,8 +99,8 @@
 #include <string>
 #include <vector>
 
-#include "core/config/cluster.hpp"
 #include "core/base/output_files.hpp"
+#include "core/config/cluster.hpp"
 #include "core/plan/plan.hpp"
 
 namespace muonbed {
@@ -313,9 +315,9 @@ std::vector<StepPatternSpec> step_patterns(const StepPlan& plan);
 // Total number of steps the patterns cover (their counts' sum).
 std::int64_t pattern_steps(const std::vector<StepPatternSpec>& patterns);
 
-// Fills setup, step, bound (core/engine/bound.hpp), throughput, traffic, collectives and ranks (memory
-// from rank_memory) from per-pattern measurements. `collectives` holds, per pattern, the backend's
-// per-op measurements.
+// Fills setup, step, bound (core/engine/bound.hpp), throughput, traffic, collectives and ranks
+// (memory from rank_memory) from per-pattern measurements. `collectives` holds, per pattern, the
+// backend's per-op measurements.
 void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& cluster,
                  const std::vector<StepMeasurement>& steps,
                  const std::vector<std::vector<CollectiveMeasurement>>& collectives);

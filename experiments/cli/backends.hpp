@@ -1,5 +1,6 @@
 // The backends compiled into this muonbed: the one place that lists them, registers each with
-// core/results/run_point.hpp's registry, and says what to do about a backend this build does not have.
+// core/results/run_point.hpp's registry, and says what to do about a backend this build does not
+// have.
 #pragma once
 
 #include <string>

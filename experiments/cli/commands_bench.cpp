@@ -2,8 +2,8 @@
 // against the CPU reference before it is timed; prints time, TFLOP/s and the fraction of a large
 // GEMM's rate. Without a GPU it runs (and says it runs) the CPU fp32 path.
 // `muonbed bench collective`: nccl-tests' table for one collective on any registered backend
-// (core/results/collective_bench.hpp): predicted by the analytic model or the simulator on a cluster
-// profile, measured by the real executors when they register.
+// (core/results/collective_bench.hpp): predicted by the analytic model or the simulator on a
+// cluster profile, measured by the real executors when they register.
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -15,12 +15,12 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
-#include "core/config/cluster.hpp"
-#include "core/results/collective_bench.hpp"
-#include "core/engine/cost_model.hpp"
 #include "core/base/errors.hpp"
-#include "core/experiment/experiment.hpp"
 #include "core/base/process.hpp"
+#include "core/config/cluster.hpp"
+#include "core/engine/cost_model.hpp"
+#include "core/experiment/experiment.hpp"
+#include "core/results/collective_bench.hpp"
 #include "core/results/results.hpp"
 #include "core/results/run_point.hpp"
 #include "experiments/cli/backends.hpp"

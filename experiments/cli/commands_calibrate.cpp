@@ -1,10 +1,10 @@
 // `muonbed calibrate`: microbenchmarks on this machine with a real backend, written as a cluster
-// profile (core/results/calibration.hpp). With `--backend mpi` it starts itself under mpirun (one process
-// per rank, as `muonbed run` runs mpi points), then rank 0 leads: the compute benchmark on every
-// rank at once (Newton-Schulz, momentum, apply_update, GEMM, packing at the experiment's shapes),
-// then `bench collective` rows of every collective the experiment's plans run, over the group
-// shapes and sizes they use, each checked (#wrong) like nccl-tests. The fitted profile is written
-// atomically and read back with the loader before the command reports success.
+// profile (core/results/calibration.hpp). With `--backend mpi` it starts itself under mpirun (one
+// process per rank, as `muonbed run` runs mpi points), then rank 0 leads: the compute benchmark on
+// every rank at once (Newton-Schulz, momentum, apply_update, GEMM, packing at the experiment's
+// shapes), then `bench collective` rows of every collective the experiment's plans run, over the
+// group shapes and sizes they use, each checked (#wrong) like nccl-tests. The fitted profile is
+// written atomically and read back with the loader before the command reports success.
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -20,12 +20,12 @@
 
 #include <fmt/format.h>
 
-#include "core/results/calibration.hpp"
-#include "core/config/cluster.hpp"
-#include "core/results/collective_bench.hpp"
 #include "core/base/errors.hpp"
-#include "core/experiment/experiment.hpp"
 #include "core/base/process.hpp"
+#include "core/config/cluster.hpp"
+#include "core/experiment/experiment.hpp"
+#include "core/results/calibration.hpp"
+#include "core/results/collective_bench.hpp"
 #include "core/results/results.hpp"
 #include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "core/results/compare.hpp"
 #include "core/base/errors.hpp"
-#include "core/experiment/experiment.hpp"
 #include "core/base/process.hpp"
+#include "core/experiment/experiment.hpp"
+#include "core/results/compare.hpp"
 #include "core/results/results.hpp"
 #include "experiments/cli/commands.hpp"
 #include "muonbed/config.hpp"

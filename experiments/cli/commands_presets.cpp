@@ -8,9 +8,9 @@
 
 #include <fmt/format.h>
 
-#include "core/plan/assignment.hpp"
 #include "core/config/cluster.hpp"
 #include "core/model/model.hpp"
+#include "core/plan/assignment.hpp"
 #include "core/plan/strategy.hpp"
 #include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"

@@ -1,5 +1,5 @@
-// The "sim" backend of core/results/run_point.hpp's registry: SimOptions from the experiment and the run
-// settings, simulate(), and the record's provenance with SimGrid's version.
+// The "sim" backend of core/results/run_point.hpp's registry: SimOptions from the experiment and
+// the run settings, simulate(), and the record's provenance with SimGrid's version.
 #include "core/results/run_point.hpp"
 #include "sim/simulate.hpp"
 

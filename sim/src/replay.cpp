@@ -1,7 +1,7 @@
-// The plan replay on SimGrid (see replay.hpp): the execution engine (core/engine/engine.hpp) decides
-// when ops start; this handler starts compute and lowered collective algorithms through Network,
-// reports their completions back to the engine from SimGrid's callbacks, and measures each step
-// pattern with StepTimeline.
+// The plan replay on SimGrid (see replay.hpp): the execution engine (core/engine/engine.hpp)
+// decides when ops start; this handler starts compute and lowered collective algorithms through
+// Network, reports their completions back to the engine from SimGrid's callbacks, and measures each
+// step pattern with StepTimeline.
 #include "sim/src/replay.hpp"
 
 #include <algorithm>
@@ -12,11 +12,11 @@
 
 #include <simgrid/s4u/Engine.hpp>
 
+#include "core/base/errors.hpp"
 #include "core/engine/cost_model.hpp"
 #include "core/engine/engine.hpp"
-#include "core/base/errors.hpp"
-#include "core/plan/split_ns.hpp"
 #include "core/engine/timeline.hpp"
+#include "core/plan/split_ns.hpp"
 #include "sim/src/network.hpp"
 
 namespace sg4 = simgrid::s4u;
@@ -256,10 +256,10 @@ class Replay final : public OpHandler, public CompletionSink {
     engine_.finish_compute(rank, op);
   }
 
-  // split_newton_schulz (core/plan/split_ns.hpp): the norm all-reduce, then per NS step the members'
-  // compute (split_ns_cost's, an equal share per step, each on its GPU) and the all-reduce of the
-  // Grams, on the same all_reduce algorithm as plan all_reduce ops. Its time counts as compute,
-  // as in the analytic model.
+  // split_newton_schulz (core/plan/split_ns.hpp): the norm all-reduce, then per NS step the
+  // members' compute (split_ns_cost's, an equal share per step, each on its GPU) and the all-reduce
+  // of the Grams, on the same all_reduce algorithm as plan all_reduce ops. Its time counts as
+  // compute, as in the analytic model.
   void start_split(Instance& inst, std::uint32_t id, const CollectiveInstance& instance) {
     const Op& o = plan_.ops[instance.op];
     inst.spec = CollectiveSpec{};

@@ -1,14 +1,14 @@
 // Event-driven replay of a StepPlan on the simulated platform. The execution semantics are
-// core/engine/engine.hpp's (per rank, each stream runs its ops in plan order one at a time; deps wait
-// for the rank's completion of earlier ops; a collective instance starts when its last member
+// core/engine/engine.hpp's (per rank, each stream runs its ops in plan order one at a time; deps
+// wait for the rank's completion of earlier ops; a collective instance starts when its last member
 // arrives and completes for all members at once; inactive ops pass through; send/recv involve
 // only the root and the peer): the engine decides when ops start, and the replay only starts
 // compute and lowered collective algorithms on SimGrid and reports their completions back.
 //
 // Every distinct step pattern of the hyper-period is replayed once, one after the other in the
-// same simulation (each from an idle cluster), and measured with core/engine/timeline.hpp: step time
-// (the last rank's last completion), per-rank compute / communication / exposed communication /
-// idle time, bytes per link class, per-collective instance times, and the Chrome trace of the
+// same simulation (each from an idle cluster), and measured with core/engine/timeline.hpp: step
+// time (the last rank's last completion), per-rank compute / communication / exposed communication
+// / idle time, bytes per link class, per-collective instance times, and the Chrome trace of the
 // first ranks.
 #pragma once
 

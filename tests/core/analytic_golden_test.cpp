@@ -1,8 +1,8 @@
 // Golden results of the analytic backend: small experiments covering FSDP x TP across two nodes
 // with level-scheduled gradient sync (two step patterns), pipeline stages, expert parallelism
 // with all-to-all, and HSDP on PCIe nodes, each pinned as the record the analytic backend writes.
-// They were recorded before the analytic model moved onto the execution engine (core/engine/engine.hpp)
-// and catch any later change of its figures.
+// They were recorded before the analytic model moved onto the execution engine
+// (core/engine/engine.hpp) and catch any later change of its figures.
 //
 // Golden files: tests/core/golden/analytic_*.json. Every field is compared except the timestamp
 // and the provenance fields that depend on the machine or checkout (tests/golden_json.hpp);

@@ -1,7 +1,7 @@
-// `muonbed calibrate`'s host side (core/results/calibration.hpp): the workload an experiment's plans need,
-// the compute benchmark's plan, the fits (rows made by a known profile give that profile back),
-// the bench-row prediction that equals the analytic backend's, and a profile the loader accepts.
-// The measured side runs under mpirun (tests/mpi/calibrate_test.sh).
+// `muonbed calibrate`'s host side (core/results/calibration.hpp): the workload an experiment's
+// plans need, the compute benchmark's plan, the fits (rows made by a known profile give that
+// profile back), the bench-row prediction that equals the analytic backend's, and a profile the
+// loader accepts. The measured side runs under mpirun (tests/mpi/calibrate_test.sh).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -12,10 +12,10 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "core/base/errors.hpp"
+#include "core/engine/cost_model.hpp"
 #include "core/results/calibration.hpp"
 #include "core/results/collective_bench.hpp"
-#include "core/engine/cost_model.hpp"
-#include "core/base/errors.hpp"
 #include "muonbed/config.hpp"
 
 using namespace muonbed;

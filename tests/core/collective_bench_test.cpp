@@ -1,5 +1,5 @@
-// The collective benchmark harness (core/results/collective_bench.hpp) on the analytic backend: size
-// ranges, the synthetic plans' buffer sizes (nccl-tests' S) for every op, the row's bus factor
+// The collective benchmark harness (core/results/collective_bench.hpp) on the analytic backend:
+// size ranges, the synthetic plans' buffer sizes (nccl-tests' S) for every op, the row's bus factor
 // and count column, nccl-tests' line format, JSON rows, and the shipped profiles' published
 // figures (each profile's `measurements`) within 10%.
 #include <catch2/catch.hpp>
@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "core/results/collective_bench.hpp"
-#include "core/engine/cost_model.hpp"
 #include "core/base/errors.hpp"
+#include "core/engine/cost_model.hpp"
+#include "core/results/collective_bench.hpp"
 #include "muonbed/config.hpp"
 
 using namespace muonbed;

@@ -1,5 +1,5 @@
-// The keys only measured backends write (core/results/results.hpp): step statistics over the timed steps
-// and the execution block. They round-trip through JSON, and records without them (analytic,
+// The keys only measured backends write (core/results/results.hpp): step statistics over the timed
+// steps and the execution block. They round-trip through JSON, and records without them (analytic,
 // simulated, older files) neither write nor need them.
 #include <catch2/catch.hpp>
 

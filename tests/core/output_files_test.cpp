@@ -1,6 +1,7 @@
 // The one writer of output files (core/base/output_files.hpp) and the process helpers
-// (core/base/process.hpp): what is replaced atomically, what is written through, what is refused, and
-// that nothing else is touched. Each case checks the file system afterwards, not only the message.
+// (core/base/process.hpp): what is replaced atomically, what is written through, what is refused,
+// and that nothing else is touched. Each case checks the file system afterwards, not only the
+// message.
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>

@@ -7,9 +7,9 @@
 #include <map>
 #include <set>
 
-#include "core/plan/assignment.hpp"
 #include "core/model/model.hpp"
 #include "core/model/parallelize.hpp"
+#include "core/plan/assignment.hpp"
 
 using namespace muonbed;
 

@@ -1,7 +1,7 @@
-// Host tests of the lowering of plans to rank programs (core/plan/program.hpp): element maps against a
-// brute-force walk of index sets, per-peer counts against plan.hpp's byte counts for every op,
-// rank and peer, memory against rank_memory, identical programs from a plan read back from JSON,
-// and the errors a broken plan gets.
+// Host tests of the lowering of plans to rank programs (core/plan/program.hpp): element maps
+// against a brute-force walk of index sets, per-peer counts against plan.hpp's byte counts for
+// every op, rank and peer, memory against rank_memory, identical programs from a plan read back
+// from JSON, and the errors a broken plan gets.
 #include <catch2/catch.hpp>
 
 #include <map>

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "core/base/errors.hpp"
-#include "core/results/results.hpp"
 #include "core/base/sha256.hpp"
+#include "core/results/results.hpp"
 #include "tests/common/temp_dir.hpp"
 
 using namespace muonbed;

@@ -1,6 +1,6 @@
-// The backend registry and the point runner of core/results/run_point.hpp: analytic is built in, other
-// backends are registered by name (again: replaced), unknown names are an error that lists the
-// registered ones, and run_point writes what the backend returned.
+// The backend registry and the point runner of core/results/run_point.hpp: analytic is built in,
+// other backends are registered by name (again: replaced), unknown names are an error that lists
+// the registered ones, and run_point writes what the backend returned.
 #include <catch2/catch.hpp>
 
 #include <algorithm>

@@ -9,9 +9,9 @@
 #include <map>
 #include <set>
 
-#include "core/plan/assignment.hpp"
 #include "core/model/model.hpp"
 #include "core/model/parallelize.hpp"
+#include "core/plan/assignment.hpp"
 #include "core/plan/plan.hpp"
 #include "core/plan/strategy.hpp"
 #include "tests/common/strategy_matrix.hpp"

@@ -1,5 +1,5 @@
-// invalid_utf8_at (core/base/errors.hpp) against hand-made byte strings: the well-formed sequences of
-// RFC 3629 pass, and each kind of malformed one is found at its first byte.
+// invalid_utf8_at (core/base/errors.hpp) against hand-made byte strings: the well-formed sequences
+// of RFC 3629 pass, and each kind of malformed one is found at its first byte.
 #include <catch2/catch.hpp>
 
 #include <string>

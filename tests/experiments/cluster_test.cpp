@@ -10,8 +10,8 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include "core/config/cluster.hpp"
 #include "core/base/errors.hpp"
+#include "core/config/cluster.hpp"
 #include "core/config/src/yaml_util.hpp"  // emit_cluster, for the round trip
 #include "muonbed/config.hpp"
 #include "tests/common/temp_dir.hpp"

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "core/engine/cost_model.hpp"
 #include "core/base/errors.hpp"
+#include "core/engine/cost_model.hpp"
 #include "core/experiment/experiment.hpp"
 #include "muonbed/config.hpp"
 

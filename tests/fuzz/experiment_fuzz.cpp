@@ -10,12 +10,12 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/config/cluster.hpp"
-#include "core/engine/cost_model.hpp"
 #include "core/base/errors.hpp"
+#include "core/config/cluster.hpp"
+#include "core/config/src/yaml_util.hpp"
+#include "core/engine/cost_model.hpp"
 #include "core/experiment/experiment.hpp"
 #include "core/results/results.hpp"
-#include "core/config/src/yaml_util.hpp"
 
 namespace {
 

@@ -1,12 +1,12 @@
-// `muonbed bench collective` on the simulator: the harness of core/results/collective_bench.hpp runs
-// the synthetic plans through the "sim" backend, and the shipped profiles meet their published
+// `muonbed bench collective` on the simulator: the harness of core/results/collective_bench.hpp
+// runs the synthetic plans through the "sim" backend, and the shipped profiles meet their published
 // figures (each profile's `measurements` that use NCCL's default algorithm) within 10%.
 #include <catch2/catch.hpp>
 
 #include <string>
 
-#include "core/results/collective_bench.hpp"
 #include "core/engine/cost_model.hpp"
+#include "core/results/collective_bench.hpp"
 #include "muonbed/config.hpp"
 #include "sim/simulate.hpp"
 

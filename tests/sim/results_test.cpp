@@ -16,9 +16,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/base/sha256.hpp"
 #include "core/experiment/experiment.hpp"
 #include "core/results/run_point.hpp"
-#include "core/base/sha256.hpp"
 #include "muonbed/config.hpp"
 #include "sim/simulate.hpp"
 #include "tests/common/temp_dir.hpp"

@@ -16,8 +16,8 @@
 #include "backends/cpu/data.hpp"
 #include "backends/cpu/handlers.hpp"
 #include "backends/mpi/executor.hpp"
-#include "core/engine/engine.hpp"
 #include "core/base/errors.hpp"
+#include "core/engine/engine.hpp"
 #include "core/plan/plan_json.hpp"
 
 namespace muonbed::gpu {

@@ -33,8 +33,8 @@
 #include "backends/gpu/nccl_executor.hpp"
 #include "backends/mpi/mpi_backend.hpp"
 #include "core/base/errors.hpp"
-#include "core/experiment/experiment.hpp"
 #include "core/base/output_files.hpp"
+#include "core/experiment/experiment.hpp"
 
 using namespace muonbed;
 

@@ -26,13 +26,13 @@
 
 #include "backends/mpi/executor.hpp"
 #include "backends/mpi/measure.hpp"
-#include "core/results/calibration.hpp"
-#include "core/results/compare.hpp"
 #include "core/base/errors.hpp"
+#include "core/base/process.hpp"
 #include "core/experiment/experiment.hpp"
 #include "core/plan/plan_json.hpp"
-#include "core/base/process.hpp"
 #include "core/plan/program.hpp"
+#include "core/results/calibration.hpp"
+#include "core/results/compare.hpp"
 #include "core/results/run_point.hpp"
 
 #ifndef MUONBED_MPIRUN_PATH

@@ -1,10 +1,10 @@
 // The compute half of `muonbed calibrate` on MPI ranks (backends/mpi/measure.hpp): every rank
 // runs the CPU handlers of backends/cpu (what the executor's compute threads run) on the
-// synthetic plan of core/results/calibration.hpp's compute_bench_plan, one rank at a time (the others
-// wait in a barrier, as a rank's idle threads wait in a step) or all ranks at once.
-// Per kernel and round the slowest rank's mean call counts; each row is the median over rounds.
-// Then, per Newton-Schulz shape and with every rank at once, the host cost of messages (rows
-// "host_comm": Newton-Schulz while a MessageStream exchanges messages with a partner).
+// synthetic plan of core/results/calibration.hpp's compute_bench_plan, one rank at a time (the
+// others wait in a barrier, as a rank's idle threads wait in a step) or all ranks at once. Per
+// kernel and round the slowest rank's mean call counts; each row is the median over rounds. Then,
+// per Newton-Schulz shape and with every rank at once, the host cost of messages (rows "host_comm":
+// Newton-Schulz while a MessageStream exchanges messages with a partner).
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -24,8 +24,8 @@
 
 #include "backends/cpu/data.hpp"
 #include "backends/cpu/handlers.hpp"
-#include "core/engine/engine.hpp"
 #include "core/base/errors.hpp"
+#include "core/engine/engine.hpp"
 #include "kernels/progress.hpp"
 
 namespace muonbed::mpi {

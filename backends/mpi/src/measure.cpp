@@ -11,8 +11,8 @@
 #include <map>
 #include <tuple>
 
-#include "core/engine/engine.hpp"
 #include "core/base/errors.hpp"
+#include "core/engine/engine.hpp"
 #include "core/engine/timeline.hpp"
 
 namespace muonbed::mpi {

@@ -317,7 +317,8 @@ std::string read_text_file(const std::string& path, const std::string& what) {
     throw ConfigError(at, "cannot open " + what + " '" + path + "': " + std::strerror(error),
                       path_error_fix(error));
   }
-  note_input_file(fd, path);  // no output of this command may replace it (core/base/output_files.hpp)
+  note_input_file(fd,
+                  path);  // no output of this command may replace it (core/base/output_files.hpp)
   // Read at most kMaxInputBytes + 1 bytes: a device or pipe that never ends (/dev/zero) or a huge
   // file is refused without reading it whole.
   std::string text;

@@ -13,9 +13,9 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include "core/config/cluster.hpp"
 #include "core/base/errors.hpp"
 #include "core/base/suggest.hpp"
+#include "core/config/cluster.hpp"
 
 namespace muonbed::yaml_util {
 

@@ -1,5 +1,5 @@
-// T_bound, the lower bound of core/engine/bound.hpp: per-matrix Newton-Schulz work and span from the
-// cost model's compute time, first-gather and last-scatter times from link_for_group's figures,
+// T_bound, the lower bound of core/engine/bound.hpp: per-matrix Newton-Schulz work and span from
+// the cost model's compute time, first-gather and last-scatter times from link_for_group's figures,
 // and the balanced and longest terms over the rank sets that hold Muon matrices.
 #include "core/engine/bound.hpp"
 
@@ -8,8 +8,8 @@
 #include <map>
 #include <vector>
 
-#include "core/engine/cost_model.hpp"
 #include "core/base/errors.hpp"
+#include "core/engine/cost_model.hpp"
 #include "core/plan/split_ns.hpp"
 
 namespace muonbed {

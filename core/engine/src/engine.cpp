@@ -1,5 +1,5 @@
-// The plan execution engine (see core/engine/engine.hpp): per-op facts and group arithmetic, and the
-// cursor that advances each local rank's streams as completions arrive.
+// The plan execution engine (see core/engine/engine.hpp): per-op facts and group arithmetic, and
+// the cursor that advances each local rank's streams as completions arrive.
 #include "core/engine/engine.hpp"
 
 #include <algorithm>

@@ -492,8 +492,8 @@ RankMemory rank_memory(const StepPlan& plan, int rank) {
   const auto& params = plan.model.params;
   const std::int64_t state = bytes_of(plan.settings.state_dtype);
   const std::int64_t comm = comm_bytes(plan);
-  // The pieces the step keeps (core/plan/program.hpp): the gradient it starts with (the input of the
-  // first sync op, else the piece its first reader computes on), momentum where the momentum op
+  // The pieces the step keeps (core/plan/program.hpp): the gradient it starts with (the input of
+  // the first sync op, else the piece its first reader computes on), momentum where the momentum op
   // computes, AdamW moments where the adamw op does.
   const std::size_t n = params.size();
   std::vector<std::int64_t> gradient(n, 0), momentum(n, 0), moments(n, 0);

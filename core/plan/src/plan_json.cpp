@@ -529,7 +529,8 @@ Assignment read_assignment(const json& j, const Path& path) {
   return a;
 }
 
-// The optimizer in the experiment YAML's vocabulary (core/model/optimizer.hpp), every field written.
+// The optimizer in the experiment YAML's vocabulary (core/model/optimizer.hpp), every field
+// written.
 json optimizer_to_json(const OptimizerConfig& o) {
   json coefficients = json::array();
   for (const NsStepCoefficients& c : o.muon.custom_coefficients)

@@ -1,6 +1,6 @@
-// Lowering of step plans to rank programs (see core/plan/program.hpp): index-set algebra for element
-// maps, and a symbolic pass over the plan in order that resolves every piece an op reads or writes
-// to storage of the rank.
+// Lowering of step plans to rank programs (see core/plan/program.hpp): index-set algebra for
+// element maps, and a symbolic pass over the plan in order that resolves every piece an op reads or
+// writes to storage of the rank.
 #include "core/plan/program.hpp"
 
 #include <algorithm>
@@ -950,8 +950,8 @@ class Lowering {
     rop.phases.push_back(std::move(gather));
   }
 
-  // split_newton_schulz (core/plan/split_ns.hpp): each member's slice stays where the gather left it
-  // and becomes its slice of the result in place; the norms and Grams are all-reduced through
+  // split_newton_schulz (core/plan/split_ns.hpp): each member's slice stays where the gather left
+  // it and becomes its slice of the result in place; the norms and Grams are all-reduced through
   // the op's workspace (RankOp::tensor).
   void split_newton_schulz(const Op& op, RankOp& rop) {
     const GroupInfo g = group_of(op);

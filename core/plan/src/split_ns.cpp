@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/engine/cost_model.hpp"
 #include "core/base/errors.hpp"
+#include "core/engine/cost_model.hpp"
 
 namespace muonbed {
 

@@ -21,8 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/plan/assignment.hpp"
 #include "core/base/errors.hpp"
+#include "core/plan/assignment.hpp"
 #include "core/plan/split_ns.hpp"
 
 namespace muonbed {
@@ -1363,8 +1363,8 @@ std::vector<int> emit_grad_sync(PlanBuilder& b, const StrategyOptions& o) {
 // SplitNsOptions: the split group of each matrix that splits. The per-rank share is the NS work
 // of every Muon matrix on one GPU over the ranks that hold Muon matrices (what a perfect balance
 // gives each); a matrix above threshold x share splits over the smallest candidate group whose
-// member's part (core/plan/split_ns.hpp's FLOPs: 4 g^2 |S_r| + 2 g^3 per step, the largest member's)
-// is within the share, else over the candidate with the smallest part. Candidates: the
+// member's part (core/plan/split_ns.hpp's FLOPs: 4 g^2 |S_r| + 2 g^3 per step, the largest
+// member's) is within the share, else over the candidate with the smallest part. Candidates: the
 // inner-first prefixes of the matrix's sharding dims, of 2 .. max_members ranks, that
 // split_ns_problem accepts at the owner.
 //

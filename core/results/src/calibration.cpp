@@ -13,9 +13,9 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include "core/engine/cost_model.hpp"
 #include "core/base/errors.hpp"
 #include "core/config/src/yaml_util.hpp"
+#include "core/engine/cost_model.hpp"
 #include "core/plan/strategy.hpp"
 
 namespace muonbed {

@@ -1,5 +1,5 @@
-// The collective benchmark of core/results/collective_bench.hpp: size ranges, the synthetic plan of one
-// size, one run through the point runner, and nccl-tests' row format.
+// The collective benchmark of core/results/collective_bench.hpp: size ranges, the synthetic plan of
+// one size, one run through the point runner, and nccl-tests' row format.
 #include "core/results/collective_bench.hpp"
 
 #include <algorithm>
@@ -7,8 +7,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "core/engine/cost_model.hpp"
 #include "core/base/errors.hpp"
+#include "core/engine/cost_model.hpp"
 #include "core/plan/strategy.hpp"
 
 namespace muonbed {

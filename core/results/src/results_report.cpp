@@ -1,5 +1,6 @@
 // Text reports of result records: one summary line per record and seed 000's claims table
-// (declared in core/results/results.hpp). Backend-neutral: `muonbed run` prints them for any backend.
+// (declared in core/results/results.hpp). Backend-neutral: `muonbed run` prints them for any
+// backend.
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>

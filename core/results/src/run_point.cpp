@@ -1,5 +1,5 @@
-// The backend registry and the point runner (see core/results/run_point.hpp); the analytic backend's run
-// function lives here, as core's own backend.
+// The backend registry and the point runner (see core/results/run_point.hpp); the analytic
+// backend's run function lives here, as core's own backend.
 #include "core/results/run_point.hpp"
 
 #include <chrono>
