@@ -16,6 +16,7 @@
 //   steps: 2                          # measured backends: untimed warm-up steps (default 2)
 //   repeats: 10                       # measured backends: timed steps after them (default 10)
 //   seed: 1                           # measured backends: seed of the step data (default 1)
+//   memory: {master_weights: auto, activations_GiB: 0, reserved_GiB: 0}   # feasibility check
 //   sweep: {strategy.name: [sequential, owner, all_to_all]}
 //   output: results/quickstart
 #pragma once
@@ -50,6 +51,9 @@ struct Experiment {
   ParallelRules parallel;
   OptimizerConfig optimizer;  // core/model/optimizer.hpp; routing rules live in parallel.routing
   StrategyOptions strategy;
+  // The training state around the optimizer step (memory: {master_weights, activations_GiB,
+  // reserved_GiB}), for the memory feasibility check; no step time depends on it.
+  TrainingMemoryOptions memory;
   std::vector<std::string> backends;  // sim, analytic, mpi, nccl
   std::string sim_fidelity = "auto";  // step | flow | auto (sim backend: step up to 256 ranks)
   // Real executors (mpi, nccl) run `steps` untimed warm-up steps, then `repeats` timed steps,

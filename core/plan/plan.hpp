@@ -60,6 +60,7 @@
 // programs with concrete buffers, per-peer counts and element maps.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -157,9 +158,31 @@ struct Op {
 // gradient; send, recv and barrier none (send/recv must name theirs).
 TensorRole default_tensor(const Op& op);
 
+// The training state around the optimizer step, for the memory feasibility check (issue 22):
+// what a rank holds besides the optimizer's own tensors. It changes no step time; the executors
+// allocate only the optimizer's part (rank_memory), the check counts all of it (training_memory).
+enum class MasterWeights {
+  automatic,  // an fp32 copy of each parameter shard whose dtype is lower (mixed precision)
+  fp32,       // an fp32 copy of every shard, whatever its dtype
+  none,       // the parameters are the only copy (pure bf16 training)
+};
+std::string_view to_string(MasterWeights master);
+MasterWeights master_weights_from_string(std::string_view text);  // throws Error listing names
+
+struct TrainingMemoryOptions {
+  MasterWeights master_weights = MasterWeights::automatic;
+  // Per rank: activations kept for the backward pass (live during forward/backward, freed before
+  // the optimizer step), and memory the framework holds throughout (CUDA context, communication
+  // buffers, allocator slack). Both 0 unless the experiment gives them.
+  std::int64_t activations_bytes = 0;
+  std::int64_t reserved_bytes = 0;
+  bool operator==(const TrainingMemoryOptions&) const = default;
+};
+
 struct PlanSettings {
   OptimizerConfig optimizer;        // what every executor and the reference compute
   DType state_dtype = DType::fp32;  // momentum and Adam moments
+  TrainingMemoryOptions training_memory;
   int ns_steps() const { return optimizer.muon.ns_steps; }
   DType comm_dtype() const { return optimizer.comm_dtype; }  // of updates moved between ranks
 };
@@ -200,6 +223,12 @@ double op_flops(const StepPlan& plan, const Op& op, int rank);
 // Elements an elementwise compute op (momentum, apply_update, adamw) touches on `rank`.
 std::int64_t elementwise_numel(const StepPlan& plan, const Op& op, int rank);
 double op_memory_bytes(const StepPlan& plan, const Op& op, int rank);
+// FLOPs per element of an elementwise op kind (momentum, apply_update, adamw); 0 for others.
+double elementwise_flops_per_element(const StepPlan& plan, OpKind kind);
+// The optimizer FLOPs of one step with every parameter's work counted once: each Muon matrix's
+// Newton-Schulz, momentum and update, each AdamW parameter's update. A strategy that repeats work
+// (replicated NS, updates on every replica) executes more (op_flops summed over ranks).
+double useful_step_flops(const StepPlan& plan);
 
 // The NS work of a newton_schulz op on `rank`, one entry per matrix (stack): its FLOPs, its
 // smaller dimension (for size-dependent GEMM efficiency) and its shape (for measured NS tables;
@@ -227,6 +256,75 @@ struct RankMemory {
   std::int64_t peak_bytes() const { return static_bytes + peak_transient_bytes; }
 };
 RankMemory rank_memory(const StepPlan& plan, int rank);
+
+// Scratch one Newton-Schulz call of a [batch, rows, cols] stack needs besides its input and
+// output: the bf16 kernel's two iterate buffers (batch x rows x cols) and two Gram matrices
+// (batch x m x m, m the smaller dim), as kernels/cuda/ns_common.cuh's NsBuffers lays them out (its
+// per-block pointer tables and norm partials are small and left out).
+std::int64_t ns_workspace_bytes(std::int64_t rows, std::int64_t cols, std::int64_t batch);
+
+// The training state a rank holds while the optimizer step runs inside training, by part:
+//   parameters       its parameter shards in their dtypes (rank_memory's static part)
+//   master_weights   fp32 copies of the shards (TrainingMemoryOptions::master_weights)
+//   gradients        the gradient slot of rank_memory (the gradient the step starts with, also
+//                    holding Muon's update and result)
+//   optimizer_state  momentum and AdamW's moments (state dtype)
+//   step_buffers     the step's transient buffers at their peak (rank_memory)
+//   ns_workspace     the scratch of the rank's largest Newton-Schulz call (ns_workspace_bytes)
+//   activations      TrainingMemoryOptions::activations_bytes
+//   reserved         TrainingMemoryOptions::reserved_bytes
+// Activations live during forward/backward and are freed before the optimizer step, whose
+// transients come after them, so the peak is persistent + max(activations, transients) +
+// reserved, where persistent = parameters + master_weights + gradients + optimizer_state and
+// transients = step_buffers + ns_workspace.
+struct TrainingMemory {
+  std::int64_t parameters = 0;
+  std::int64_t master_weights = 0;
+  std::int64_t gradients = 0;
+  std::int64_t optimizer_state = 0;
+  std::int64_t step_buffers = 0;
+  std::int64_t ns_workspace = 0;
+  std::int64_t activations = 0;
+  std::int64_t reserved = 0;
+  std::int64_t persistent() const {
+    return parameters + master_weights + gradients + optimizer_state;
+  }
+  std::int64_t transients() const { return step_buffers + ns_workspace; }
+  std::int64_t peak_bytes() const {
+    return persistent() + std::max(activations, transients()) + reserved;
+  }
+  // What the optimizer step itself holds: rank_memory(plan, rank).
+  RankMemory optimizer_step() const {
+    return {parameters + gradients + optimizer_state, step_buffers};
+  }
+};
+TrainingMemory training_memory(const StepPlan& plan, int rank);
+// What any plan of this model on this mesh holds on `rank` at least, before a strategy is chosen:
+// parameters, master weights, the gradient shard (in the wider of the param and comm dtypes),
+// activations and reserved; optimizer state and transients are 0 (they depend on the strategy).
+// `muonbed validate` checks it: a point whose floor does not fit fits under no strategy.
+TrainingMemory training_memory_floor(const ShardedModel& model, const PlanSettings& settings,
+                                     int rank);
+
+// The feasibility of a plan on a device of `limit_bytes` per rank: the fullest rank's training
+// memory, and how many ranks exceed the limit. Every rank is checked (meshes are not symmetric:
+// owners hold more).
+struct MemoryFeasibility {
+  std::int64_t limit_bytes = 0;
+  std::int64_t peak_bytes = 0;
+  int peak_rank = 0;
+  int over_ranks = 0;
+  TrainingMemory peak;  // of peak_rank
+  bool feasible() const { return over_ranks == 0; }
+};
+MemoryFeasibility memory_feasibility(const StepPlan& plan, std::int64_t limit_bytes);
+// "peak 170.2 GiB on rank 3 (parameters 10.0, master weights 20.0, ...) exceeds the 80 GiB of
+// one H100 on 64 of 64 ranks" (or "fits" when it does): the one wording of every command.
+std::string memory_feasibility_text(const MemoryFeasibility& feasibility, std::string_view device,
+                                    int world_size);
+// The same from every rank's training memory, computed already (index = rank).
+MemoryFeasibility memory_feasibility(const std::vector<TrainingMemory>& ranks,
+                                     std::int64_t limit_bytes);
 
 // Per-rank totals for tables and checks.
 struct RankSummary {

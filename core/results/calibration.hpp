@@ -94,8 +94,12 @@ struct SpeedProbe {
   StepPlan plan;
   double predicted_s = 0;
 };
-// nullopt when the plan runs no Newton-Schulz.
-std::optional<SpeedProbe> speed_probe(const StepPlan& plan, const ClusterSpec& cluster);
+// nullopt when the plan runs no Newton-Schulz, unless `from_profile`: then a plan without NS
+// (a bench plan) is probed with a shape of the profile's own ns_table (the entry of the model's
+// kernel version whose time is nearest 10 ms: long enough to time, short enough to repeat), so a
+// measurement of communication alone still says whether the machine runs at the profile's speed.
+std::optional<SpeedProbe> speed_probe(const StepPlan& plan, const ClusterSpec& cluster,
+                                      bool from_profile = false);
 
 // The synthetic plan of an elementwise row: a 1 x numel Muon matrix (momentum, newton_schulz,
 // apply_update: ops 0, 1, 2) and a numel-element AdamW vector (adamw: op 3), replicated.

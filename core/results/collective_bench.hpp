@@ -77,6 +77,12 @@ struct CollectiveBenchRow {
   // Measured backends: the instance time of each timed iteration (time_us is their mean) and
   // its min, median and max; empty and 0 for predictions (one deterministic, modelled time).
   std::vector<double> iteration_us;
+  // Measured rows with a speed probe (RunSettings::speed_probe_from_profile): the probe's
+  // shape, its predicted time and its times before and after the row's iterations; 0: none.
+  std::string probe_shape;
+  double probe_predicted_s = 0;
+  double probe_before_s = 0;
+  double probe_after_s = 0;
   double min_us = 0;
   double median_us = 0;
   double max_us = 0;

@@ -23,7 +23,9 @@
 //                    sweep, so results of another configuration are never taken for its own)
 //   setup            strategy, cluster, model, mesh (DeviceMesh::describe), world_size, nodes,
 //                    gpus_per_node, params (elements of all parameters), muon_matrices,
-//                    hyper_period (steps after which the level-sync pattern repeats)
+//                    hyper_period (steps after which the level-sync pattern repeats), rank_kind
+//                    ("gpu", or "cpu": ranks of a profile calibrated on CPU ranks; absent from
+//                    files written before it)
 //   step             average_s (over one hyper-period, each distinct step pattern weighted by
 //                    how many steps have it), worst_s, worst_step (first step with the worst
 //                    time), patterns: [{step, count, time_s}] one per distinct set of active ops
@@ -47,6 +49,9 @@
 //                                                parameters / step time / GPUs): end to end
 //                      computation: time_s (mean over GPUs of busy compute time per step),
 //                                   tflops_per_gpu (optimizer FLOPs / step time / GPUs),
+//                                   useful_tflops_per_gpu (the same counting each matrix's
+//                                   FLOPs once: replicated work does not count; absent from
+//                                   files written before it),
 //                                   utilization (tflops_per_gpu / the GPU's peak)
 //                      communication: time_s (mean over GPUs of time inside collectives),
 //                                   exposed_time_s (of that, not overlapped by compute),
@@ -89,7 +94,22 @@
 //                    costliest shape timed as calibrate times gpu.ns_table, right before the
 //                    warm-up steps and right after the timed ones, beside the time the cluster
 //                    profile gives it (core/results/calibration.hpp speed_probe)
+//   memory           the training state against the device's memory (absent from files written
+//                    before it): model ("training_state"), limit_bytes (gpu.memory_GiB of the
+//                    cluster: one GPU's, or one CPU rank's), peak_bytes and peak_rank (the fullest
+//                    rank), over_ranks (ranks whose peak exceeds the limit), feasible (none
+//                    does), breakdown of the fullest rank {parameters, master_weights, gradients,
+//                    optimizer_state, transients, activations, reserved}; peak = parameters +
+//                    master_weights + gradients + optimizer_state + max(activations,
+//                    transients) + reserved (core/plan/plan.hpp training_memory). An infeasible
+//                    point's step time is what the step would take with enough memory: `run`,
+//                    the plots and compare say so
 //   notes            free-text remarks of the backend (approximations used, caps hit)
+//   cross_check      the other backends' results of the same point beside this one (written by
+//                    `muonbed run` once the point's backends have run; absent or [] when there was
+//                    none): [{backend, fidelity, step_s (measured: median step; predicted:
+//                    average), difference_pct (this record's step over that one, minus 1),
+//                    agree (|difference| <= 10 %)}]
 //   checksum         SHA-256 (64 hex digits) of the file's text with this value empty
 //                    ("checksum": ""): an edited or damaged file fails verify_checksum (the
 //                    reader, resume and analysis/plot.py check it)
@@ -137,6 +157,9 @@ struct SetupInfo {
   std::int64_t params = 0;
   int muon_matrices = 0;
   int hyper_period = 1;
+  // What one rank is: "gpu", or "cpu" for CPU ranks (a cluster profile calibrated on MPI ranks,
+  // core/config/cluster.hpp CalibrationInfo::backend): tables and plots call them ranks, not GPUs.
+  std::string rank_kind = "gpu";
 };
 
 struct StepPatternResult {
@@ -182,6 +205,9 @@ struct ThroughputResult {
   AverageWorst params_per_s_per_gpu;
   AverageWorst compute_time_s;
   AverageWorst compute_tflops_per_gpu;
+  // The same with each matrix's optimizer FLOPs counted once (useful_step_flops): replicated
+  // Newton-Schulz and replicated elementwise updates do not count.
+  AverageWorst useful_tflops_per_gpu;
   AverageWorst compute_utilization;
   AverageWorst comm_time_s;
   AverageWorst comm_exposed_time_s;
@@ -224,6 +250,29 @@ struct MemoryResult {
   std::int64_t static_bytes = 0;
   std::int64_t peak_transient_bytes = 0;
   std::int64_t peak_bytes = 0;
+};
+
+// The training state's memory against the device's (core/plan/plan.hpp training_memory and
+// memory_feasibility). present: false in records read from files written before it.
+struct MemoryFeasibilityResult {
+  bool present = false;
+  std::string model = "training_state";
+  std::int64_t limit_bytes = 0;
+  std::int64_t peak_bytes = 0;
+  int peak_rank = 0;
+  int over_ranks = 0;
+  bool feasible = true;
+  TrainingMemory breakdown;  // of peak_rank
+};
+
+// One other backend's result of the same point beside this one: whether they agree.
+inline constexpr double kCrossCheckTolerance = 0.10;
+struct CrossCheck {
+  std::string backend;
+  std::string fidelity;
+  double step_s = 0;          // the other backend's step (measured: median; else average)
+  double difference_pct = 0;  // this record's step over the other's, minus 1, in percent
+  bool agree = true;          // |difference| <= kCrossCheckTolerance
 };
 
 struct RankResult {
@@ -274,9 +323,22 @@ struct ResultRecord {
   std::vector<CollectiveResult> collectives;
   std::vector<RankResult> ranks;
   ExecutionInfo execution;
+  MemoryFeasibilityResult memory;
   std::vector<std::string> notes;
+  std::vector<CrossCheck> cross_check;
   std::string checksum;  // as read from a file; result_to_json computes its own
+  // The step time other backends are compared with: a measured record's median timed step, a
+  // predicted record's average step.
+  double comparable_step_s() const {
+    return step.measured.timed_steps > 0 ? step.measured.median_s : step.average_s;
+  }
 };
+
+// Each record's cross_check against the other records of the same point (same experiment and
+// point label, another backend): the step times beside each other, and `agree` false where they
+// differ by more than kCrossCheckTolerance. Returns the indices of records whose cross_check
+// changed (their files need rewriting).
+std::vector<std::size_t> cross_check_point(std::vector<ResultRecord*> records);
 
 // ---- Building records (shared by every backend) ------------------------------------------------
 

@@ -39,6 +39,10 @@ struct RunSettings {
   // collective` and `muonbed calibrate` set it; experiment points do not (the step's data are
   // checked by the equivalence tests instead).
   bool check_data = false;
+  // Real backends: time the machine-speed probe even when the plan runs no Newton-Schulz (with a
+  // shape of the profile's ns_table: core/results/calibration.hpp speed_probe). `muonbed bench
+  // collective` sets it for its first and last sizes.
+  bool speed_probe_from_profile = false;
 };
 
 // What a run cost, for progress lines; not part of the results file (it is not deterministic).

@@ -4,6 +4,7 @@
 // `muonbed bench collective`: nccl-tests' table for one collective on any registered backend
 // (core/results/collective_bench.hpp): predicted by the analytic model or the simulator on a
 // cluster profile, measured by the real executors when they register.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -21,6 +22,7 @@
 #include "core/engine/cost_model.hpp"
 #include "core/experiment/experiment.hpp"
 #include "core/results/collective_bench.hpp"
+#include "core/results/compare.hpp"
 #include "core/results/results.hpp"
 #include "core/results/run_point.hpp"
 #include "experiments/cli/backends.hpp"
@@ -104,6 +106,48 @@ void build_mesh(const BenchCollectiveOptions& o, const ClusterSpec& cluster,
     group = group.with(d);
   }
   spec.group = group;
+}
+
+// The machine-speed verdict of a measured bench: the speed probe before the first size and after
+// the last, against the profile's time for the probe (as `muonbed compare` judges a point).
+void print_speed_verdict(const std::vector<CollectiveBenchRow>& rows, const std::string& cluster) {
+  const CollectiveBenchRow* first = nullptr;
+  const CollectiveBenchRow* last = nullptr;
+  for (const CollectiveBenchRow& r : rows)
+    if (r.probe_predicted_s > 0) {
+      if (!first) first = &r;
+      last = &r;
+    }
+  if (!first) {
+    std::cout << "# machine: not probed (the profile '" << cluster
+              << "' has no Newton-Schulz table to probe against; MUONBED_MPI_SPEED_PROBE=off "
+                 "also skips it)\n";
+    return;
+  }
+  const double before = first->probe_before_s / first->probe_predicted_s;
+  const double after = last->probe_after_s / last->probe_predicted_s;
+  const double drift =
+      first->probe_before_s > 0 ? last->probe_after_s / first->probe_before_s - 1 : 0;
+  std::cout << fmt::format(
+      "# machine: speed probe (NS {}, profile '{}' {:.3f} ms): {:.3f} ms before the first size, "
+      "{:.3f} ms after the last: {:.2f}x / {:.2f}x the profile's time\n",
+      first->probe_shape, cluster, first->probe_predicted_s * 1e3, first->probe_before_s * 1e3,
+      last->probe_after_s * 1e3, before, after);
+  const bool off =
+      std::abs(before - 1) > kSpeedProbeTolerance || std::abs(after - 1) > kSpeedProbeTolerance;
+  if (off)
+    std::cout << fmt::format(
+        "# machine: NOT the profile's machine speed (more than {:.0f} % off): the profile "
+        "describes another machine or this one under other load; recalibrate here (muonbed "
+        "calibrate) before comparing these times with its predictions\n",
+        kSpeedProbeTolerance * 100);
+  if (std::abs(drift) > kSpeedProbeTolerance)
+    std::cout << fmt::format(
+        "# machine: its speed moved {:+.0f} % during the bench: rerun on a quiet machine\n",
+        drift * 100);
+  if (!off && std::abs(drift) <= kSpeedProbeTolerance)
+    std::cout << "# machine: steady, at the profile's speed (within " << kSpeedProbeTolerance * 100
+              << " %)\n";
 }
 
 // Ranks a real backend may start on one machine for a bench (calibrate's limit too).
@@ -219,6 +263,10 @@ int run_bench_collective(const BenchCollectiveOptions& o) {
   std::vector<CollectiveBenchRow> rows;
   double busbw_sum = 0;
   for (std::int64_t size : sizes) {
+    // Real backends probe the machine's speed around the first and the last size (the bench
+    // plans run no Newton-Schulz: the probe times a shape of the profile's ns_table).
+    settings.speed_probe_from_profile =
+        !predicting && (size == sizes.front() || size == sizes.back());
     rows.push_back(run_collective_bench(spec, e, size, backend, settings));
     busbw_sum += rows.back().busbw_GBps;
     std::cout << collective_bench_line(rows.back()) << std::endl;
@@ -229,14 +277,14 @@ int run_bench_collective(const BenchCollectiveOptions& o) {
   avg << (rows.empty() ? 0.0 : busbw_sum / static_cast<double>(rows.size()));
   std::cout << "# Avg bus bandwidth    : " << avg.str() << "\n";
   if (!predicting) {
-    // The spread verdict (a bench plan runs no Newton-Schulz, so the speed probe of `muonbed
-    // run` has nothing to time here).
+    // Two verdicts: the machine's speed against the profile, and each size's spread.
     std::string noisy_sizes;
     int n_noisy = 0;
     for (const CollectiveBenchRow& r : rows)
       if (noisy(r)) {
         noisy_sizes += (n_noisy++ ? ", " : "") + std::to_string(r.size_bytes);
       }
+    print_speed_verdict(rows, e.cluster.name);
     if (n_noisy > 0)
       std::cout << "# spread: " << n_noisy << " of " << rows.size()
                 << " sizes noisy (max/min over the iterations > " << kNoisySpread

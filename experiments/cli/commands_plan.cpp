@@ -118,18 +118,17 @@ void print_point(const Experiment& e, std::size_t index, std::size_t count, int 
   if (!all)
     std::cout << fmt::format("  ({} of {} ranks shown; --ranks all shows every rank)\n", show_ranks,
                              world);
-  const double capacity = e.cluster.gpu.memory_GiB * 1024.0 * 1024.0 * 1024.0;
-  int over = 0;
-  std::int64_t peak = 0;
-  for (const RankSummary& s : ranks) {
-    peak = std::max(peak, s.memory.peak_bytes());
-    if (static_cast<double>(s.memory.peak_bytes()) > capacity) ++over;
-  }
-  if (over > 0)
-    std::cout << fmt::format(
-        "warning   peak memory {} GiB exceeds the {:g} GiB of a {} on {} of {} "
-        "ranks (shard more, or use a larger GPU)\n",
-        gib(static_cast<double>(peak)), e.cluster.gpu.memory_GiB, e.cluster.gpu.name, over, world);
+  // The training state around the step (parameters, fp32 master weights, gradients, state,
+  // transients, activations) against the device's memory, on every rank.
+  const auto limit = static_cast<std::int64_t>(e.cluster.gpu.memory_GiB * 1024.0 * 1024.0 * 1024.0);
+  const MemoryFeasibility feasibility = memory_feasibility(plan, limit);
+  std::cout << fmt::format(
+      "{}  training memory {}{}\n", feasibility.feasible() ? "memory   " : "INFEASIBLE",
+      memory_feasibility_text(feasibility, e.cluster.gpu.name, world),
+      feasibility.feasible() ? ""
+                             : ": step times of this point assume memory that is not there "
+                               "(shard more, use a larger device, or change memory: in the "
+                               "experiment)");
   std::cout << fmt::format("imbalance {:.3f} (max / mean NS FLOPs over ranks, assignment {})\n",
                            plan.assignment.imbalance, e.strategy.assign);
 

@@ -267,64 +267,103 @@ std::string backend_text(const ResultRecord& r) {
   return r.backend == "sim" ? "sim/" + r.fidelity : r.backend;
 }
 
-// Every finished run, in sweep order, with its speedup over the sweep's first point on the same
-// backend (the baseline the experiment lists first, e.g. the sequential strategy), whatever
-// fidelity each point was simulated at.
+// Every finished run, in sweep order, with its speedup over the first point of the sweep on the
+// same backend and the same number of ranks (the baseline the experiment lists first, e.g. the
+// sequential strategy; points at other scales are not compared with it), whatever fidelity
+// each point was simulated at.
 void print_results_table(const std::vector<ResultRecord>& records,
                          const std::vector<Experiment>& points) {
   std::vector<const ResultRecord*> ordered;
   for (const Experiment& point : points)
     for (const ResultRecord& r : records)
       if (r.provenance.point == point.point_label) ordered.push_back(&r);
-  std::map<std::string, double> baseline;  // backend -> first point's average step
-  for (const ResultRecord* r : ordered) baseline.try_emplace(r->backend, r->step.average_s);
+  // (backend, ranks) -> the first point's average step
+  std::map<std::pair<std::string, int>, double> baseline;
+  bool cpu_ranks = false, gpus = false, infeasible = false;
+  for (const ResultRecord* r : ordered) {
+    baseline.try_emplace({r->backend, r->setup.world_size}, r->step.average_s);
+    (r->setup.rank_kind == "cpu" ? cpu_ranks : gpus) = true;
+    infeasible = infeasible || (r->memory.present && !r->memory.feasible);
+  }
+  // CPU ranks are ranks; GPUs are GPUs; a table of both says ranks.
+  const std::string unit = cpu_ranks ? "rank" : "GPU";
   const bool sweep = points.size() > 1;
-  Table table({"point", "backend", "GPUs", "step avg", "worst", "T_bound", "/bound", "compute",
-               "comm", "exposed", "params/s/GPU", sweep ? "speedup" : ""},
+  Table table({"point", "backend", unit + "s", "step avg", "worst", "T_bound", "/bound", "compute",
+               "comm", "exposed", "params/s/" + unit, "peak mem", sweep ? "speedup" : ""},
               2);
   for (const ResultRecord* r : ordered) {
-    const double base = baseline[r->backend];
+    const double base = baseline[{r->backend, r->setup.world_size}];
+    const bool over = r->memory.present && !r->memory.feasible;
+    std::string memory = "-";
+    if (r->memory.present)
+      memory = gib(static_cast<double>(r->memory.peak_bytes)) + " GiB" + (over ? " OOM" : "");
+    const bool bound = r->bound.step_s > 0;
     table.add(
         {r->provenance.point.empty() ? r->provenance.experiment : r->provenance.point,
-         backend_text(*r), std::to_string(r->setup.world_size), human_seconds(r->step.average_s),
-         human_seconds(r->step.worst_s), human_seconds(r->bound.step_s),
-         r->bound.step_s > 0 ? fmt::format("{:.2f}", r->bound.ratio) : "-",
+         backend_text(*r), std::to_string(r->setup.world_size),
+         human_seconds(r->step.average_s) + (over ? " *" : ""), human_seconds(r->step.worst_s),
+         bound ? human_seconds(r->bound.step_s) : "-",
+         bound ? fmt::format("{:.2f}", r->bound.ratio) : "-",
          human_seconds(r->throughput.compute_time_s.average),
          human_seconds(r->throughput.comm_time_s.average),
          human_seconds(r->throughput.comm_exposed_time_s.average),
-         human_count(r->throughput.params_per_s_per_gpu.average),
+         human_count(r->throughput.params_per_s_per_gpu.average), memory,
          sweep && r->step.average_s > 0 ? fmt::format("{:.2f}x", base / r->step.average_s) : ""});
   }
-  std::cout << "\nstep time per point (T_bound: the step's lower bound, core/bound.hpp, and "
-               "/bound the average step over it; compute, comm, exposed: means over GPUs of busy "
-               "time; exposed = comm not hidden by compute"
-            << (sweep ? "; speedup vs the first point" : "") << ")\n";
+  std::cout << "\nstep time per point (T_bound: the step's lower bound, core/engine/bound.hpp, and "
+               "/bound the average step over it; compute, comm, exposed: means over "
+            << unit << "s of busy time; exposed = comm not hidden by compute; peak mem: the "
+            << "fullest " << unit << "'s training state (core/plan/plan.hpp training_memory)"
+            << (sweep ? "; speedup vs the first point with as many " + unit + "s" : "")
+            << (gpus && cpu_ranks ? "; ranks are GPUs or CPU ranks as each profile says" : "")
+            << ")\n";
   table.print(std::cout);
-  // Said out loud, never left to the reader: two predicted backends of one point that disagree
-  // by more than 10 %, and Newton-Schulz times that are not from the measured table.
-  std::map<std::string, std::map<std::string, const ResultRecord*>> by_point;
-  for (const ResultRecord* r : ordered) by_point[r->provenance.point][r->backend] = r;
+  if (infeasible)
+    std::cout << "OOM       * the point's training state does not fit the device's memory: its "
+                 "step time assumes memory that is not there (the result's memory section and "
+                 "the warning under its run line say by how much)\n";
+  // Said out loud, never left to the reader: two backends of one point whose steps differ by
+  // more than 10 % (each record's cross_check), and Newton-Schulz times that are not from the
+  // measured table.
   for (const ResultRecord* r : ordered) {
-    if (r->backend != "analytic") continue;
-    const auto& backends = by_point[r->provenance.point];
-    const auto sim = backends.find("sim");
     const std::string point =
         r->provenance.point.empty() ? r->provenance.experiment : r->provenance.point;
-    if (sim != backends.end() && sim->second->step.average_s > 0) {
-      const double off = r->step.average_s / sim->second->step.average_s - 1;
-      if (std::abs(off) > 0.10)
+    const bool measured = r->step.measured.timed_steps > 0;
+    for (const CrossCheck& c : r->cross_check) {
+      // Each pair once: from the measured side, else from the alphabetically first backend.
+      const bool other_measured = c.backend == "mpi" || c.backend == "nccl";
+      if (c.agree || (!measured && (other_measured || c.backend < r->backend))) continue;
+      const std::string other = c.backend == "sim" ? "sim/" + c.fidelity : c.backend;
+      if (measured)
         std::cout << fmt::format(
-            "DISAGREE  {}: analytic {} vs sim/{} {} ({:+.1f} %): the analytic model is coarser "
+            "DIFFERS   {}: measured {} {} vs {} {} ({:+.1f} %): muonbed compare says why and "
+            "how far from the machine's noise\n",
+            point, r->backend, human_seconds(r->comparable_step_s()), other,
+            human_seconds(c.step_s), c.difference_pct);
+      else
+        std::cout << fmt::format(
+            "DISAGREE  {}: {} {} vs {} {} ({:+.1f} %): the two models differ by more than 10 % "
             "here; use the simulator's figure (README \"What each backend models\")\n",
-            point, human_seconds(r->step.average_s), sim->second->fidelity,
-            human_seconds(sim->second->step.average_s), off * 100);
+            point, backend_text(*r), human_seconds(r->step.average_s), other,
+            human_seconds(c.step_s), c.difference_pct);
     }
+    if (r->backend != "analytic") continue;
     for (const std::string& note : r->notes)
       if (note.rfind("NS times (gpu.ns_table", 0) == 0 &&
           (note.find("curve") != std::string::npos ||
            note.find("extrapolated") != std::string::npos))
         std::cout << "note      " << point << ": " << note << "\n";
   }
+}
+
+// Each point's records checked against each other (cross_check) once its backends have run; a
+// record whose check changed is written again (same result, same timestamp, new checksum).
+void cross_check_records(const Experiment& point, std::vector<ResultRecord>& records,
+                         std::size_t first) {
+  std::vector<ResultRecord*> mine;
+  for (std::size_t i = first; i < records.size(); ++i) mine.push_back(&records[i]);
+  for (std::size_t i : cross_check_point(mine))
+    write_file_atomically(result_path(point, mine[i]->backend), result_to_json(*mine[i]));
 }
 
 // A run killed while writing leaves "<file>.muonbed-tmp-<pid>" (write_output_file). Remove those
@@ -492,6 +531,7 @@ int run_command(RunOptions& o) {
     const std::string label = point.point_label.empty() ? point.name : point.point_label;
     std::optional<StepPlan> plan;  // built once per point, when a backend first needs it
     double plan_s = 0;
+    const std::size_t first_record = records.size();
     for (const std::string& backend : point.backends) {
       if (interrupted()) break;
       if (!o.force) {
@@ -541,6 +581,7 @@ int run_command(RunOptions& o) {
       }
       ++done;
     }
+    cross_check_records(point, records, first_record);
   }
   progress.clear();
   if (interrupted()) {

@@ -37,10 +37,48 @@ void print_params(const ShardedModel& model) {
   table.print(std::cout);
 }
 
+// What every plan of the point holds at least (core/plan/plan.hpp training_memory_floor),
+// against the device's memory: a point over it fits under no strategy. `muonbed plan` checks the
+// whole training state of the chosen strategy.
+// Points of a sweep share their sharded model: the floor is computed once per model and memory
+// setting (a 10,000-point sweep of a 16,384-rank mesh computes it once).
+struct FloorCache {
+  const ShardedModel* model = nullptr;
+  TrainingMemoryOptions memory;
+  DType comm = DType::bf16;
+  std::vector<TrainingMemory> ranks;
+};
+
+void print_memory_floor(const Experiment& e, const ShardedModel& sharded, FloorCache& cache) {
+  const PlanSettings settings = e.plan_settings();
+  if (cache.model != &sharded || !(cache.memory == settings.training_memory) ||
+      cache.comm != settings.comm_dtype()) {
+    const int world = e.mesh.world_size();
+    cache.ranks.clear();
+    cache.ranks.reserve(world);
+    for (int r = 0; r < world; ++r)
+      cache.ranks.push_back(training_memory_floor(sharded, settings, r));
+    cache.model = &sharded;
+    cache.memory = settings.training_memory;
+    cache.comm = settings.comm_dtype();
+  }
+  const int world = e.mesh.world_size();
+  const auto limit = static_cast<std::int64_t>(e.cluster.gpu.memory_GiB * 1024.0 * 1024.0 * 1024.0);
+  const MemoryFeasibility floor = memory_feasibility(cache.ranks, limit);
+  std::cout << fmt::format(
+      "    {}at least {}{}\n", floor.feasible() ? "memory    " : "INFEASIBLE ",
+      memory_feasibility_text(floor, e.cluster.gpu.name, world),
+      floor.feasible()
+          ? " (before optimizer state and buffers: muonbed plan checks the whole step)"
+          : ": no strategy can fit; shard more (fsdp, tp, pp), use a larger device, or change "
+            "memory: in the experiment");
+}
+
 int run_validate(const ValidateOptions& o) {
   const std::vector<Experiment> points = load_experiment(o.file);
   std::cout << fmt::format("{}: {} point{}\n", o.file, points.size(),
                            points.size() == 1 ? "" : "s");
+  FloorCache floor_cache;
   for (std::size_t i = 0; i < points.size(); ++i) {
     const Experiment& e = points[i];
     const std::shared_ptr<const ShardedModel> shared = shared_shard_model(e);
@@ -55,6 +93,7 @@ int run_validate(const ValidateOptions& o) {
         human_count(static_cast<double>(e.model.numel())), muon.size(), matrices,
         sharded.adamw_params().size());
     std::cout << fmt::format("    mesh      {} on {}\n", mesh_text(e.mesh), e.cluster.name);
+    print_memory_floor(e, sharded, floor_cache);
     std::cout << fmt::format("    strategy  {}; ns_steps {}, comm {}\n", strategy_text(e.strategy),
                              e.optimizer.muon.ns_steps, to_string(e.optimizer.comm_dtype));
     std::string backends;

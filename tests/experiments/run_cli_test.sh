@@ -149,4 +149,41 @@ if [ "$have_sim" = 0 ]; then
   [ $rc -eq 2 ] || { cat nosim.log; fail "sim without SimGrid: exit $rc, expected 2"; }
   grep -q "built without SimGrid" nosim.log || { cat nosim.log; fail "no SimGrid message"; }
 fi
+# Memory feasibility (issue 22): a point whose training state exceeds the GPU is flagged by
+# validate, plan and run, and in its result; its step time is still reported, marked.
+cat >oom.yaml <<EOF
+name: oom
+cluster: dgx-h100
+mesh: {dims: {dp_shard: 8}}
+model: {preset: tiny-dense}
+memory: {reserved_GiB: 100}
+backend: [$backends]
+output: oom-out
+EOF
+"$muonbed" validate oom.yaml >oom-validate.log 2>&1 || { cat oom-validate.log; fail "validate of oom.yaml failed"; }
+grep -q "INFEASIBLE .*exceeds the 79.6 GiB of one H100" oom-validate.log || { cat oom-validate.log; fail "validate did not flag the floor"; }
+"$muonbed" plan oom.yaml >oom-plan.log 2>&1 || { cat oom-plan.log; fail "plan of oom.yaml failed"; }
+grep -q "^INFEASIBLE  training memory .*reserved 100.0 GiB) exceeds" oom-plan.log || { cat oom-plan.log; fail "plan did not flag it"; }
+"$muonbed" run oom.yaml --no-plots >oom-run.log 2>&1 || { cat oom-run.log; fail "run of oom.yaml failed"; }
+grep -q "warning: INFEASIBLE" oom-run.log || { cat oom-run.log; fail "run did not warn"; }
+grep -q " OOM" oom-run.log || { cat oom-run.log; fail "the table does not mark OOM"; }
+grep -q '"feasible": false' oom-out/default/analytic.json || fail "the result does not say infeasible"
+grep -q '"feasible": true' out/strategy.name=owner/analytic.json || fail "a fitting point is not feasible"
+# A given memory section is part of the resolved configuration (the default one is left out, so
+# results' identities stay as they were).
+"$muonbed" validate oom.yaml --resolved | grep -q "reserved_GiB: 100" || fail "memory not in the resolved configuration"
+# Bad memory values are refused at their place with the fix.
+sed 's/reserved_GiB: 100/activations_GiB: -1/' oom.yaml >bad-memory.yaml
+"$muonbed" validate bad-memory.yaml >bad-memory.log 2>&1 && fail "a negative activations_GiB was accepted"
+grep -q "bad-memory.yaml:5:" bad-memory.log || { cat bad-memory.log; fail "no file:line for a bad memory value"; }
+sed 's/reserved_GiB: 100/master_weights: fp16/' oom.yaml >bad-master.yaml
+"$muonbed" validate bad-master.yaml >bad-master.log 2>&1 && fail "master_weights: fp16 was accepted"
+grep -q "auto" bad-master.log || { cat bad-master.log; fail "the choices are not named"; }
+
+# Two backends of one point carry each other's step beside their own (cross_check).
+if [ "$have_sim" = 1 ]; then
+  grep -q '"cross_check"' oom-out/default/analytic.json || fail "no cross_check in the analytic result"
+  grep -q '"backend": "sim"' oom-out/default/analytic.json || fail "cross_check does not name sim"
+  grep -q '"backend": "analytic"' oom-out/default/sim.json || fail "cross_check does not name analytic"
+fi
 echo "PASS: muonbed run writes, resumes, reruns changed or damaged points, is deterministic"

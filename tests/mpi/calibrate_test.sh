@@ -39,6 +39,9 @@ bench)
   grep -q "#wrong      min   median      max" bench.out || fail "no #wrong and min/median/max columns"
   grep -q "^# measured: " bench.out || fail "no 'measured' line"
   grep -q "^# spread: " bench.out || fail "no spread verdict"
+  # The machine against its profile: the speed probe around the first and last sizes.
+  grep -q "^# machine: speed probe (NS .*, profile 'local-cpu'" bench.out || fail "no speed probe line"
+  grep -Eq "^# machine: (steady|NOT the profile|its speed moved)" bench.out || fail "no speed verdict"
   python3 - ag.json <<'EOF' || fail "bad JSON rows"
 import json, sys
 doc = json.load(open(sys.argv[1]))
@@ -57,6 +60,12 @@ for r in rows:
     assert 0 < r["min_time_us"] <= r["median_time_us"] <= r["max_time_us"], r
     assert r["min_time_us"] - eps <= r["time_us"] <= r["max_time_us"] + eps, r  # the mean
     assert r["noisy"] == (r["max_time_us"] / r["min_time_us"] > 1.5), r
+# The first and last sizes carry the probe (predicted from the profile, measured around them).
+probed = [r for r in rows if "speed_probe" in r]
+assert [r["size_bytes"] for r in probed] == [rows[0]["size_bytes"], rows[-1]["size_bytes"]], probed
+for r in probed:
+    p = r["speed_probe"]
+    assert p["predicted_s"] > 0 and p["before_s"] > 0 and p["after_s"] > 0, p
 print("rows ok")
 EOF
   # Every op, one size: each checks its data.

@@ -210,7 +210,8 @@ Job make_job(const Experiment& experiment, const StepPlan& plan, const RunSettin
   }
   if (env_choice("MUONBED_MPI_SPEED_PROBE", {"on", "off"}).value_or("on") == "on") {
     try {
-      if (const std::optional<SpeedProbe> probe = speed_probe(plan, experiment.cluster)) {
+      if (const std::optional<SpeedProbe> probe =
+              speed_probe(plan, experiment.cluster, settings.speed_probe_from_profile)) {
         job.probe_plan = plan_to_json(probe->plan);
         job.probe_shape = {probe->shape.batch, probe->shape.rows, probe->shape.cols};
         job.probe_predicted_s = probe->predicted_s;

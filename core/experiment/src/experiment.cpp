@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -68,7 +69,7 @@ constexpr std::size_t kMaxPathComponentBytes = 255;
 
 const std::vector<std::string> kTopKeys = {"name",      "cluster",  "mesh",    "model", "parallel",
                                            "optimizer", "strategy", "backend", "sim",   "steps",
-                                           "repeats",   "seed",     "output",  "sweep"};
+                                           "repeats",   "seed",     "output",  "sweep", "memory"};
 const std::vector<std::string> kMeshKeys = {"dims", "gpus_per_node", "world_size"};
 const std::vector<std::string> kDimKeys = {"name", "size", "role"};
 const std::vector<std::string> kDimValueKeys = {"size", "role"};
@@ -124,6 +125,10 @@ const std::vector<std::string> kStrategyKeys = {"name",
 const std::vector<std::string> kGradSyncKeys = {"enabled", "level_periods"};
 const std::vector<std::string> kSplitNsKeys = {"enabled", "max_members", "threshold"};
 const std::vector<std::string> kSimKeys = {"fidelity"};
+const std::vector<std::string> kMemoryKeys = {"master_weights", "activations_GiB", "reserved_GiB"};
+const std::vector<std::string> kMasterWeights = {"auto", "fp32", "none"};
+// Per-rank memory an experiment may add (activations, reserved): at most 64 TiB, beyond any device.
+constexpr double kMaxMemoryGiB = 65536;
 const std::vector<std::string> kBackends = {"sim", "analytic", "mpi", "nccl"};
 const std::vector<std::string> kFidelities = {"step", "flow", "auto"};
 const std::vector<std::string> kDTypes = {"fp32", "bf16", "fp16"};
@@ -153,6 +158,7 @@ std::vector<std::string> schema_paths() {
   for (const std::string& k : kGradSyncKeys) paths.push_back("strategy.grad_sync." + k);
   for (const std::string& k : kSplitNsKeys) paths.push_back("strategy.split_ns." + k);
   for (const std::string& k : kSimKeys) paths.push_back("sim." + k);
+  for (const std::string& k : kMemoryKeys) paths.push_back("memory." + k);
   return paths;
 }
 
@@ -1251,6 +1257,16 @@ std::string resolved_yaml(const Experiment& e, const MeshSection& ms, const Mode
   out << YAML::EndMap;
   out << YAML::EndMap;
 
+  // Only when it differs from the default, so the identities of existing results stay.
+  if (!(e.memory == TrainingMemoryOptions{})) {
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    out << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "master_weights" << YAML::Value
+        << std::string(to_string(e.memory.master_weights));
+    emit_number(out, "activations_GiB", static_cast<double>(e.memory.activations_bytes) / gib);
+    emit_number(out, "reserved_GiB", static_cast<double>(e.memory.reserved_bytes) / gib);
+    out << YAML::EndMap;
+  }
   out << YAML::Key << "backend" << YAML::Value << YAML::Flow << e.backends;
   out << YAML::Key << "sim" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "fidelity" << YAML::Value << e.sim_fidelity << YAML::EndMap;
@@ -1448,6 +1464,22 @@ std::uint64_t placements_key(const ModelSection& model) {
   return f.value();
 }
 
+// memory: the training state around the optimizer step, for the feasibility check
+// (core/plan/plan.hpp TrainingMemoryOptions).
+void read_memory(const Context& ctx, const Field& field, TrainingMemoryOptions& memory) {
+  const MapReader m(ctx, field, kMemoryKeys);
+  std::string master = std::string(to_string(memory.master_weights));
+  if (m.read_choice("master_weights", master, kMasterWeights))
+    memory.master_weights = master_weights_from_string(master);
+  const auto gib = [&](const char* key, std::int64_t& bytes) {
+    double value = 0;
+    if (m.read(key, value, 0, kMaxMemoryGiB))
+      bytes = static_cast<std::int64_t>(std::llround(value * 1024.0 * 1024.0 * 1024.0));
+  };
+  gib("activations_GiB", memory.activations_bytes);
+  gib("reserved_GiB", memory.reserved_bytes);
+}
+
 Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* cache) {
   Experiment e;
   e.file = ctx.file;
@@ -1515,6 +1547,7 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* c
                std::to_string(kMaxStepFidelityRanks) + ")",
            "use fidelity: flow (or auto, which picks step only up to 256 ranks)");
   }
+  if (const Field* f = top.find("memory")) read_memory(ctx, *f, e.memory);
   top.read("steps", e.steps, 0, 1000000);
   top.read("repeats", e.repeats, 1, 1000000);
   if (std::int64_t seed = 1; top.read("seed", seed, 0)) e.seed = static_cast<std::uint64_t>(seed);
@@ -1754,6 +1787,7 @@ PlanSettings Experiment::plan_settings() const {
   PlanSettings settings;
   settings.optimizer = optimizer;
   settings.state_dtype = DType::fp32;
+  settings.training_memory = memory;
   return settings;
 }
 

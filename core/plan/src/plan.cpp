@@ -3,6 +3,7 @@
 #include "core/plan/plan.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -440,18 +441,44 @@ double op_flops(const StepPlan& plan, const Op& op, int rank) {
       return total;
     }
     case OpKind::momentum:
-      // buf = beta*buf + g (2 flops/element); Nesterov adds g + beta*buf (2 more).
-      return (plan.settings.optimizer.muon.nesterov ? 4.0 : 2.0) *
-             elementwise_numel(plan, op, rank);
     case OpKind::apply_update:
-      // p = p*(1 - lr*wd) - lr*scale*u: 4 flops/element.
-      return 4.0 * elementwise_numel(plan, op, rank);
     case OpKind::adamw:
-      // Two moment updates, bias corrections, sqrt, divide, decay, update: ~14 flops/element.
-      return 14.0 * elementwise_numel(plan, op, rank);
+      return elementwise_flops_per_element(plan, op.kind) * elementwise_numel(plan, op, rank);
     default:
       return 0;
   }
+}
+
+double elementwise_flops_per_element(const StepPlan& plan, OpKind kind) {
+  switch (kind) {
+    case OpKind::momentum:
+      // buf = beta*buf + g (2 flops/element); Nesterov adds g + beta*buf (2 more).
+      return plan.settings.optimizer.muon.nesterov ? 4.0 : 2.0;
+    case OpKind::apply_update:
+      // p = p*(1 - lr*wd) - lr*scale*u: 4 flops/element.
+      return 4.0;
+    case OpKind::adamw:
+      // Two moment updates, bias corrections, sqrt, divide, decay, update: ~14 flops/element.
+      return 14.0;
+    default:
+      return 0;
+  }
+}
+
+double useful_step_flops(const StepPlan& plan) {
+  const double muon_per_element = elementwise_flops_per_element(plan, OpKind::momentum) +
+                                  elementwise_flops_per_element(plan, OpKind::apply_update);
+  const double adamw_per_element = elementwise_flops_per_element(plan, OpKind::adamw);
+  double total = 0;
+  for (const auto& dp : plan.model.params) {
+    const double n = static_cast<double>(dp.numel());
+    if (dp.optimizer == OptimizerKind::muon)
+      total += newton_schulz_flops(dp.rows(), dp.cols(), plan.settings.ns_steps(), dp.batch()) +
+               muon_per_element * n;
+    else
+      total += adamw_per_element * n;
+  }
+  return total;
 }
 
 double op_memory_bytes(const StepPlan& plan, const Op& op, int rank) {
@@ -486,8 +513,32 @@ double op_memory_bytes(const StepPlan& plan, const Op& op, int rank) {
   }
 }
 
-RankMemory rank_memory(const StepPlan& plan, int rank) {
-  RankMemory memory;
+namespace {
+
+// Bytes per element of a param's gradient slot: the wider of its dtype and the comm dtype.
+std::int64_t gradient_width(const DistributedParam& dp, std::int64_t comm) {
+  return std::max<std::int64_t>(bytes_of(dp.dtype), comm);
+}
+
+// The fp32 master copy of a shard of `shard` elements, if the rule keeps one for this param.
+std::int64_t master_weight_bytes(const DistributedParam& dp, std::int64_t shard,
+                                 MasterWeights master) {
+  const bool lower = bytes_of(dp.dtype) < bytes_of(DType::fp32);
+  const bool kept = master == MasterWeights::fp32 || (master == MasterWeights::automatic && lower);
+  return kept ? shard * bytes_of(DType::fp32) : 0;
+}
+
+// rank_memory's static tensors by part, and the peak of its transient buffers.
+struct StaticMemory {
+  std::int64_t parameters = 0;
+  std::int64_t master_weights = 0;  // fp32 copies under MasterWeights (training_memory only)
+  std::int64_t gradients = 0;
+  std::int64_t optimizer_state = 0;
+  std::int64_t peak_transient = 0;
+};
+
+StaticMemory static_memory(const StepPlan& plan, int rank) {
+  StaticMemory memory;
   const auto& mesh = plan.mesh();
   const auto& params = plan.model.params;
   const std::int64_t state = bytes_of(plan.settings.state_dtype);
@@ -515,23 +566,156 @@ RankMemory rank_memory(const StepPlan& plan, int rank) {
       if (op.kind == OpKind::adamw) moments[p] = piece;
     }
   }
+  const MasterWeights master = plan.settings.training_memory.master_weights;
   for (const auto& dp : params) {
     if (!dp.layout.holds(mesh, rank)) continue;
     const std::int64_t shard = dp.layout.shard_numel(mesh, rank);
-    const std::int64_t width = std::max<std::int64_t>(bytes_of(dp.dtype), comm);
     // The gradient slot also holds Muon's update and result outside transient buffers.
     const std::int64_t slot = std::max({shard, gradient[dp.index], momentum[dp.index]});
-    memory.static_bytes += shard * bytes_of(dp.dtype) + slot * width +
-                           (momentum[dp.index] + 2 * moments[dp.index]) * state;
+    memory.parameters += shard * bytes_of(dp.dtype);
+    memory.gradients += slot * gradient_width(dp, comm);
+    memory.optimizer_state += (momentum[dp.index] + 2 * moments[dp.index]) * state;
+    memory.master_weights += master_weight_bytes(dp, shard, master);
   }
   std::int64_t live = 0;
   for (const auto& op : plan.ops) {
     if (!is_memory(op.kind) || !op.ranks.contains(mesh, rank)) continue;
     const auto bytes = buffer_bytes(plan, plan.buffers.at(op.buffer), rank);
     live += op.kind == OpKind::alloc ? bytes : -bytes;
-    memory.peak_transient_bytes = std::max(memory.peak_transient_bytes, live);
+    memory.peak_transient = std::max(memory.peak_transient, live);
   }
   return memory;
+}
+
+}  // namespace
+
+RankMemory rank_memory(const StepPlan& plan, int rank) {
+  const StaticMemory m = static_memory(plan, rank);
+  RankMemory memory;
+  memory.static_bytes = m.parameters + m.gradients + m.optimizer_state;
+  memory.peak_transient_bytes = m.peak_transient;
+  return memory;
+}
+
+std::int64_t ns_workspace_bytes(std::int64_t rows, std::int64_t cols, std::int64_t batch) {
+  const std::int64_t m = std::min(rows, cols);
+  const std::int64_t bf16 = bytes_of(DType::bf16);
+  return batch * (2 * rows * cols + 2 * m * m) * bf16;
+}
+
+TrainingMemory training_memory(const StepPlan& plan, int rank) {
+  const StaticMemory m = static_memory(plan, rank);
+  TrainingMemory memory;
+  memory.parameters = m.parameters;
+  memory.master_weights = m.master_weights;
+  memory.gradients = m.gradients;
+  memory.optimizer_state = m.optimizer_state;
+  // The largest Newton-Schulz call this rank makes: one call at a time per compute stream, and
+  // the scratch of one call is freed before the next.
+  std::int64_t workspace = 0;
+  for (const auto& op : plan.ops) {
+    if (op.kind != OpKind::newton_schulz || !op.ranks.contains(plan.mesh(), rank)) continue;
+    for (const MatrixWork& w : ns_work(plan, op, rank))
+      workspace = std::max(workspace, ns_workspace_bytes(w.rows, w.cols, w.batch));
+  }
+  memory.step_buffers = m.peak_transient;
+  memory.ns_workspace = workspace;
+  memory.activations = plan.settings.training_memory.activations_bytes;
+  memory.reserved = plan.settings.training_memory.reserved_bytes;
+  return memory;
+}
+
+TrainingMemory training_memory_floor(const ShardedModel& model, const PlanSettings& settings,
+                                     int rank) {
+  TrainingMemory memory;
+  const std::int64_t comm = bytes_of(settings.comm_dtype());
+  for (const auto& dp : model.params) {
+    if (!dp.layout.holds(model.mesh, rank)) continue;
+    const std::int64_t shard = dp.layout.shard_numel(model.mesh, rank);
+    memory.parameters += shard * bytes_of(dp.dtype);
+    memory.gradients += shard * gradient_width(dp, comm);
+    memory.master_weights +=
+        master_weight_bytes(dp, shard, settings.training_memory.master_weights);
+  }
+  memory.activations = settings.training_memory.activations_bytes;
+  memory.reserved = settings.training_memory.reserved_bytes;
+  return memory;
+}
+
+MemoryFeasibility memory_feasibility(const std::vector<TrainingMemory>& ranks,
+                                     std::int64_t limit_bytes) {
+  MemoryFeasibility f;
+  f.limit_bytes = limit_bytes;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const std::int64_t peak = ranks[r].peak_bytes();
+    if (r == 0 || peak > f.peak_bytes) {
+      f.peak_bytes = peak;
+      f.peak_rank = static_cast<int>(r);
+      f.peak = ranks[r];
+    }
+    if (limit_bytes > 0 && peak > limit_bytes) ++f.over_ranks;
+  }
+  return f;
+}
+
+MemoryFeasibility memory_feasibility(const StepPlan& plan, std::int64_t limit_bytes) {
+  const int world = static_cast<int>(plan.mesh().world_size());
+  std::vector<TrainingMemory> ranks;
+  ranks.reserve(world);
+  for (int r = 0; r < world; ++r) ranks.push_back(training_memory(plan, r));
+  return memory_feasibility(ranks, limit_bytes);
+}
+
+namespace {
+
+std::string gib_text(std::int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
+  return text;
+}
+
+}  // namespace
+
+std::string memory_feasibility_text(const MemoryFeasibility& f, std::string_view device,
+                                    int world_size) {
+  const TrainingMemory& m = f.peak;
+  // The parts that are there (a floor has no optimizer state or transients yet).
+  std::string parts = "parameters " + gib_text(m.parameters);
+  const auto part = [&](const char* name, std::int64_t bytes) {
+    if (bytes > 0) parts += std::string(", ") + name + " " + gib_text(bytes);
+  };
+  part("fp32 master weights", m.master_weights);
+  part("gradients", m.gradients);
+  part("optimizer state", m.optimizer_state);
+  part("transients", m.transients());
+  part("activations", m.activations);
+  part("reserved", m.reserved);
+  std::string text = "peak " + gib_text(f.peak_bytes) + " GiB on rank " +
+                     std::to_string(f.peak_rank) + " (" + parts + " GiB)";
+  if (f.limit_bytes <= 0) return text + "; no memory limit known for " + std::string(device);
+  if (f.feasible())
+    return text + " fits the " + gib_text(f.limit_bytes) + " GiB of one " + std::string(device);
+  return text + " exceeds the " + gib_text(f.limit_bytes) + " GiB of one " + std::string(device) +
+         " on " + std::to_string(f.over_ranks) + " of " + std::to_string(world_size) + " ranks";
+}
+
+std::string_view to_string(MasterWeights master) {
+  switch (master) {
+    case MasterWeights::automatic:
+      return "auto";
+    case MasterWeights::fp32:
+      return "fp32";
+    case MasterWeights::none:
+      return "none";
+  }
+  return "?";
+}
+
+MasterWeights master_weights_from_string(std::string_view text) {
+  if (text == "auto") return MasterWeights::automatic;
+  if (text == "fp32") return MasterWeights::fp32;
+  if (text == "none") return MasterWeights::none;
+  throw Error("unknown master_weights '" + std::string(text) + "'; use auto, fp32 or none");
 }
 
 RankSummary summarize_rank(const StepPlan& plan, int rank) {

@@ -615,15 +615,39 @@ OptimizerConfig read_optimizer(const json& j, const Path& path) {
 }
 
 json settings_to_json(const PlanSettings& s) {
-  return {{"optimizer", optimizer_to_json(s.optimizer)}, {"state_dtype", to_string(s.state_dtype)}};
+  json j = {{"optimizer", optimizer_to_json(s.optimizer)},
+            {"state_dtype", to_string(s.state_dtype)}};
+  // Absent when it is the default, so plans written before it read back the same.
+  const TrainingMemoryOptions& m = s.training_memory;
+  if (!(m == TrainingMemoryOptions{}))
+    j["training_memory"] = {{"master_weights", to_string(m.master_weights)},
+                            {"activations_bytes", m.activations_bytes},
+                            {"reserved_bytes", m.reserved_bytes}};
+  return j;
+}
+
+TrainingMemoryOptions read_training_memory(const json& j, const Path& path) {
+  ObjectReader r(j, path, {"master_weights", "activations_bytes", "reserved_bytes"});
+  TrainingMemoryOptions m;
+  if (const json* v = r.get("master_weights"))
+    m.master_weights = read_enum(*v, path.key("master_weights"), master_weights_from_string);
+  if (const json* v = r.get("activations_bytes"))
+    m.activations_bytes = read_int64(*v, path.key("activations_bytes"));
+  if (const json* v = r.get("reserved_bytes"))
+    m.reserved_bytes = read_int64(*v, path.key("reserved_bytes"));
+  if (m.activations_bytes < 0 || m.reserved_bytes < 0)
+    fail(path, "memory sizes must not be negative");
+  return m;
 }
 
 PlanSettings read_settings(const json& j, const Path& path) {
-  ObjectReader r(j, path, {"optimizer", "state_dtype"});
+  ObjectReader r(j, path, {"optimizer", "state_dtype", "training_memory"});
   PlanSettings s;
   if (const json* v = r.get("optimizer")) s.optimizer = read_optimizer(*v, path.key("optimizer"));
   if (const json* v = r.get("state_dtype"))
     s.state_dtype = read_enum(*v, path.key("state_dtype"), dtype_from_string);
+  if (const json* v = r.get("training_memory"))
+    s.training_memory = read_training_memory(*v, path.key("training_memory"));
   return s;
 }
 

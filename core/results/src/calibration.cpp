@@ -363,7 +363,8 @@ StepPlan compute_bench_plan(const DeviceMesh& mesh, const NsCallShape& shape,
   return b.finish("calibrate_compute", "{}");
 }
 
-std::optional<SpeedProbe> speed_probe(const StepPlan& plan, const ClusterSpec& cluster) {
+std::optional<SpeedProbe> speed_probe(const StepPlan& plan, const ClusterSpec& cluster,
+                                      bool from_profile) {
   const DeviceMesh& mesh = plan.mesh();
   std::optional<NsCallShape> costliest;
   double most = 0;
@@ -375,6 +376,22 @@ std::optional<SpeedProbe> speed_probe(const StepPlan& plan, const ClusterSpec& c
           most = m.flops;
           costliest = NsCallShape{m.batch, m.rows, m.cols};
         }
+  }
+  if (!costliest && from_profile) {
+    const GpuSpec& gpu = cluster.gpu;
+    const std::vector<std::string> versions = gpu.ns_versions();
+    const std::string version =
+        !gpu.ns_kernel.empty() ? gpu.ns_kernel : (versions.empty() ? "" : versions.front());
+    constexpr double kProbeTargetMs = 10;
+    double best = 0;
+    for (const NsTiming& t : gpu.ns_table) {
+      if (t.version != version || !(t.ms > 0)) continue;
+      const double distance = std::abs(std::log(t.ms / kProbeTargetMs));
+      if (!costliest || distance < best) {
+        best = distance;
+        costliest = NsCallShape{t.batch, t.rows, t.cols};
+      }
+    }
   }
   if (!costliest) return std::nullopt;
   SpeedProbe probe;

@@ -303,6 +303,13 @@ CollectiveBenchRow run_collective_bench(const CollectiveBenchSpec& spec,
   row.min_us = spread.min;
   row.median_us = spread.median;
   row.max_us = spread.max;
+  if (const ExecutionInfo& x = r.execution; x.has_speed_probe() && x.probe_shape.size() == 3) {
+    row.probe_shape = (x.probe_shape[0] > 1 ? std::to_string(x.probe_shape[0]) + "x" : "") +
+                      std::to_string(x.probe_shape[1]) + "x" + std::to_string(x.probe_shape[2]);
+    row.probe_predicted_s = x.probe_predicted_s;
+    row.probe_before_s = x.probe_before_s;
+    row.probe_after_s = x.probe_after_s;
+  }
   return row;
 }
 
@@ -386,6 +393,11 @@ nlohmann::ordered_json collective_bench_json(const CollectiveBenchRow& row) {
     j["iterations"] = row.iteration_us.size();
     j["noisy"] = noisy(row);
   }
+  if (row.probe_predicted_s > 0)
+    j["speed_probe"] = {{"shape", row.probe_shape},
+                        {"predicted_s", row.probe_predicted_s},
+                        {"before_s", row.probe_before_s},
+                        {"after_s", row.probe_after_s}};
   return j;
 }
 

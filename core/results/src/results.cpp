@@ -59,6 +59,12 @@ double safe_div(double a, double b) {
   return b > 0 ? a / b : 0;
 }
 
+std::string infeasible_note(const MemoryFeasibility& f, const std::string& device, int world) {
+  return "warning: INFEASIBLE: training memory " + memory_feasibility_text(f, device, world) +
+         "; this step time assumes memory the device does not have (shard more, use a larger "
+         "device, or change memory: in the experiment)";
+}
+
 }  // namespace
 
 // ---- Step patterns ------------------------------------------------------------------------------
@@ -134,6 +140,7 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
   for (const auto& p : plan.model.params) setup.params += p.numel();
   setup.muon_matrices = static_cast<int>(plan.model.muon_params().size());
   setup.hyper_period = plan.hyper_period();
+  setup.rank_kind = cluster.calibration.backend == "mpi" ? "cpu" : "gpu";
 
   // Step times: average over the hyper-period, worst = the slowest pattern (first on ties).
   StepSummary& step = record.step;
@@ -170,6 +177,8 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
 
   // Per rank: averages over patterns weighted by their step counts, and the worst step's values.
   record.ranks.assign(world, RankResult{});
+  std::vector<TrainingMemory> memory(world);
+  for (int r = 0; r < world; ++r) memory[r] = training_memory(plan, r);
   std::vector<double> mean_compute(steps.size()), mean_comm(steps.size()),
       mean_exposed(steps.size()), sent(steps.size());
   for (std::size_t i = 0; i < steps.size(); ++i) {
@@ -206,9 +215,21 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
     rr.worst = w.ranks[r];
     rr.bytes_sent = bs;
     rr.bytes_received = br;
-    const RankMemory m = rank_memory(plan, r);
+    const RankMemory m = memory[r].optimizer_step();
     rr.memory = {m.static_bytes, m.peak_transient_bytes, m.peak_bytes()};
   }
+  // The training state against the device's memory: every rank is checked.
+  const auto limit = static_cast<std::int64_t>(cluster.gpu.memory_GiB * 1024.0 * 1024.0 * 1024.0);
+  const MemoryFeasibility feasibility = memory_feasibility(memory, limit);
+  record.memory.present = true;
+  record.memory.limit_bytes = feasibility.limit_bytes;
+  record.memory.peak_bytes = feasibility.peak_bytes;
+  record.memory.peak_rank = feasibility.peak_rank;
+  record.memory.over_ranks = feasibility.over_ranks;
+  record.memory.feasible = feasibility.feasible();
+  record.memory.breakdown = feasibility.peak;
+  if (!feasibility.feasible())
+    record.notes.push_back(infeasible_note(feasibility, cluster.gpu.name, world));
 
   // Seed 002's per-GPU throughput, average (hyper-period) and worst (the worst step).
   ThroughputResult& t = record.throughput;
@@ -225,6 +246,9 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
   t.compute_time_s = {per_pattern(mean_compute), mean_compute[worst]};
   t.compute_tflops_per_gpu = {safe_div(avg_flops, avg_time * world) / 1e12,
                               safe_div(w.flops, w.time_s * world) / 1e12};
+  const double useful = useful_step_flops(plan);
+  t.useful_tflops_per_gpu = {safe_div(useful, avg_time * world) / 1e12,
+                             safe_div(useful, w.time_s * world) / 1e12};
   t.compute_utilization = {safe_div(t.compute_tflops_per_gpu.average * 1e12, peak),
                            safe_div(t.compute_tflops_per_gpu.worst * 1e12, peak)};
   t.comm_time_s = {per_pattern(mean_comm), mean_comm[worst]};
@@ -286,6 +310,42 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
     c.crosses_nodes = m.crosses_nodes;
     record.collectives.push_back(std::move(c));
   }
+}
+
+std::vector<std::size_t> cross_check_point(std::vector<ResultRecord*> records) {
+  std::vector<std::size_t> changed;
+  const auto same = [](double a, double b) {
+    return std::fabs(a - b) <= 1e-12 * std::max(std::fabs(a), std::fabs(b));
+  };
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    ResultRecord& mine = *records[i];
+    std::vector<CrossCheck> checks;
+    for (std::size_t j = 0; j < records.size(); ++j) {
+      const ResultRecord& other = *records[j];
+      if (j == i || other.backend == mine.backend ||
+          other.provenance.experiment != mine.provenance.experiment ||
+          other.provenance.point != mine.provenance.point)
+        continue;
+      const double a = mine.comparable_step_s(), b = other.comparable_step_s();
+      if (!(a > 0 && b > 0)) continue;
+      // Symmetric: two records agree or not whichever one is asked.
+      checks.push_back({other.backend, other.fidelity, b, (a / b - 1) * 100,
+                        std::max(a, b) / std::min(a, b) - 1 <= kCrossCheckTolerance + 1e-12});
+    }
+    std::sort(checks.begin(), checks.end(),
+              [](const CrossCheck& x, const CrossCheck& y) { return x.backend < y.backend; });
+    bool unchanged = checks.size() == mine.cross_check.size();
+    for (std::size_t k = 0; unchanged && k < checks.size(); ++k) {
+      const CrossCheck& x = checks[k];
+      const CrossCheck& y = mine.cross_check[k];
+      unchanged = x.backend == y.backend && x.fidelity == y.fidelity && x.agree == y.agree &&
+                  same(x.step_s, y.step_s) && same(x.difference_pct, y.difference_pct);
+    }
+    if (unchanged) continue;
+    mine.cross_check = std::move(checks);
+    changed.push_back(i);
+  }
+  return changed;
 }
 
 // ---- Provenance ---------------------------------------------------------------------------------
@@ -622,7 +682,8 @@ std::string result_to_json(const ResultRecord& r) {
                      {"gpus_per_node", s.gpus_per_node},
                      {"params", s.params},
                      {"muon_matrices", s.muon_matrices},
-                     {"hyper_period", s.hyper_period}};
+                     {"hyper_period", s.hyper_period},
+                     {"rank_kind", s.rank_kind}};
   ojson patterns = ojson::array();
   for (const auto& pt : r.step.patterns)
     patterns.push_back(ojson{{"step", pt.step}, {"count", pt.count}, {"time_s", pt.time_s}});
@@ -650,13 +711,15 @@ std::string result_to_json(const ResultRecord& r) {
                      {"owner_ranks", b.owner_ranks},
                      {"longest", b.longest}};
   const ThroughputResult& t = r.throughput;
-  j["throughput"] = ojson{{"params_per_s_per_gpu", aw(t.params_per_s_per_gpu)},
-                          {"computation", ojson{{"time_s", aw(t.compute_time_s)},
-                                                {"tflops_per_gpu", aw(t.compute_tflops_per_gpu)},
-                                                {"utilization", aw(t.compute_utilization)}}},
-                          {"communication", ojson{{"time_s", aw(t.comm_time_s)},
-                                                  {"exposed_time_s", aw(t.comm_exposed_time_s)},
-                                                  {"GBps_per_gpu", aw(t.comm_GBps_per_gpu)}}}};
+  j["throughput"] =
+      ojson{{"params_per_s_per_gpu", aw(t.params_per_s_per_gpu)},
+            {"computation", ojson{{"time_s", aw(t.compute_time_s)},
+                                  {"tflops_per_gpu", aw(t.compute_tflops_per_gpu)},
+                                  {"useful_tflops_per_gpu", aw(t.useful_tflops_per_gpu)},
+                                  {"utilization", aw(t.compute_utilization)}}},
+            {"communication", ojson{{"time_s", aw(t.comm_time_s)},
+                                    {"exposed_time_s", aw(t.comm_exposed_time_s)},
+                                    {"GBps_per_gpu", aw(t.comm_GBps_per_gpu)}}}};
   j["traffic"] = ojson{{"model", r.traffic.model},
                        {"intra_node_bytes", aw(r.traffic.intra_node_bytes)},
                        {"network_bytes", aw(r.traffic.network_bytes)}};
@@ -689,6 +752,22 @@ std::string result_to_json(const ResultRecord& r) {
                                            {"peak_transient_bytes", rr.memory.peak_transient_bytes},
                                            {"peak_bytes", rr.memory.peak_bytes}}}});
   j["ranks"] = std::move(ranks);
+  if (const MemoryFeasibilityResult& m = r.memory; m.present) {
+    const TrainingMemory& b = m.breakdown;
+    j["memory"] = ojson{{"model", m.model},
+                        {"limit_bytes", m.limit_bytes},
+                        {"peak_bytes", m.peak_bytes},
+                        {"peak_rank", m.peak_rank},
+                        {"over_ranks", m.over_ranks},
+                        {"feasible", m.feasible},
+                        {"breakdown", ojson{{"parameters", b.parameters},
+                                            {"master_weights", b.master_weights},
+                                            {"gradients", b.gradients},
+                                            {"optimizer_state", b.optimizer_state},
+                                            {"transients", b.transients()},
+                                            {"activations", b.activations},
+                                            {"reserved", b.reserved}}}};
+  }
   if (const ExecutionInfo& e = r.execution; !e.library.empty())
     j["execution"] = ojson{{"library", e.library},
                            {"mpi_standard", e.mpi_standard},
@@ -710,6 +789,16 @@ std::string result_to_json(const ResultRecord& r) {
                                           {"before_s", e.probe_before_s},
                                           {"after_s", e.probe_after_s}};
   j["notes"] = r.notes;
+  if (!r.cross_check.empty()) {
+    ojson checks = ojson::array();
+    for (const CrossCheck& c : r.cross_check)
+      checks.push_back(ojson{{"backend", c.backend},
+                             {"fidelity", c.fidelity},
+                             {"step_s", c.step_s},
+                             {"difference_pct", c.difference_pct},
+                             {"agree", c.agree}});
+    j["cross_check"] = std::move(checks);
+  }
   std::vector<std::string> bad;
   find_non_finite(j, "", bad);
   if (!bad.empty())
@@ -763,6 +852,7 @@ ResultRecord result_from_json(const std::string& text) {
     r.setup.params = s.at("params").get<std::int64_t>();
     r.setup.muon_matrices = s.at("muon_matrices").get<int>();
     r.setup.hyper_period = s.at("hyper_period").get<int>();
+    r.setup.rank_kind = s.value("rank_kind", r.backend == "mpi" ? "cpu" : "gpu");
     const auto& st = j.at("step");
     r.step.average_s = st.at("average_s").get<double>();
     r.step.worst_s = st.at("worst_s").get<double>();
@@ -796,6 +886,8 @@ ResultRecord result_from_json(const std::string& text) {
     r.throughput.params_per_s_per_gpu = read_aw(t.at("params_per_s_per_gpu"));
     r.throughput.compute_time_s = read_aw(t.at("computation").at("time_s"));
     r.throughput.compute_tflops_per_gpu = read_aw(t.at("computation").at("tflops_per_gpu"));
+    if (t.at("computation").contains("useful_tflops_per_gpu"))
+      r.throughput.useful_tflops_per_gpu = read_aw(t.at("computation").at("useful_tflops_per_gpu"));
     r.throughput.compute_utilization = read_aw(t.at("computation").at("utilization"));
     r.throughput.comm_time_s = read_aw(t.at("communication").at("time_s"));
     r.throughput.comm_exposed_time_s = read_aw(t.at("communication").at("exposed_time_s"));
@@ -861,7 +953,32 @@ ResultRecord result_from_json(const std::string& text) {
         x.probe_after_s = p.at("after_s").get<double>();
       }
     }
+    if (j.contains("memory")) {  // files written before the feasibility check have none
+      const auto& m = j.at("memory");
+      MemoryFeasibilityResult& x = r.memory;
+      x.present = true;
+      x.model = m.at("model").get<std::string>();
+      x.limit_bytes = m.at("limit_bytes").get<std::int64_t>();
+      x.peak_bytes = m.at("peak_bytes").get<std::int64_t>();
+      x.peak_rank = m.at("peak_rank").get<int>();
+      x.over_ranks = m.at("over_ranks").get<int>();
+      x.feasible = m.at("feasible").get<bool>();
+      const auto& b = m.at("breakdown");
+      x.breakdown.parameters = b.at("parameters").get<std::int64_t>();
+      x.breakdown.master_weights = b.at("master_weights").get<std::int64_t>();
+      x.breakdown.gradients = b.at("gradients").get<std::int64_t>();
+      x.breakdown.optimizer_state = b.at("optimizer_state").get<std::int64_t>();
+      // The file gives transients as one figure (step buffers + NS scratch).
+      x.breakdown.step_buffers = b.at("transients").get<std::int64_t>();
+      x.breakdown.activations = b.at("activations").get<std::int64_t>();
+      x.breakdown.reserved = b.at("reserved").get<std::int64_t>();
+    }
     for (const auto& n : j.at("notes")) r.notes.push_back(n.get<std::string>());
+    if (j.contains("cross_check"))
+      for (const auto& c : j.at("cross_check"))
+        r.cross_check.push_back({c.at("backend").get<std::string>(),
+                                 c.at("fidelity").get<std::string>(), c.at("step_s").get<double>(),
+                                 c.at("difference_pct").get<double>(), c.at("agree").get<bool>()});
     return r;
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("results: malformed result JSON (") + e.what() +

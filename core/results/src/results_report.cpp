@@ -31,13 +31,16 @@ std::string duration(double s) {
 }  // namespace
 
 std::string summary_line(const ResultRecord& r) {
+  // CPU ranks are ranks, not GPUs.
+  const std::string unit = r.setup.rank_kind == "cpu" ? "rank" : "GPU";
   std::ostringstream out;
   out << (r.provenance.point.empty() ? r.provenance.experiment : r.provenance.point) << " ["
       << r.backend << (r.backend == "sim" ? "/" + r.fidelity : "") << "] " << r.setup.world_size
-      << " GPUs: step avg " << duration(r.step.average_s) << ", worst " << duration(r.step.worst_s)
-      << "; per GPU " << format("%.3g", r.throughput.params_per_s_per_gpu.average)
-      << " params/s avg, " << format("%.3g", r.throughput.params_per_s_per_gpu.worst)
-      << " worst; compute " << duration(r.throughput.compute_time_s.average) << ", comm "
+      << " " << unit << "s: step avg " << duration(r.step.average_s) << ", worst "
+      << duration(r.step.worst_s) << "; per " << unit << " "
+      << format("%.3g", r.throughput.params_per_s_per_gpu.average) << " params/s avg, "
+      << format("%.3g", r.throughput.params_per_s_per_gpu.worst) << " worst; compute "
+      << duration(r.throughput.compute_time_s.average) << ", comm "
       << duration(r.throughput.comm_time_s.average) << " (exposed "
       << duration(r.throughput.comm_exposed_time_s.average) << ")";
   return out.str();
@@ -173,7 +176,8 @@ std::string seed_claims_table(const std::vector<ResultRecord>& records) {
       return "-";
     };
     out << "  " << backends[b] << ": " << (any ? any->setup.world_size : 0)
-        << " GPUs (N), step times: sequential " << time_of("sequential") << ", parallel "
+        << (any && any->setup.rank_kind == "cpu" ? " ranks" : " GPUs")
+        << " (N), step times: sequential " << time_of("sequential") << ", parallel "
         << time_of("parallel") << ", prefetch " << time_of("prefetch") << "\n";
   }
   return out.str();
