@@ -235,6 +235,19 @@ struct ClusterSpec {
   SourceLocation origin;  // the file it was loaded from
 };
 
+// One key of a cluster profile for the key reference (`muonbed keys`, docs/KEYS.md), generated
+// from the one table of cluster fields that the parser, the emitter and the schema paths use
+// (core/config/src/cluster.cpp): a key cannot be read without being documented.
+struct ClusterKeyDoc {
+  std::string path;       // "gpu.peak_tflops"
+  std::string type;       // "number", "integer", "text", "true | false", "map", a choice or a list
+  std::string range;      // "0.001 .. 100000" for numbers; "" otherwise
+  bool required = false;  // in a complete profile (a file or an inline cluster)
+  std::string doc;
+  std::string calibrated;  // what `muonbed calibrate` writes there ("" : nothing)
+};
+std::vector<ClusterKeyDoc> cluster_key_reference();
+
 // Strict parsing: unknown keys, wrong types and out-of-range values throw ConfigError with the
 // file:line:column, the value and the fix. `file` is used in messages only.
 ClusterSpec parse_cluster(const YAML::Node& node, const std::string& file);

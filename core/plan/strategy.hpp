@@ -1,31 +1,26 @@
 // Strategies build step plans. A strategy is the seeds' three-function interface carried into
-// C++: an assign policy (core/plan/assignment.hpp), a gather policy and a redistribute policy, plus
-// a schedule (pipelining, prefetching). Built-in strategies are compositions of these; a user adds
-// a policy in one file and registers it (see experiments/custom_policy_example.cpp), without
-// touching any backend.
+// C++: it assigns owners, emits the gathers and emits the redistribution, as a composition of
+// the shared building blocks of core/plan/schedule.hpp (staged gathers, all-to-alls, lanes,
+// prefetch gates, chunks, split Newton-Schulz). Each strategy is one file that registers itself:
+// the built-in ones are in core/strategies/ (sequential, replicated, owner, all_to_all,
+// owner_allgather), a user's own goes in core/policies/ (core/policies/flat_gather_owner.cpp is
+// the worked example, README "Writing a strategy"). A strategy declares the options it reads; the
+// experiment validator, the summaries and the key reference ask it, so no code outside a
+// strategy's file compares its name.
 //
-//   sequential       seed 000's naive baseline: one matrix at a time, gather, NS, redistribute,
-//                    barrier.
-//   replicated       every rank gathers the full update and runs NS itself (PyTorch full_tensor,
-//                    Motif's small-parameter path): the redundancy baseline.
-//   owner            seeds 000/003/004: gather to the owner, NS once, redistribute, in rounds;
-//                    async_gpu_parallelism and prefetch_count with the seeds' meanings.
-//   all_to_all       Motif/dion/torchtitan: matrices in chunks; one all-to-all brings shards to
-//                    owners, NS, one all-to-all sends results back; bounded chunks in flight.
-//   owner_allgather  KellerJordan/Megatron layer-wise: full updates are replicated (DDP, ZeRO-1:
-//                    gradients all-reduced, momentum kept whole by the owner); each rank
-//                    orthogonalizes its share, then one all-gather of the results.
-// small_param_threshold sends matrices below that many elements to `replicated` in any strategy.
+// Presets are data (core/plan/src/presets.cpp): the options published systems run.
+// small_param_threshold sends matrices below that many elements down the replicated schedule in
+// any strategy that reads it.
 #pragma once
 
 #include <map>
 #include <memory>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/plan/plan.hpp"
+#include "core/plan/schedule.hpp"
 
 namespace muonbed {
 
@@ -85,80 +80,58 @@ struct StrategyOptions {
   std::string to_json_text() const;
 };
 
-class PlanBuilder;
+// The redundancy baseline's schedule (every holder all-gathers and orthogonalizes every matrix,
+// no owner). It is also the path of the small matrices under small_param_threshold, whatever the
+// strategy, which is why the options it reads are read by every strategy that reads the
+// threshold.
+Schedule replicated_schedule(const StrategyOptions& options);
+const std::vector<std::string_view>& replicated_schedule_options();
 
-// Emits the ops that bring the full update of each param to its owner. Returns, per param, the
-// op ids whose completion means the owner holds the full update.
-class GatherPolicy {
+// One strategy: the seeds' assign, gather and redistribute, as a Schedule of building blocks.
+class Strategy {
  public:
-  virtual ~GatherPolicy() = default;
+  virtual ~Strategy() = default;
   virtual std::string name() const = 0;
-  virtual std::vector<int> emit(PlanBuilder& builder, std::span<const int> params, int stream,
-                                std::vector<int> deps) const = 0;
+  // One line for listings (`muonbed presets`, the key reference): what it does and where from.
+  virtual std::string summary() const = 0;
+  // Position in listings: the built-in strategies 10..50, others after them by name.
+  virtual int listing_order() const { return 1000; }
+  // The keys of `strategy:` it reads, besides name, preset and grad_sync (read by every
+  // strategy): an option it does not list is refused in experiments (unless left at its default)
+  // and left out of summaries.
+  virtual std::vector<std::string_view> options() const = 0;
+  // The owners of the Muon matrices: by default the `assign` option's policy, or explicit owners.
+  virtual Assignment assign(const ShardedModel& model, const StrategyOptions& options,
+                            int ns_steps) const;
+  // The gather, where NS runs, the redistribution and the schedule around them.
+  virtual Schedule schedule(const StrategyOptions& options) const = 0;
+  // Seed 000's claims compare three configurations of the seeds' strategies: "sequential",
+  // "parallel" (owners without prefetch) and "prefetch" (prefetch 2 or more); "" for others.
+  virtual std::string seed_configuration(const StrategyOptions&) const { return ""; }
 };
 
-// Emits the ops that bring the owner's orthogonalized update back to every holder's piece.
-class RedistributePolicy {
- public:
-  virtual ~RedistributePolicy() = default;
-  virtual std::string name() const = 0;
-  virtual std::vector<int> emit(PlanBuilder& builder, std::span<const int> params, int stream,
-                                std::vector<int> deps) const = 0;
-};
-
-// Helper for policies and schedules: owns the plan under construction.
-class PlanBuilder {
- public:
-  PlanBuilder(ShardedModel model, Assignment assignment, PlanSettings settings);
-
-  const ShardedModel& model() const { return plan_.model; }
-  const DeviceMesh& mesh() const { return plan_.model.mesh; }
-  const Assignment& assignment() const { return plan_.assignment; }
-  const DistributedParam& param(int index) const { return plan_.model.params.at(index); }
-  int owner(int param) const { return plan_.assignment.owner.at(param); }
-
-  int stream(const std::string& name);  // index of the named stream, added on first use
-  int add_buffer(std::string name, std::vector<int> params, DimSet gathered, bool owned_only);
-  const std::string& buffer_name(int buffer) const { return plan_.buffers.at(buffer).name; }
-  // Appends op (its id is set here) and returns the id. Deps must be earlier ops.
-  int emit(Op op);
-
-  // The ranks that hold a param: every coordinate except the param's independent ones.
-  RankBox holders_box(int param) const;
-  // holders_box with the coords of `fixed` dims set to those of `rank`.
-  RankBox box_through(int param, int rank, DimSet fixed) const;
-
-  StepPlan finish(std::string strategy_name, std::string options_json);
-
- private:
-  StepPlan plan_;
-};
-
-// Policies by name. Gather: "hierarchical" (one stage per sharding mesh dim, innermost first:
-// TP before FSDP, seed 004: a node's pieces are joined over NVLink, then one transfer per node
-// crosses the network), "rails" (the same stages outermost first: the cross-node stage runs on
-// every NIC rail at once into the owner's node, then NVLink joins the pieces), "flat" (one gather
-// over all sharding dims). Redistribute: the reverse of each, followed by broadcasts along
-// replicate dims ("hierarchical", "rails", "flat").
-std::unique_ptr<GatherPolicy> make_gather_policy(const std::string& name);
-std::unique_ptr<RedistributePolicy> make_redistribute_policy(const std::string& name);
-using GatherPolicyFactory = std::unique_ptr<GatherPolicy> (*)();
-using RedistributePolicyFactory = std::unique_ptr<RedistributePolicy> (*)();
-void register_gather_policy(const std::string& name, GatherPolicyFactory factory);
-void register_redistribute_policy(const std::string& name, RedistributePolicyFactory factory);
-
+using StrategyFactory = std::unique_ptr<Strategy> (*)();
+// Adds a strategy under its name(), replacing one of the same name; call it from a static
+// initializer in the strategy's own file (see core/strategies/owner.cpp).
+void register_strategy(StrategyFactory factory);
+// The registered strategy of this name; throws PlanError listing the registered ones.
+const Strategy& find_strategy(const std::string& name);
+const Strategy* find_strategy_or_null(const std::string& name);
+// Registered names in listing order.
 std::vector<std::string> strategy_names();
 
 // Which strategy options a strategy reads: whether `option` (a key of `strategy:` in an
 // experiment, e.g. "chunk_sizing") can change the plan of strategy `s.name` given s's other
 // options. An option no point of an experiment reads is an error
 // (core/experiment/src/experiment.cpp), and the summaries show an option only where it applies.
-// Conditions: chunk_size is dead under chunk_sizing: ns_cost; with small_param_threshold > 0 the
-// small matrices run as replicated, which reads prefetch_count, comm_lanes and order whatever the
-// strategy; order does not change replicated's step (every rank orthogonalizes every matrix).
+// Besides each strategy's own list: chunk_size is dead under chunk_sizing: ns_cost; with
+// small_param_threshold > 0 the small matrices run the replicated schedule, which reads
+// replicated_schedule_options() whatever the strategy.
 bool strategy_reads_option(const StrategyOptions& s, std::string_view option);
 // The strategies that read `option` at all, for messages: "owner, all_to_all".
 std::string strategies_reading_option(std::string_view option);
+// Every key of `strategy:` an option table knows (name and preset included).
+const std::vector<std::string_view>& strategy_option_keys();
 // Whether `option` of `s` has the value a StrategyOptions{} has (a default value that nothing
 // reads is no setting at all; a non-default one would be silently ignored).
 bool strategy_option_is_default(const StrategyOptions& s, std::string_view option);
@@ -167,11 +140,19 @@ bool strategy_option_is_default(const StrategyOptions& s, std::string_view optio
 void reset_unread_options(StrategyOptions& s);
 
 // Anchor presets: what published systems run, as options of the built-in strategies, so one
-// experiment compares them with muonbed's own best on the same model and cluster. The sources
-// are cited at their definitions (core/plan/src/strategy.cpp). `world_size` sizes the presets whose
-// batches are one matrix per rank. Throws PlanError listing the names for an unknown one.
+// experiment compares them with muonbed's own best on the same model and cluster. One row each,
+// with its source (core/plan/src/presets.cpp).
+struct StrategyPreset {
+  std::string name;
+  std::string source;  // what the options follow, cited
+  StrategyOptions options;
+  bool chunk_per_rank = false;  // chunk_size = world_size (one matrix per rank per batch)
+};
+const std::vector<StrategyPreset>& strategy_presets();
 std::vector<std::string> strategy_preset_names();
+// The preset's options on a mesh of `world_size` ranks; throws PlanError listing the names.
 StrategyOptions strategy_preset(const std::string& name, int world_size);
+
 // Builds the plan of one optimizer step. Throws PlanError when the strategy cannot apply (the
 // message says which option or layout to change).
 StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,

@@ -395,6 +395,10 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster);
 
 // ---- Reports ------------------------------------------------------------------------------------
 
+// How tables name a result's backend: "sim/step", "sim/flow" (the simulator's fidelity), else the
+// backend's name.
+std::string backend_label(const std::string& backend, const std::string& fidelity);
+
 // One-line summary of a record: point, backend, fidelity, average and worst step, per-GPU
 // throughput, computation vs communication time.
 std::string summary_line(const ResultRecord& record);

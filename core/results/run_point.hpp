@@ -69,10 +69,16 @@ struct PointRun {
 using BackendRun = PointRun (*)(const Experiment& experiment, const StepPlan& plan,
                                 const RunSettings& settings);
 
+// Whether a registered backend can run on this machine: "" when it can, else why and the fix
+// (nccl: no GPU). Asked before any work starts.
+using BackendAvailability = std::string (*)();
+
 struct BackendInfo {
-  std::string name;  // as experiments name it (backend: [...])
+  std::string name;  // as experiments name it (backend: [...]); core/experiment/backends.hpp
+                     // says what it is (measured or predicted, what a build needs for it)
   std::string description;
   BackendRun run = nullptr;
+  BackendAvailability unavailable = nullptr;  // null: runs wherever it is built
 };
 
 // Adds a backend, or replaces the one of the same name (so registering twice is harmless).
@@ -81,6 +87,14 @@ void register_backend(const BackendInfo& backend);
 const BackendInfo* find_backend(const std::string& name);
 // Registered backends' names: analytic first, then in registration order.
 std::vector<std::string> registered_backends();
+// "" when `backend` is registered and can run here; else why (not built: what the build needs
+// and how to get it, core/experiment/backends.hpp; built but unusable: its availability check),
+// ending in the fix. `file` names the experiment in the fix's example command ("": a command
+// with a --backend option).
+std::string backend_unavailable(const std::string& backend, const std::string& file);
+// "sim, analytic, mpi (not built), nccl (not built)": the backends experiments may name, and
+// which of them this build lacks.
+std::string backends_summary();
 
 // Runs an already built plan (sweeps reuse one plan for several backends) on a registered
 // backend; throws Error naming the registered ones for any other name.

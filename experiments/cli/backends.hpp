@@ -11,12 +11,9 @@ namespace muonbed::cli {
 // before any command runs.
 void register_compiled_backends();
 
-// Throws ConfigError at `file` when `backend` is not registered: why this build lacks it and
-// the fix. Commands call it for every backend before any work starts.
+// Throws ConfigError at `file` when `backend` cannot run here (core/results/run_point.hpp
+// backend_unavailable: not built, or built but unusable on this machine), with the fix. Commands
+// call it for every backend before any work starts.
 void require_backend(const std::string& backend, const std::string& file);
-
-// "sim, analytic, mpi (not built), nccl (not built)": the backends experiments may name, and
-// which of them this build lacks.
-std::string backends_summary();
 
 }  // namespace muonbed::cli

@@ -20,6 +20,7 @@
 #include "core/base/process.hpp"
 #include "core/config/cluster.hpp"
 #include "core/engine/cost_model.hpp"
+#include "core/experiment/backends.hpp"
 #include "core/experiment/experiment.hpp"
 #include "core/results/collective_bench.hpp"
 #include "core/results/compare.hpp"
@@ -161,14 +162,12 @@ int run_bench_collective(const BenchCollectiveOptions& o) {
                         backends_summary() + ")",
                     "use --backend sim or --backend analytic; a real executor (mpi, nccl) "
                     "appears here once it is built and registers itself");
-  if (backend == "nccl") {
-    std::string why;
-    if (!cuda_device_available(&why))
-      throw cli_error("backend 'nccl' needs a GPU per rank, and this machine has none: " + why,
-                      "run it where each rank has a GPU, or use --backend sim or --backend "
-                      "analytic");
+  // Built but unusable here (nccl without a GPU): said before any work.
+  if (const std::string why = backend_unavailable(backend, ""); !why.empty()) {
+    const std::size_t fix = why.find("; fix: ");
+    throw cli_error(why.substr(0, fix), fix == std::string::npos ? "" : why.substr(fix + 7));
   }
-  const bool predicting = backend == "analytic" || backend == "sim";
+  const bool predicting = !is_measured_backend(backend);
   if (!o.json_path.empty()) check_output_file(o.json_path, "--json");  // before any work
   Experiment e;
   e.name = "bench_collective";

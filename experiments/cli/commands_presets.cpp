@@ -12,6 +12,7 @@
 #include "core/model/model.hpp"
 #include "core/plan/assignment.hpp"
 #include "core/plan/strategy.hpp"
+#include "core/results/run_point.hpp"
 #include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"
 #include "experiments/cli/format.hpp"

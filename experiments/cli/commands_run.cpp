@@ -28,6 +28,7 @@
 
 #include "core/base/errors.hpp"
 #include "core/base/process.hpp"
+#include "core/experiment/backends.hpp"
 #include "core/experiment/experiment.hpp"
 #include "core/results/results.hpp"
 #include "core/results/run_point.hpp"
@@ -264,7 +265,7 @@ class Progress {
 };
 
 std::string backend_text(const ResultRecord& r) {
-  return r.backend == "sim" ? "sim/" + r.fidelity : r.backend;
+  return backend_label(r.backend, r.fidelity);
 }
 
 // Every finished run, in sweep order, with its speedup over the first point of the sweep on the
@@ -331,9 +332,9 @@ void print_results_table(const std::vector<ResultRecord>& records,
     const bool measured = r->step.measured.timed_steps > 0;
     for (const CrossCheck& c : r->cross_check) {
       // Each pair once: from the measured side, else from the alphabetically first backend.
-      const bool other_measured = c.backend == "mpi" || c.backend == "nccl";
+      const bool other_measured = is_measured_backend(c.backend);
       if (c.agree || (!measured && (other_measured || c.backend < r->backend))) continue;
-      const std::string other = c.backend == "sim" ? "sim/" + c.fidelity : c.backend;
+      const std::string other = backend_label(c.backend, c.fidelity);
       if (measured)
         std::cout << fmt::format(
             "DIFFERS   {}: measured {} {} vs {} {} ({:+.1f} %): muonbed compare says why and "
@@ -376,9 +377,9 @@ int remove_stale_temp_files(const std::vector<Experiment>& points) {
   for (const Experiment& point : points) {
     names[fs::path(point.output_dir)].push_back("muonbed-run.json");
     const fs::path folder = fs::path(result_path(point, "x")).parent_path();
-    for (const char* backend : {"analytic", "sim", "mpi", "nccl"}) {
-      names[folder].push_back(std::string(backend) + ".json");
-      names[folder].push_back(std::string(backend) + ".trace.json");
+    for (const std::string& backend : known_backend_names()) {
+      names[folder].push_back(backend + ".json");
+      names[folder].push_back(backend + ".trace.json");
     }
   }
   int removed = 0;
@@ -420,7 +421,7 @@ void write_manifests(const std::vector<Experiment>& points, const Provenance& bu
            {"schema_version", kResultsSchemaVersion},
            {"results", nlohmann::json::array()},
            {"traces", nlohmann::json::array()}};
-    for (const char* backend : {"analytic", "sim", "mpi", "nccl"}) {
+    for (const std::string& backend : known_backend_names()) {
       bool other_build = false;
       const std::optional<ResultRecord> record =
           completed_result(point, backend, build, other_build);

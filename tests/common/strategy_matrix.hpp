@@ -1,8 +1,10 @@
 // The invariant matrix shared by the plan tests (tests/core) and the execution tests
-// (tests/backends): nine topologies (every parallelism and a 4-D hybrid, small models) and fifteen
-// strategy variants (every built-in strategy with the options that change its plan's shape).
+// (tests/backends): nine topologies (every parallelism and a 4-D hybrid, small models) and the
+// strategy variants (every built-in strategy with the options that change its plan's shape, then
+// every other registered strategy with its defaults).
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -111,6 +113,13 @@ inline std::vector<StrategyOptions> strategies() {
     o.order = "lpt";
     o.max_chunks_in_flight = 2;
   });
+  // Every other registered strategy (a user's own, core/policies/) with its default options, so
+  // a strategy added in one file is held to every invariant and equivalence test at once.
+  for (const std::string& name : strategy_names()) {
+    const bool listed = std::any_of(list.begin(), list.end(),
+                                    [&](const StrategyOptions& o) { return o.name == name; });
+    if (!listed) add(name, [](StrategyOptions&) {});
+  }
   return list;
 }
 

@@ -10,6 +10,7 @@
 #include "core/experiment/experiment.hpp"
 #include "core/results/run_point.hpp"
 #include "muonbed/config.hpp"
+#include "tests/common/temp_dir.hpp"
 
 using namespace muonbed;
 
@@ -64,8 +65,9 @@ TEST_CASE("analytic is built in; other backends are registered by name", "[run_p
   RunSettings settings;
   settings.trace_max_ranks = 3;
   Experiment out = e;
-  const auto dir = std::filesystem::temp_directory_path() / "muonbed_run_point_test";
-  std::filesystem::remove_all(dir);
+  // A folder of its own (two build trees or ctest jobs never share it), removed at the end.
+  const testing::TempDir scratch("run-point");
+  const std::filesystem::path dir = scratch.path() / "out";
   out.output_dir = dir.string();
   const PointRun fake = run_point(out, "fake", settings);
   CHECK(fake.trace.at("traced_ranks") == 3);
@@ -77,5 +79,4 @@ TEST_CASE("analytic is built in; other backends are registered by name", "[run_p
   untraced.trace = nullptr;
   write_point(out, untraced);
   CHECK(!std::filesystem::exists(dir / "default" / "fake.trace.json"));
-  std::filesystem::remove_all(dir);
 }

@@ -243,7 +243,7 @@ TEST_CASE("split NS: options are checked, and only staged gathers split", "[stra
   o.split_ns.threshold = 0;
   o.name = "all_to_all";
   CHECK_THROWS_WITH(build_plan(model, o, PlanSettings{}),
-                    Catch::Contains("split_ns") && Catch::Contains("owner or sequential"));
+                    Catch::Contains("split_ns") && Catch::Contains("(sequential, owner)"));
   o.name = "owner";
   o.split_ns.max_members = 1;
   CHECK_THROWS_WITH(build_plan(model, o, PlanSettings{}), Catch::Contains("max_members"));

@@ -465,7 +465,8 @@ TEST_CASE("a file that is not a map", "[experiments][errors]") {
 TEST_CASE("split_ns: a strategy without staged gathers, an unknown key, a bad group size",
           "[experiments][errors][split_ns]") {
   expect_error(kBase + "strategy:\n  name: all_to_all\n  split_ns: true\n", 9, 3,
-               {"'strategy.split_ns' needs strategy owner or sequential", "all_to_all"});
+               {"'strategy.split_ns' needs a strategy whose staged gathers", "(sequential, owner)",
+                "not 'all_to_all'"});
   expect_error(kBase + "strategy:\n  split_ns: {members: 4}\n", 8, 0,
                {"unknown key 'members' in strategy.split_ns", "max_members"});
   expect_error(kBase + "strategy:\n  split_ns: {max_members: 1}\n", 8, 0, {"max_members"});

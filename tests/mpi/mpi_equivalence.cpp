@@ -154,6 +154,14 @@ std::vector<Case> cases(int ranks) {
     out.push_back(
         odd_case("FSDP 4 (uneven, empty shards)", {{"dp_shard", 4, R::fsdp}}, strategy(13), 0));
     out.back().hangs_with_alltoallv = true;
+    // Every strategy that is not built in (a user's own, core/policies/) on FSDP x TP and on the
+    // odd shapes: a strategy added in one file runs under mpirun with no other file changed.
+    for (std::size_t i = 0; i < testing::strategies().size(); ++i)
+      if (find_strategy(testing::strategies()[i].name).listing_order() >= 1000) {
+        out.push_back(topology_case("FSDP+TP", static_cast<int>(i), 0));
+        out.push_back(odd_case("FSDP 4 (uneven, empty shards)", {{"dp_shard", 4, R::fsdp}},
+                               strategy(static_cast<int>(i)), 1));
+      }
     StrategyOptions level;
     level.grad_sync.enabled = true;
     level.grad_sync.level_periods = {2, 3};

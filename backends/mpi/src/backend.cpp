@@ -34,6 +34,7 @@
 #include "core/results/calibration.hpp"
 #include "core/results/compare.hpp"
 #include "core/results/run_point.hpp"
+#include "kernels/gpu.hpp"
 
 #ifndef MUONBED_MPIRUN_PATH
 #define MUONBED_MPIRUN_PATH ""
@@ -655,7 +656,14 @@ void register_nccl_backend() {
   register_backend({"nccl",
                     "measured on GPUs with NCCL (one process per GPU under mpirun, started per "
                     "point as muonbed-gpu-worker; MUONBED_NCCL_GRAPH=1 replays CUDA graphs)",
-                    &run_nccl});
+                    &run_nccl, [] {
+                      std::string why;
+                      if (cuda_device_available(&why)) return std::string();
+                      return "backend 'nccl' needs a GPU per rank, and this machine has none: " +
+                             why +
+                             "; fix: run it where each rank has a GPU; on one GPU, "
+                             "build/muonbed-gpu-worker loopback EXP runs every rank on it";
+                    }});
 }
 
 MpiEnvironment mpi_environment() {

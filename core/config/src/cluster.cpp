@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <map>
@@ -226,25 +227,6 @@ namespace yaml_util {
 
 namespace {
 
-const std::vector<std::string> kClusterKeys = {
-    "name",         "source",     "gpus_per_node", "nodes",      "gpu",
-    "intra_node",   "nic",        "network",       "efficiency", "launch_overhead_us",
-    "measurements", "calibration"};
-const std::vector<std::string> kGpuKeys = {"name",
-                                           "peak_tflops",
-                                           "hbm_GBps",
-                                           "memory_GiB",
-                                           "gemm_efficiency",
-                                           "ns_table",
-                                           "ns_kernel",
-                                           "elementwise_table",
-                                           "host_comm_us_per_message",
-                                           "host_comm_ns_per_byte"};
-const std::vector<std::string> kIntraKeys = {
-    "kind", "bandwidth_GBps", "latency_us", "pcie_switch_GBps", "nvls", "nvls_latency_us"};
-const std::vector<std::string> kLinkClassKeys = {"intra_node", "network"};
-const std::vector<std::string> kCollectiveClassKeys = {"ring", "all_to_all", "p2p", "nvls"};
-const std::vector<std::string> kLaunchKeys = {"collective", "kernel"};
 const std::vector<std::string> kNsEntryKeys = {"version", "shape", "steps", "ms", "source"};
 const std::vector<std::string> kElementwiseEntryKeys = {"kernel", "numel", "ms", "source"};
 const std::vector<std::string> kMeasurementKeys = {
@@ -253,12 +235,6 @@ const std::vector<std::string> kMeasuredOps = {"all_gather", "reduce_scatter", "
                                                "all_to_all", "broadcast",      "gather",
                                                "scatter",    "sendrecv"};
 const std::vector<std::string> kAlgorithms = {"ring", "nvls", "nvls_tree"};
-const std::vector<std::string> kCalibrationKeys = {"tool",    "date",    "host", "git_hash",
-                                                   "backend", "command", "notes"};
-const std::vector<std::string> kNicKeys = {"count_per_node", "bandwidth_GBps", "latency_us",
-                                           "rail_optimized"};
-const std::vector<std::string> kNetworkKeys = {"topology", "levels", "nodes_per_leaf",
-                                               "oversubscription", "switch_latency_us"};
 // Physical ranges of the cluster numbers (README "Limits"): wide enough for a laptop CPU rank
 // (experiments/clusters/local-cpu.yaml) and for hardware generations to come, narrow enough that
 // every simulated time stays a finite number SimGrid can schedule (bandwidths of 1e308 B/s or
@@ -301,14 +277,6 @@ void read_gemm_efficiency(const Context& ctx, const Field& field, GpuSpec& gpu) 
     points.push_back({dim, efficiency});
   }
   gpu.gemm_efficiency = std::move(points);
-}
-
-void read_link_efficiency(const Context& ctx, const Field& field, LinkEfficiency& out) {
-  const MapReader m(ctx, field, kCollectiveClassKeys);
-  m.read("ring", out.ring, kMinEfficiency, 1);
-  m.read("all_to_all", out.all_to_all, kMinEfficiency, 1);
-  m.read("p2p", out.p2p, kMinEfficiency, 1);
-  m.read("nvls", out.nvls, kMinEfficiency, 1);
 }
 
 void read_ns_table(const Context& ctx, const Field& field, GpuSpec& gpu) {
@@ -413,120 +381,562 @@ void read_measurements(const Context& ctx, const Field& field, ClusterSpec& spec
 
 }  // namespace
 
+namespace {
+
+// ---- The cluster fields, one row each ------------------------------------------------------
+// Every key of a cluster profile is one row: where it is, its type and range, whether a complete
+// profile (a file, an inline cluster) needs it, what it means, what `muonbed calibrate` writes
+// there, and how to reach it in a ClusterSpec. read_cluster_map, emit_cluster,
+// cluster_schema_paths and the key reference (cluster_key_reference) all iterate this table, so
+// a new field is one row.
+
+enum class FieldType { text, integer, number, flag, custom };
+
+struct ClusterField {
+  std::string section;  // "" (top), "gpu", "intra_node", "nic", "network",
+                        // "efficiency.intra_node", "efficiency.network", "launch_overhead_us",
+                        // "calibration"
+  std::string key;
+  FieldType type = FieldType::number;
+  double min = 0, max = 0;  // integer, number: the range [min, max]
+  bool required = false;    // in a complete profile
+  std::string example;      // "peak_tflops: 989", for the missing-key message
+  std::string type_text;    // for the key reference
+  std::string doc;          // meaning and unit
+  std::string calibrated;   // what `muonbed calibrate` writes here ("" : nothing)
+  std::function<std::string&(ClusterSpec&)> text;
+  std::function<int&(ClusterSpec&)> integer;
+  std::function<double&(ClusterSpec&)> number;
+  std::function<bool&(ClusterSpec&)> flag;
+  // custom: reads the field, and emits it (key and value) when emitted() says so
+  std::function<void(const Context&, const Field&, ClusterSpec&)> read;
+  std::function<void(YAML::Emitter&, const ClusterSpec&)> emit;
+  std::function<bool(const ClusterSpec&)> emitted;  // null: always
+};
+
+// A section of the profile: a map at `path` (a flow map when `flow`), required in a complete
+// profile (with `example`), and emitted when `emitted` says so (null: always).
+struct ClusterSection {
+  std::string path;
+  bool flow = false;
+  bool required = false;
+  std::string example;
+  std::function<bool(const ClusterSpec&)> emitted;
+  std::string doc;
+};
+
+const std::vector<ClusterSection>& cluster_sections() {
+  static const std::vector<ClusterSection> sections = {
+      {"", false, true, "", nullptr, "the cluster profile"},
+      {"gpu", false, true, "gpu: {name: H100, peak_tflops: 989, hbm_GBps: 3000, memory_GiB: 80}",
+       nullptr, "one GPU (or one CPU rank of a calibrated CPU profile)"},
+      {"intra_node", false, true,
+       "intra_node: {kind: nvswitch, bandwidth_GBps: 450, latency_us: 2}", nullptr,
+       "the links between the GPUs of a node"},
+      {"nic", false, true, "nic: {count_per_node: 8, bandwidth_GBps: 48, latency_us: 5}", nullptr,
+       "the network interfaces of a node"},
+      {"network", false, true, "network: {topology: fat_tree}", nullptr,
+       "the network between nodes"},
+      {"efficiency", false, false, "", nullptr,
+       "achievable fraction of a link class's bandwidth per collective class (NCCL's protocol "
+       "overhead); 1 when absent"},
+      {"efficiency.intra_node", true, false, "", nullptr, "on NVLink / PCIe"},
+      {"efficiency.network", true, false, "", nullptr, "on NICs"},
+      {"launch_overhead_us", true, false, "", nullptr,
+       "fixed costs per call, paid once however large the call"},
+      {"calibration", false, false, "", [](const ClusterSpec& s) { return !s.calibration.empty(); },
+       "how a calibrated profile was made (free text; empty fields are not written)"},
+  };
+  return sections;
+}
+
+template <typename T>
+using Ref = std::function<T&(ClusterSpec&)>;
+
+ClusterField text_field(std::string section, std::string key, Ref<std::string> ref, std::string doc,
+                        bool required = false, std::string example = "",
+                        std::function<bool(const ClusterSpec&)> emitted = nullptr) {
+  ClusterField f;
+  f.section = std::move(section);
+  f.key = std::move(key);
+  f.type = FieldType::text;
+  f.type_text = "text";
+  f.text = std::move(ref);
+  f.doc = std::move(doc);
+  f.required = required;
+  f.example = std::move(example);
+  f.emitted = std::move(emitted);
+  return f;
+}
+
+ClusterField number_field(std::string section, std::string key, Ref<double> ref, double min,
+                          double max, std::string doc, bool required = false,
+                          std::string example = "", std::string calibrated = "",
+                          std::function<bool(const ClusterSpec&)> emitted = nullptr) {
+  ClusterField f;
+  f.section = std::move(section);
+  f.key = std::move(key);
+  f.type = FieldType::number;
+  f.type_text = "number";
+  f.min = min;
+  f.max = max;
+  f.number = std::move(ref);
+  f.doc = std::move(doc);
+  f.required = required;
+  f.example = std::move(example);
+  f.calibrated = std::move(calibrated);
+  f.emitted = std::move(emitted);
+  return f;
+}
+
+ClusterField integer_field(std::string section, std::string key, Ref<int> ref, double min,
+                           double max, std::string doc, bool required = false,
+                           std::string example = "") {
+  ClusterField f;
+  f.section = std::move(section);
+  f.key = std::move(key);
+  f.type = FieldType::integer;
+  f.type_text = "integer";
+  f.min = min;
+  f.max = max;
+  f.integer = std::move(ref);
+  f.doc = std::move(doc);
+  f.required = required;
+  f.example = std::move(example);
+  return f;
+}
+
+ClusterField flag_field(std::string section, std::string key, Ref<bool> ref, std::string doc,
+                        std::function<bool(const ClusterSpec&)> emitted = nullptr) {
+  ClusterField f;
+  f.section = std::move(section);
+  f.key = std::move(key);
+  f.type = FieldType::flag;
+  f.type_text = "true | false";
+  f.flag = std::move(ref);
+  f.doc = std::move(doc);
+  f.emitted = std::move(emitted);
+  return f;
+}
+
+ClusterField custom_field(std::string section, std::string key, std::string type_text,
+                          std::function<void(const Context&, const Field&, ClusterSpec&)> read,
+                          std::function<void(YAML::Emitter&, const ClusterSpec&)> emit,
+                          std::string doc, bool required = false, std::string example = "",
+                          std::string calibrated = "",
+                          std::function<bool(const ClusterSpec&)> emitted = nullptr) {
+  ClusterField f;
+  f.section = std::move(section);
+  f.key = std::move(key);
+  f.type = FieldType::custom;
+  f.type_text = std::move(type_text);
+  f.read = std::move(read);
+  f.emit = std::move(emit);
+  f.doc = std::move(doc);
+  f.required = required;
+  f.example = std::move(example);
+  f.calibrated = std::move(calibrated);
+  f.emitted = std::move(emitted);
+  return f;
+}
+
+void emit_number(YAML::Emitter& out, const std::string& key, double value) {
+  out << YAML::Key << key << YAML::Value << format_number(value);
+}
+
+// The four collective classes of one link class's efficiency map.
+void add_efficiency_rows(std::vector<ClusterField>& rows, const std::string& link,
+                         LinkEfficiency EfficiencySpec::*member) {
+  const std::vector<std::pair<std::string, double LinkEfficiency::*>> classes = {
+      {"ring", &LinkEfficiency::ring},
+      {"all_to_all", &LinkEfficiency::all_to_all},
+      {"p2p", &LinkEfficiency::p2p},
+      {"nvls", &LinkEfficiency::nvls}};
+  for (const auto& [name, cls] : classes)
+    rows.push_back(number_field(
+        "efficiency." + link, name,
+        [member, cls](ClusterSpec& s) -> double& { return (s.efficiency.*member).*cls; },
+        kMinEfficiency, 1,
+        "fraction of the line rate " + name + " collectives achieve" +
+            (name == "ring"   ? " (all_gather, reduce_scatter, ring all_reduce, broadcast)"
+             : name == "p2p"  ? " (gather, scatter, send/recv)"
+             : name == "nvls" ? " (NVLink SHARP all-reduce)"
+                              : " (pairwise exchange)"),
+        false, "", "calibrate (mpi): fit to the bench collective rows (intra_node)"));
+}
+
+const std::vector<ClusterField>& cluster_fields() {
+  static const std::vector<ClusterField> rows = [] {
+    std::vector<ClusterField> r;
+    const auto not_empty = [](std::string ClusterSpec::*m) {
+      return [m](const ClusterSpec& s) { return !(s.*m).empty(); };
+    };
+    r.push_back(text_field(
+        "", "name", [](ClusterSpec& s) -> std::string& { return s.name; },
+        "the profile's name (result files and tables name it)", true, "name: my-cluster"));
+    r.push_back(text_field(
+        "", "source", [](ClusterSpec& s) -> std::string& { return s.source; },
+        "where the numbers come from (citations), free text", false, "",
+        not_empty(&ClusterSpec::source)));
+    r.push_back(integer_field(
+        "", "gpus_per_node", [](ClusterSpec& s) -> int& { return s.gpus_per_node; }, 1, 1024,
+        "GPUs (ranks) per node", true, "gpus_per_node: 8"));
+    r.push_back(integer_field(
+        "", "nodes", [](ClusterSpec& s) -> int& { return s.nodes; }, 0, 1 << 16,
+        "nodes; 0 = as many as the experiment's mesh needs"));
+    // gpu
+    r.push_back(text_field(
+        "gpu", "name", [](ClusterSpec& s) -> std::string& { return s.gpu.name; },
+        "the GPU's (or CPU rank's) name", true, "name: H100-SXM5-80GB"));
+    r.push_back(number_field(
+        "gpu", "peak_tflops", [](ClusterSpec& s) -> double& { return s.gpu.peak_tflops; },
+        kMinPeakTflops, kMaxPeakTflops, "dense bf16 peak, TFLOP/s", true, "peak_tflops: 989",
+        "calibrate (mpi): the fastest fp32 GEMM of one rank"));
+    r.push_back(number_field(
+        "gpu", "hbm_GBps", [](ClusterSpec& s) -> double& { return s.gpu.hbm_GBps; }, kMinHbmGBps,
+        kMaxHbmGBps, "device memory bandwidth for memory-bound ops, GB/s", true, "hbm_GBps: 3000",
+        "calibrate (mpi): least-squares fit of momentum and apply_update"));
+    r.push_back(number_field(
+        "gpu", "memory_GiB", [](ClusterSpec& s) -> double& { return s.gpu.memory_GiB; },
+        kMinMemoryGiB, kMaxMemoryGiB,
+        "memory of one GPU (or rank), GiB: the limit of the memory feasibility check", true,
+        "memory_GiB: 80", "calibrate (mpi): the machine's memory over the ranks"));
+    r.push_back(custom_field(
+        "gpu", "gemm_efficiency", "map dim -> efficiency",
+        [](const Context& c, const Field& f, ClusterSpec& s) { read_gemm_efficiency(c, f, s.gpu); },
+        [](YAML::Emitter& out, const ClusterSpec& s) {
+          out << YAML::Key << "gemm_efficiency" << YAML::Value << YAML::Flow << YAML::BeginMap;
+          for (const EfficiencyPoint& p : s.gpu.gemm_efficiency)
+            out << YAML::Key << format_number(p.dim) << YAML::Value << format_number(p.efficiency);
+          out << YAML::EndMap;
+        },
+        "sustained fraction of peak by the smallest matrix dim (dims 1..2^24 increasing, "
+        "efficiencies 0.001..1), linear in log2(dim); 1 when absent",
+        false, "", "calibrate (mpi): each NS shape's GEMM rate over the peak",
+        [](const ClusterSpec& s) { return !s.gpu.gemm_efficiency.empty(); }));
+    r.push_back(custom_field(
+        "gpu", "ns_table", "list of {version, shape, steps, ms, source}",
+        [](const Context& c, const Field& f, ClusterSpec& s) { read_ns_table(c, f, s.gpu); },
+        [](YAML::Emitter& out, const ClusterSpec& s) {
+          out << YAML::Key << "ns_table" << YAML::Value << YAML::BeginSeq;
+          for (const NsTiming& t : s.gpu.ns_table) {
+            out << YAML::Flow << YAML::BeginMap;
+            out << YAML::Key << "version" << YAML::Value << t.version;
+            out << YAML::Key << "shape" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+            if (t.batch != 1) out << t.batch;
+            out << t.rows << t.cols << YAML::EndSeq;
+            out << YAML::Key << "steps" << YAML::Value << t.steps;
+            emit_number(out, "ms", t.ms);
+            if (!t.source.empty()) out << YAML::Key << "source" << YAML::Value << t.source;
+            out << YAML::EndMap;
+          }
+          out << YAML::EndSeq;
+        },
+        "measured Newton-Schulz time per call by shape ([rows, cols] or [batch, rows, cols]) "
+        "and kernel version, interpolated in FLOPs; past the table by more than 2x, the "
+        "efficiency curve",
+        false, "", "calibrate (mpi): the plans' NS shapes, median of timed rounds",
+        [](const ClusterSpec& s) { return !s.gpu.ns_table.empty(); }));
+    r.push_back(text_field(
+        "gpu", "ns_kernel", [](ClusterSpec& s) -> std::string& { return s.gpu.ns_kernel; },
+        "the ns_table version the model times NS with (default v2 when the table has it, else "
+        "its first)",
+        false, "", [](const ClusterSpec& s) { return !s.gpu.ns_kernel.empty(); }));
+    r.push_back(custom_field(
+        "gpu", "elementwise_table", "list of {kernel, numel, ms, source}",
+        [](const Context& c, const Field& f, ClusterSpec& s) {
+          read_elementwise_table(c, f, s.gpu);
+        },
+        [](YAML::Emitter& out, const ClusterSpec& s) {
+          out << YAML::Key << "elementwise_table" << YAML::Value << YAML::BeginSeq;
+          for (const ElementwiseTiming& t : s.gpu.elementwise_table) {
+            out << YAML::Flow << YAML::BeginMap;
+            out << YAML::Key << "kernel" << YAML::Value << t.kernel;
+            out << YAML::Key << "numel" << YAML::Value << t.numel;
+            emit_number(out, "ms", t.ms);
+            if (!t.source.empty()) out << YAML::Key << "source" << YAML::Value << t.source;
+            out << YAML::EndMap;
+          }
+          out << YAML::EndSeq;
+        },
+        "measured time of momentum, apply_update or adamw by the elements one rank touches; "
+        "absent kernels take their bytes at hbm_GBps",
+        false, "", "calibrate (mpi): at the plans' element counts",
+        [](const ClusterSpec& s) { return !s.gpu.elementwise_table.empty(); }));
+    r.push_back(number_field(
+        "gpu", "host_comm_us_per_message",
+        [](ClusterSpec& s) -> double& { return s.gpu.host_comm_us_per_message; }, 0, kMaxLatencyUs,
+        "host work per message a rank sends or receives on its computing core, us (CPU ranks; "
+        "0 on GPUs)",
+        false, "", "calibrate (mpi): NS while exchanging messages, minus NS alone",
+        [](const ClusterSpec& s) { return s.gpu.host_comm_us_per_message > 0; }));
+    r.push_back(number_field(
+        "gpu", "host_comm_ns_per_byte",
+        [](ClusterSpec& s) -> double& { return s.gpu.host_comm_ns_per_byte; }, 0,
+        kMaxHostCommNsPerByte, "the same per byte, ns", false, "",
+        "calibrate (mpi): as host_comm_us_per_message",
+        [](const ClusterSpec& s) { return s.gpu.host_comm_ns_per_byte > 0; }));
+    // intra_node
+    r.push_back(custom_field(
+        "intra_node", "kind", "nvswitch | pcie",
+        [](const Context& c, const Field& f, ClusterSpec& s) {
+          s.intra.kind = to_choice(c, f, {"nvswitch", "pcie"}) == "pcie" ? IntraNodeKind::pcie
+                                                                         : IntraNodeKind::nvswitch;
+        },
+        [](YAML::Emitter& out, const ClusterSpec& s) {
+          out << YAML::Key << "kind" << YAML::Value
+              << (s.intra.kind == IntraNodeKind::pcie ? "pcie" : "nvswitch");
+        },
+        "NVLink through NVSwitch, or PCIe", true, "kind: nvswitch"));
+    r.push_back(number_field(
+        "intra_node", "bandwidth_GBps",
+        [](ClusterSpec& s) -> double& { return s.intra.bandwidth_GBps; }, kMinBandwidthGBps,
+        kMaxBandwidthGBps, "per GPU per direction (NVLink) or per PCIe link, GB/s", true,
+        "bandwidth_GBps: 450", "calibrate (mpi): the best collective class's rate"));
+    r.push_back(number_field(
+        "intra_node", "latency_us", [](ClusterSpec& s) -> double& { return s.intra.latency_us; }, 0,
+        kMaxLatencyUs, "per transfer, us", true, "latency_us: 2",
+        "calibrate (mpi): fit to the bench collective rows"));
+    r.push_back(custom_field(
+        "intra_node", "pcie_switch_GBps", "number (0, or 0.01..100,000)",
+        [](const Context& c, const Field& f, ClusterSpec& s) {
+          // 0 means "not limiting"; anything else is a bandwidth in the usual range.
+          s.intra.pcie_switch_GBps = to_double(c, f, 0, kMaxBandwidthGBps);
+          if (s.intra.pcie_switch_GBps > 0 && s.intra.pcie_switch_GBps < kMinBandwidthGBps)
+            fail(c, f, "'" + f.path + "' = " + f.value.Scalar() + " is out of range",
+                 "use 0 (the host bridge does not limit) or a number >= " +
+                     format_number(kMinBandwidthGBps) +
+                     " and <= " + format_number(kMaxBandwidthGBps));
+        },
+        [](YAML::Emitter& out, const ClusterSpec& s) {
+          emit_number(out, "pcie_switch_GBps", s.intra.pcie_switch_GBps);
+        },
+        "pcie only: the host bridge every GPU's traffic shares, both directions in one budget, "
+        "GB/s; 0 = not limiting",
+        false, "", "", [](const ClusterSpec& s) { return s.intra.kind == IntraNodeKind::pcie; }));
+    r.push_back(flag_field(
+        "intra_node", "nvls", [](ClusterSpec& s) -> bool& { return s.intra.nvls; },
+        "nvswitch only: NVLink SHARP, all-reduce may run in the switch when faster",
+        [](const ClusterSpec& s) { return s.intra.nvls; }));
+    r.push_back(number_field(
+        "intra_node", "nvls_latency_us",
+        [](ClusterSpec& s) -> double& { return s.intra.nvls_latency_us; }, 0, kMaxLatencyUs,
+        "NVLS's fixed cost per call, us (sets where the model switches from ring to NVLS)", false,
+        "", "", [](const ClusterSpec& s) { return s.intra.nvls; }));
+    // nic
+    r.push_back(integer_field(
+        "nic", "count_per_node", [](ClusterSpec& s) -> int& { return s.nic.count_per_node; }, 0,
+        1024, "NICs per node (0: one node, no network)", true, "count_per_node: 8"));
+    r.push_back(number_field(
+        "nic", "bandwidth_GBps", [](ClusterSpec& s) -> double& { return s.nic.bandwidth_GBps; },
+        kMinBandwidthGBps, kMaxBandwidthGBps, "per NIC per direction, GB/s", true,
+        "bandwidth_GBps: 48"));
+    r.push_back(number_field(
+        "nic", "latency_us", [](ClusterSpec& s) -> double& { return s.nic.latency_us; }, 0,
+        kMaxLatencyUs, "per transfer, us", true, "latency_us: 5"));
+    r.push_back(flag_field(
+        "nic", "rail_optimized", [](ClusterSpec& s) -> bool& { return s.nic.rail_optimized; },
+        "one NIC per GPU, GPU i uses NIC i (needs count_per_node = gpus_per_node)"));
+    // network
+    r.push_back(custom_field(
+        "network", "topology", "single_switch | fat_tree",
+        [](const Context& c, const Field& f, ClusterSpec& s) {
+          s.network.topology = to_choice(c, f, {"single_switch", "fat_tree"}) == "fat_tree"
+                                   ? TopologyKind::fat_tree
+                                   : TopologyKind::single_switch;
+        },
+        [](YAML::Emitter& out, const ClusterSpec& s) {
+          out << YAML::Key << "topology" << YAML::Value
+              << (s.network.topology == TopologyKind::fat_tree ? "fat_tree" : "single_switch");
+        },
+        "the inter-node topology", true, "topology: fat_tree"));
+    r.push_back(integer_field(
+        "network", "levels", [](ClusterSpec& s) -> int& { return s.network.levels; }, 2, 3,
+        "fat_tree: switch levels"));
+    r.push_back(integer_field(
+        "network", "nodes_per_leaf",
+        [](ClusterSpec& s) -> int& { return s.network.nodes_per_leaf; }, 1, 1 << 16,
+        "fat_tree: nodes under one leaf switch"));
+    r.push_back(number_field(
+        "network", "oversubscription",
+        [](ClusterSpec& s) -> double& { return s.network.oversubscription; }, 1,
+        kMaxOversubscription, "fat_tree: leaf uplink oversubscription (1 = non-blocking)"));
+    r.push_back(number_field(
+        "network", "switch_latency_us",
+        [](ClusterSpec& s) -> double& { return s.network.switch_latency_us; }, 0, kMaxLatencyUs,
+        "per switch hop, us"));
+    add_efficiency_rows(r, "intra_node", &EfficiencySpec::intra_node);
+    add_efficiency_rows(r, "network", &EfficiencySpec::network);
+    r.push_back(number_field(
+        "launch_overhead_us", "collective",
+        [](ClusterSpec& s) -> double& { return s.launch_overhead.collective_us; }, 0,
+        kMaxLaunchOverheadUs,
+        "per collective call (NCCL's base latency; the ring's per-step latencies come on top), us",
+        false, "", "calibrate (mpi): fit to the bench collective rows"));
+    r.push_back(number_field(
+        "launch_overhead_us", "kernel",
+        [](ClusterSpec& s) -> double& { return s.launch_overhead.kernel_us; }, 0,
+        kMaxLaunchOverheadUs, "per compute kernel call, us", false, "",
+        "calibrate (mpi): intercept of the elementwise fit"));
+    r.push_back(custom_field(
+        "", "measurements",
+        "list of {op, gpus, size_bytes, busbw_GBps, time_us, algorithm, source}",
+        [](const Context& c, const Field& f, ClusterSpec& s) { read_measurements(c, f, s); },
+        [](YAML::Emitter& out, const ClusterSpec& s) {
+          out << YAML::Key << "measurements" << YAML::Value << YAML::BeginSeq;
+          for (const MeasuredCollective& m : s.measurements) {
+            out << YAML::Flow << YAML::BeginMap;
+            out << YAML::Key << "op" << YAML::Value << m.op;
+            out << YAML::Key << "gpus" << YAML::Value << m.gpus;
+            out << YAML::Key << "size_bytes" << YAML::Value << m.size_bytes;
+            if (m.busbw_GBps > 0) emit_number(out, "busbw_GBps", m.busbw_GBps);
+            if (m.time_us > 0) emit_number(out, "time_us", m.time_us);
+            if (!m.algorithm.empty()) out << YAML::Key << "algorithm" << YAML::Value << m.algorithm;
+            out << YAML::Key << "source" << YAML::Value << m.source;
+            out << YAML::EndMap;
+          }
+          out << YAML::EndSeq;
+        },
+        "measured or published collective figures (nccl-tests' busbw) with their sources: the "
+        "evidence a profile was calibrated from, checked by tests and by muonbed compare",
+        false, "", "calibrate (mpi): the bench collective rows it fitted",
+        [](const ClusterSpec& s) { return !s.measurements.empty(); }));
+    const std::vector<std::pair<std::string, std::string CalibrationInfo::*>> info = {
+        {"tool", &CalibrationInfo::tool},       {"date", &CalibrationInfo::date},
+        {"host", &CalibrationInfo::host},       {"git_hash", &CalibrationInfo::git_hash},
+        {"backend", &CalibrationInfo::backend}, {"command", &CalibrationInfo::command},
+        {"notes", &CalibrationInfo::notes}};
+    for (const auto& [key, member] : info)
+      r.push_back(text_field(
+          "calibration", key,
+          [member](ClusterSpec& s) -> std::string& { return s.calibration.*member; },
+          "calibration provenance: " + key +
+              (key == "backend" ? " (mpi: the ranks are CPU ranks; tables call them ranks)" : ""),
+          false, "", [member](const ClusterSpec& s) { return !(s.calibration.*member).empty(); }));
+    r.back().calibrated = "calibrate: written with the profile";
+    return r;
+  }();
+  return rows;
+}
+
+// The keys allowed in the map at `section`: its fields' keys and its subsections' last names.
+std::vector<std::string> section_keys(const std::string& section) {
+  std::vector<std::string> keys;
+  for (const ClusterField& f : cluster_fields())
+    if (f.section == section) keys.push_back(f.key);
+  for (const ClusterSection& s : cluster_sections()) {
+    if (s.path.empty() || s.path == section) continue;
+    const std::size_t dot = s.path.rfind('.');
+    const std::string parent = dot == std::string::npos ? "" : s.path.substr(0, dot);
+    const std::string name = dot == std::string::npos ? s.path : s.path.substr(dot + 1);
+    if (parent == section) keys.push_back(name);
+  }
+  return keys;
+}
+
+void read_field(const MapReader& map, const ClusterField& f, ClusterSpec& spec) {
+  const Field* field = map.find(f.key);
+  if (!field) return;
+  const Context& ctx = map.context();
+  switch (f.type) {
+    case FieldType::text:
+      f.text(spec) = to_string_value(ctx, *field);
+      break;
+    case FieldType::integer:
+      f.integer(spec) = static_cast<int>(
+          to_int(ctx, *field, static_cast<std::int64_t>(f.min), static_cast<std::int64_t>(f.max)));
+      break;
+    case FieldType::number:
+      f.number(spec) = to_double(ctx, *field, f.min, f.max);
+      break;
+    case FieldType::flag:
+      f.flag(spec) = to_bool(ctx, *field);
+      break;
+    case FieldType::custom:
+      f.read(ctx, *field, spec);
+      break;
+  }
+}
+
+// Reads the map of `section` (a field already checked to be there) and its subsections.
+void read_section(const Context& ctx, const MapReader& map, const std::string& section,
+                  bool complete, ClusterSpec& spec) {
+  if (complete) {
+    for (const ClusterField& f : cluster_fields())
+      if (f.section == section && f.required) map.require(f.key, f.example);
+    for (const ClusterSection& s : cluster_sections())
+      if (s.required && !s.path.empty() && s.path.find('.') == std::string::npos && section.empty())
+        map.require(s.path, s.example);
+  }
+  for (const ClusterField& f : cluster_fields())
+    if (f.section == section) read_field(map, f, spec);
+  for (const ClusterSection& s : cluster_sections()) {
+    const std::size_t dot = s.path.rfind('.');
+    const std::string parent = dot == std::string::npos ? "" : s.path.substr(0, dot);
+    if (s.path.empty() || parent != section) continue;
+    const std::string name = dot == std::string::npos ? s.path : s.path.substr(dot + 1);
+    if (const Field* f = map.find(name))
+      read_section(ctx, MapReader(ctx, *f, section_keys(s.path)), s.path, complete, spec);
+  }
+}
+
+void emit_field(YAML::Emitter& out, const ClusterField& f, const ClusterSpec& spec) {
+  if (f.emitted && !f.emitted(spec)) return;
+  ClusterSpec& s = const_cast<ClusterSpec&>(spec);  // the accessors only read here
+  switch (f.type) {
+    case FieldType::text:
+      out << YAML::Key << f.key << YAML::Value << f.text(s);
+      break;
+    case FieldType::integer:
+      out << YAML::Key << f.key << YAML::Value << f.integer(s);
+      break;
+    case FieldType::number:
+      emit_number(out, f.key, f.number(s));
+      break;
+    case FieldType::flag:
+      out << YAML::Key << f.key << YAML::Value << f.flag(s);
+      break;
+    case FieldType::custom:
+      f.emit(out, spec);
+      break;
+  }
+}
+
+// Emits the fields of `section` and its subsections, in table order (fields of a section before
+// the subsections that follow them in cluster_sections(), as profiles are written).
+void emit_section(YAML::Emitter& out, const std::string& section, const ClusterSpec& spec) {
+  const auto subsection = [&](const ClusterSection& s) {
+    const std::size_t dot = s.path.rfind('.');
+    const std::string parent = dot == std::string::npos ? "" : s.path.substr(0, dot);
+    if (s.path.empty() || parent != section) return;
+    if (s.emitted && !s.emitted(spec)) return;
+    const std::string name = dot == std::string::npos ? s.path : s.path.substr(dot + 1);
+    out << YAML::Key << name << YAML::Value;
+    if (s.flow) out << YAML::Flow;
+    out << YAML::BeginMap;
+    emit_section(out, s.path, spec);
+    out << YAML::EndMap;
+  };
+  // Top level: the scalars, then the sections in order, with measurements before calibration.
+  for (const ClusterField& f : cluster_fields())
+    if (f.section == section && !(section.empty() && f.key == "measurements"))
+      emit_field(out, f, spec);
+  for (const ClusterSection& s : cluster_sections()) {
+    if (section.empty() && s.path == "calibration")
+      for (const ClusterField& f : cluster_fields())
+        if (f.section.empty() && f.key == "measurements") emit_field(out, f, spec);
+    subsection(s);
+  }
+}
+
+}  // namespace
+
 void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::string& path,
                       bool complete, ClusterSpec& spec) {
-  std::vector<std::string> keys = kClusterKeys;
+  std::vector<std::string> keys = section_keys("");
   if (!complete) keys.push_back("preset");
   const MapReader top(ctx, node, path, keys);
-  if (complete) {
-    top.require("name", "name: my-cluster");
-    top.require("gpus_per_node", "gpus_per_node: 8");
-    top.require("gpu", "gpu: {name: H100, peak_tflops: 989, hbm_GBps: 3000, memory_GiB: 80}");
-    top.require("intra_node", "intra_node: {kind: nvswitch, bandwidth_GBps: 450, latency_us: 2}");
-    top.require("nic", "nic: {count_per_node: 8, bandwidth_GBps: 48, latency_us: 5}");
-    top.require("network", "network: {topology: fat_tree}");
-  }
-  top.read("name", spec.name);
-  top.read("source", spec.source);
-  top.read("gpus_per_node", spec.gpus_per_node, 1, 1024);
-  top.read("nodes", spec.nodes, 0, 1 << 16);
-
-  if (const Field* f = top.find("gpu")) {
-    const MapReader gpu(ctx, *f, kGpuKeys);
-    if (complete) {
-      gpu.require("name", "name: H100-SXM5-80GB");
-      gpu.require("peak_tflops", "peak_tflops: 989");
-      gpu.require("hbm_GBps", "hbm_GBps: 3000");
-      gpu.require("memory_GiB", "memory_GiB: 80");
-    }
-    gpu.read("name", spec.gpu.name);
-    gpu.read("peak_tflops", spec.gpu.peak_tflops, kMinPeakTflops, kMaxPeakTflops);
-    gpu.read("hbm_GBps", spec.gpu.hbm_GBps, kMinHbmGBps, kMaxHbmGBps);
-    gpu.read("memory_GiB", spec.gpu.memory_GiB, kMinMemoryGiB, kMaxMemoryGiB);
-    if (const Field* e = gpu.find("gemm_efficiency")) read_gemm_efficiency(ctx, *e, spec.gpu);
-    if (const Field* t = gpu.find("ns_table")) read_ns_table(ctx, *t, spec.gpu);
-    gpu.read("ns_kernel", spec.gpu.ns_kernel);
-    if (const Field* t = gpu.find("elementwise_table")) read_elementwise_table(ctx, *t, spec.gpu);
-    gpu.read("host_comm_us_per_message", spec.gpu.host_comm_us_per_message, 0, kMaxLatencyUs);
-    gpu.read("host_comm_ns_per_byte", spec.gpu.host_comm_ns_per_byte, 0, kMaxHostCommNsPerByte);
-  }
-
-  if (const Field* f = top.find("intra_node")) {
-    const MapReader intra(ctx, *f, kIntraKeys);
-    if (complete) {
-      intra.require("kind", "kind: nvswitch");
-      intra.require("bandwidth_GBps", "bandwidth_GBps: 450");
-      intra.require("latency_us", "latency_us: 2");
-    }
-    std::string kind;
-    if (intra.read_choice("kind", kind, {"nvswitch", "pcie"}))
-      spec.intra.kind = kind == "pcie" ? IntraNodeKind::pcie : IntraNodeKind::nvswitch;
-    intra.read("bandwidth_GBps", spec.intra.bandwidth_GBps, kMinBandwidthGBps, kMaxBandwidthGBps);
-    intra.read("latency_us", spec.intra.latency_us, 0, kMaxLatencyUs);
-    if (const Field* pcie = intra.find("pcie_switch_GBps")) {
-      // 0 means "not limiting"; anything else is a bandwidth in the usual range.
-      spec.intra.pcie_switch_GBps = to_double(ctx, *pcie, 0, kMaxBandwidthGBps);
-      if (spec.intra.pcie_switch_GBps > 0 && spec.intra.pcie_switch_GBps < kMinBandwidthGBps)
-        fail(ctx, *pcie, "'" + pcie->path + "' = " + pcie->value.Scalar() + " is out of range",
-             "use 0 (the host bridge does not limit) or a number >= " +
-                 format_number(kMinBandwidthGBps) + " and <= " + format_number(kMaxBandwidthGBps));
-    }
-    intra.read("nvls", spec.intra.nvls);
-    intra.read("nvls_latency_us", spec.intra.nvls_latency_us, 0, kMaxLatencyUs);
-  }
-
-  if (const Field* f = top.find("nic")) {
-    const MapReader nic(ctx, *f, kNicKeys);
-    if (complete) {
-      nic.require("count_per_node", "count_per_node: 8");
-      nic.require("bandwidth_GBps", "bandwidth_GBps: 48");
-      nic.require("latency_us", "latency_us: 5");
-    }
-    nic.read("count_per_node", spec.nic.count_per_node, 0, 1024);
-    nic.read("bandwidth_GBps", spec.nic.bandwidth_GBps, kMinBandwidthGBps, kMaxBandwidthGBps);
-    nic.read("latency_us", spec.nic.latency_us, 0, kMaxLatencyUs);
-    nic.read("rail_optimized", spec.nic.rail_optimized);
-  }
-
-  if (const Field* f = top.find("network")) {
-    const MapReader net(ctx, *f, kNetworkKeys);
-    if (complete) net.require("topology", "topology: fat_tree");
-    std::string topology;
-    if (net.read_choice("topology", topology, {"single_switch", "fat_tree"}))
-      spec.network.topology =
-          topology == "fat_tree" ? TopologyKind::fat_tree : TopologyKind::single_switch;
-    if (const Field* levels = net.find("levels")) {
-      spec.network.levels = static_cast<int>(to_int(ctx, *levels, 2, 3));
-    }
-    net.read("nodes_per_leaf", spec.network.nodes_per_leaf, 1, 1 << 16);
-    net.read("oversubscription", spec.network.oversubscription, 1, kMaxOversubscription);
-    net.read("switch_latency_us", spec.network.switch_latency_us, 0, kMaxLatencyUs);
-  }
-
-  if (const Field* f = top.find("efficiency")) {
-    const MapReader eff(ctx, *f, kLinkClassKeys);
-    if (const Field* e = eff.find("intra_node"))
-      read_link_efficiency(ctx, *e, spec.efficiency.intra_node);
-    if (const Field* e = eff.find("network"))
-      read_link_efficiency(ctx, *e, spec.efficiency.network);
-  }
-  if (const Field* f = top.find("launch_overhead_us")) {
-    const MapReader launch(ctx, *f, kLaunchKeys);
-    launch.read("collective", spec.launch_overhead.collective_us, 0, kMaxLaunchOverheadUs);
-    launch.read("kernel", spec.launch_overhead.kernel_us, 0, kMaxLaunchOverheadUs);
-  }
-  if (const Field* f = top.find("measurements")) read_measurements(ctx, *f, spec);
-  if (const Field* f = top.find("calibration")) {
-    const MapReader cal(ctx, *f, kCalibrationKeys);
-    CalibrationInfo& c = spec.calibration;
-    cal.read("tool", c.tool);
-    cal.read("date", c.date);
-    cal.read("host", c.host);
-    cal.read("git_hash", c.git_hash);
-    cal.read("backend", c.backend);
-    cal.read("command", c.command);
-    cal.read("notes", c.notes);
-  }
+  read_section(ctx, top, "", complete, spec);
 
   // Rules across fields, checked on the result (a preset plus overrides, or a complete map).
   auto at = [&](const char* section, const char* key) -> Field {
@@ -631,156 +1041,50 @@ std::vector<std::string> cluster_names(const std::string& relative_to) {
 }
 
 std::vector<std::string> cluster_schema_paths() {
-  std::vector<std::string> paths = kClusterKeys;
-  for (const std::string& k : kGpuKeys) paths.push_back("gpu." + k);
-  for (const std::string& k : kIntraKeys) paths.push_back("intra_node." + k);
-  for (const std::string& k : kNicKeys) paths.push_back("nic." + k);
-  for (const std::string& k : kNetworkKeys) paths.push_back("network." + k);
-  for (const std::string& link : kLinkClassKeys) {
-    paths.push_back("efficiency." + link);
-    for (const std::string& k : kCollectiveClassKeys)
-      paths.push_back("efficiency." + link + "." + k);
-  }
-  for (const std::string& k : kLaunchKeys) paths.push_back("launch_overhead_us." + k);
-  for (const std::string& k : kCalibrationKeys) paths.push_back("calibration." + k);
+  std::vector<std::string> paths;
+  for (const ClusterSection& s : cluster_sections())
+    if (!s.path.empty()) paths.push_back(s.path);
+  for (const ClusterField& f : cluster_fields())
+    paths.push_back(f.section.empty() ? f.key : f.section + "." + f.key);
   return paths;
 }
 
 void emit_cluster(YAML::Emitter& out, const ClusterSpec& spec) {
-  auto number = [&](const char* key, double value) {
-    out << YAML::Key << key << YAML::Value << format_number(value);
-  };
   out << YAML::BeginMap;
-  out << YAML::Key << "name" << YAML::Value << spec.name;
-  if (!spec.source.empty()) out << YAML::Key << "source" << YAML::Value << spec.source;
-  out << YAML::Key << "gpus_per_node" << YAML::Value << spec.gpus_per_node;
-  out << YAML::Key << "nodes" << YAML::Value << spec.nodes;
-
-  out << YAML::Key << "gpu" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "name" << YAML::Value << spec.gpu.name;
-  number("peak_tflops", spec.gpu.peak_tflops);
-  number("hbm_GBps", spec.gpu.hbm_GBps);
-  number("memory_GiB", spec.gpu.memory_GiB);
-  if (!spec.gpu.gemm_efficiency.empty()) {
-    out << YAML::Key << "gemm_efficiency" << YAML::Value << YAML::Flow << YAML::BeginMap;
-    for (const EfficiencyPoint& p : spec.gpu.gemm_efficiency)
-      out << YAML::Key << format_number(p.dim) << YAML::Value << format_number(p.efficiency);
-    out << YAML::EndMap;
-  }
-  if (!spec.gpu.ns_table.empty()) {
-    out << YAML::Key << "ns_table" << YAML::Value << YAML::BeginSeq;
-    for (const NsTiming& t : spec.gpu.ns_table) {
-      out << YAML::Flow << YAML::BeginMap;
-      out << YAML::Key << "version" << YAML::Value << t.version;
-      out << YAML::Key << "shape" << YAML::Value << YAML::Flow << YAML::BeginSeq;
-      if (t.batch != 1) out << t.batch;
-      out << t.rows << t.cols << YAML::EndSeq;
-      out << YAML::Key << "steps" << YAML::Value << t.steps;
-      number("ms", t.ms);
-      if (!t.source.empty()) out << YAML::Key << "source" << YAML::Value << t.source;
-      out << YAML::EndMap;
-    }
-    out << YAML::EndSeq;
-  }
-  if (!spec.gpu.ns_kernel.empty())
-    out << YAML::Key << "ns_kernel" << YAML::Value << spec.gpu.ns_kernel;
-  if (!spec.gpu.elementwise_table.empty()) {
-    out << YAML::Key << "elementwise_table" << YAML::Value << YAML::BeginSeq;
-    for (const ElementwiseTiming& t : spec.gpu.elementwise_table) {
-      out << YAML::Flow << YAML::BeginMap;
-      out << YAML::Key << "kernel" << YAML::Value << t.kernel;
-      out << YAML::Key << "numel" << YAML::Value << t.numel;
-      number("ms", t.ms);
-      if (!t.source.empty()) out << YAML::Key << "source" << YAML::Value << t.source;
-      out << YAML::EndMap;
-    }
-    out << YAML::EndSeq;
-  }
-  if (spec.gpu.host_comm_us_per_message > 0)
-    number("host_comm_us_per_message", spec.gpu.host_comm_us_per_message);
-  if (spec.gpu.host_comm_ns_per_byte > 0)
-    number("host_comm_ns_per_byte", spec.gpu.host_comm_ns_per_byte);
-  out << YAML::EndMap;
-
-  out << YAML::Key << "intra_node" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "kind" << YAML::Value
-      << (spec.intra.kind == IntraNodeKind::pcie ? "pcie" : "nvswitch");
-  number("bandwidth_GBps", spec.intra.bandwidth_GBps);
-  number("latency_us", spec.intra.latency_us);
-  if (spec.intra.kind == IntraNodeKind::pcie)
-    number("pcie_switch_GBps", spec.intra.pcie_switch_GBps);
-  if (spec.intra.nvls) {
-    out << YAML::Key << "nvls" << YAML::Value << true;
-    number("nvls_latency_us", spec.intra.nvls_latency_us);
-  }
-  out << YAML::EndMap;
-
-  out << YAML::Key << "nic" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "count_per_node" << YAML::Value << spec.nic.count_per_node;
-  number("bandwidth_GBps", spec.nic.bandwidth_GBps);
-  number("latency_us", spec.nic.latency_us);
-  out << YAML::Key << "rail_optimized" << YAML::Value << spec.nic.rail_optimized;
-  out << YAML::EndMap;
-
-  out << YAML::Key << "network" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "topology" << YAML::Value
-      << (spec.network.topology == TopologyKind::fat_tree ? "fat_tree" : "single_switch");
-  out << YAML::Key << "levels" << YAML::Value << spec.network.levels;
-  out << YAML::Key << "nodes_per_leaf" << YAML::Value << spec.network.nodes_per_leaf;
-  number("oversubscription", spec.network.oversubscription);
-  number("switch_latency_us", spec.network.switch_latency_us);
-  out << YAML::EndMap;
-
-  const auto link = [&](const char* key, const LinkEfficiency& e) {
-    out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginMap;
-    number("ring", e.ring);
-    number("all_to_all", e.all_to_all);
-    number("p2p", e.p2p);
-    number("nvls", e.nvls);
-    out << YAML::EndMap;
-  };
-  out << YAML::Key << "efficiency" << YAML::Value << YAML::BeginMap;
-  link("intra_node", spec.efficiency.intra_node);
-  link("network", spec.efficiency.network);
-  out << YAML::EndMap;
-  out << YAML::Key << "launch_overhead_us" << YAML::Value << YAML::Flow << YAML::BeginMap;
-  number("collective", spec.launch_overhead.collective_us);
-  number("kernel", spec.launch_overhead.kernel_us);
-  out << YAML::EndMap;
-  if (!spec.measurements.empty()) {
-    out << YAML::Key << "measurements" << YAML::Value << YAML::BeginSeq;
-    for (const MeasuredCollective& m : spec.measurements) {
-      out << YAML::Flow << YAML::BeginMap;
-      out << YAML::Key << "op" << YAML::Value << m.op;
-      out << YAML::Key << "gpus" << YAML::Value << m.gpus;
-      out << YAML::Key << "size_bytes" << YAML::Value << m.size_bytes;
-      if (m.busbw_GBps > 0) number("busbw_GBps", m.busbw_GBps);
-      if (m.time_us > 0) number("time_us", m.time_us);
-      if (!m.algorithm.empty()) out << YAML::Key << "algorithm" << YAML::Value << m.algorithm;
-      out << YAML::Key << "source" << YAML::Value << m.source;
-      out << YAML::EndMap;
-    }
-    out << YAML::EndSeq;
-  }
-  if (!spec.calibration.empty()) {
-    const CalibrationInfo& c = spec.calibration;
-    out << YAML::Key << "calibration" << YAML::Value << YAML::BeginMap;
-    const auto text = [&](const char* key, const std::string& v) {
-      if (!v.empty()) out << YAML::Key << key << YAML::Value << v;
-    };
-    text("tool", c.tool);
-    text("date", c.date);
-    text("host", c.host);
-    text("git_hash", c.git_hash);
-    text("backend", c.backend);
-    text("command", c.command);
-    text("notes", c.notes);
-    out << YAML::EndMap;
-  }
+  emit_section(out, "", spec);
   out << YAML::EndMap;
 }
 
+std::vector<ClusterKeyDoc> cluster_key_docs() {
+  std::vector<ClusterKeyDoc> docs;
+  for (const ClusterSection& s : cluster_sections()) {
+    if (s.path.empty()) continue;
+    docs.push_back({s.path, "map", "", s.required, s.doc, ""});
+    for (const ClusterField& f : cluster_fields()) {
+      if (f.section != s.path) continue;
+      std::string range;
+      if (f.type == FieldType::integer || f.type == FieldType::number)
+        range = format_number(f.min) + " .. " + format_number(f.max);
+      docs.push_back({s.path + "." + f.key, f.type_text, range, f.required, f.doc, f.calibrated});
+    }
+  }
+  // The top level's own fields first.
+  std::vector<ClusterKeyDoc> top;
+  for (const ClusterField& f : cluster_fields())
+    if (f.section.empty()) {
+      std::string range;
+      if (f.type == FieldType::integer || f.type == FieldType::number)
+        range = format_number(f.min) + " .. " + format_number(f.max);
+      top.push_back({f.key, f.type_text, range, f.required, f.doc, f.calibrated});
+    }
+  docs.insert(docs.begin(), top.begin(), top.end());
+  return docs;
+}
 }  // namespace yaml_util
+
+std::vector<ClusterKeyDoc> cluster_key_reference() {
+  return yaml_util::cluster_key_docs();
+}
 
 ClusterSpec parse_cluster(const YAML::Node& node, const std::string& file) {
   const Context ctx{file, ""};

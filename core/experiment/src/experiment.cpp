@@ -4,6 +4,7 @@
 // Every check says file:line:column, the offending value and the fix; a parsed point is complete
 // (its model lays out on its mesh) and carries its resolved configuration as YAML.
 #include "core/experiment/experiment.hpp"
+#include "core/experiment/backends.hpp"
 #include "core/results/results.hpp"
 
 #include <algorithm>
@@ -129,7 +130,6 @@ const std::vector<std::string> kMemoryKeys = {"master_weights", "activations_GiB
 const std::vector<std::string> kMasterWeights = {"auto", "fp32", "none"};
 // Per-rank memory an experiment may add (activations, reserved): at most 64 TiB, beyond any device.
 constexpr double kMaxMemoryGiB = 65536;
-const std::vector<std::string> kBackends = {"sim", "analytic", "mpi", "nccl"};
 const std::vector<std::string> kFidelities = {"step", "flow", "auto"};
 const std::vector<std::string> kDTypes = {"fp32", "bf16", "fp16"};
 
@@ -943,11 +943,11 @@ void read_strategy(const Context& ctx, const MapReader& top, const MeshSection& 
       sn.read("max_members", s.split_ns.max_members, 2, 16384);
       sn.read("threshold", s.split_ns.threshold, 0.0, 1e9);
     }
-    if (s.split_ns.enabled && s.name != "owner" && s.name != "sequential")
+    if (s.split_ns.enabled && !strategy_reads_option(s, "split_ns"))
       fail(ctx, f->key,
-           "'strategy.split_ns' needs strategy owner or sequential (their staged gathers leave "
-           "each member of a split group its slice), not '" +
-               s.name + "'",
+           "'strategy.split_ns' needs a strategy whose staged gathers leave each member of a "
+           "split group its slice (" +
+               strategies_reading_option("split_ns") + "), not '" + s.name + "'",
            "set strategy.name: owner, or remove split_ns");
     if (s.split_ns.enabled && s.gather != "hierarchical" && s.gather != "rails" &&
         s.gather != "flat")
@@ -1525,13 +1525,14 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* c
     if (f->value.IsSequence()) {
       items = list_items(ctx, *f);
       if (items.empty())
-        fail(ctx, *f, "'backend' is an empty list", "use one or more of: " + join(kBackends));
+        fail(ctx, *f, "'backend' is an empty list",
+             "use one or more of: " + join(known_backend_names()));
     } else {
       items.push_back(*f);
     }
     e.backends.clear();
     for (const Field& item : items) {
-      const std::string b = to_choice(ctx, item, kBackends);
+      const std::string b = to_choice(ctx, item, known_backend_names());
       if (std::find(e.backends.begin(), e.backends.end(), b) != e.backends.end())
         fail(ctx, item, "backend '" + b + "' is listed twice", "list each backend once");
       e.backends.push_back(b);

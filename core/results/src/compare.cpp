@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/base/errors.hpp"
+#include "core/experiment/backends.hpp"
 
 namespace muonbed {
 
@@ -18,8 +19,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::vector<std::string> kMeasured = {"mpi", "nccl"};
-const std::vector<std::string> kPredicted = {"analytic", "sim"};
+// The measured and the predicting backends (core/experiment/backends.hpp), each alphabetically.
+std::vector<std::string> backends_that(bool measure) {
+  std::vector<std::string> names;
+  for (const BackendFacts& b : known_backends())
+    if (b.measures == measure) names.push_back(b.name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+const std::vector<std::string> kMeasured = backends_that(true);
+const std::vector<std::string> kPredicted = backends_that(false);
 
 // printf into a string (core does not link fmt).
 std::string strf(const char* format, ...) {

@@ -4,6 +4,8 @@
 // and the JSON reader/writer with atomic file writes. See core/results/results.hpp for the schema.
 #include "core/results/results.hpp"
 
+#include "core/experiment/backends.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -172,7 +174,7 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
 
   // Predicted records say where their Newton-Schulz times come from (a shape past the measured
   // table is timed from the efficiency curve, and the note names it).
-  if (record.backend == "analytic" || record.backend == "sim")
+  if (const BackendFacts* facts = backend_facts(record.backend); facts && !facts->measures)
     record.notes.push_back(ns_time_sources(plan, cluster).note);
 
   // Per rank: averages over patterns weighted by their step counts, and the worst step's values.
@@ -640,7 +642,7 @@ std::string result_identity(const std::string& resolved_yaml, const std::string&
     if (backend != "sim") root.remove("sim");
     // The measured backends' warm-up and timed steps and data seed do not change a
     // deterministic model's result.
-    if (backend == "analytic" || backend == "sim")
+    if (const BackendFacts* facts = backend_facts(backend); facts && !facts->measures)
       for (const char* key : {"steps", "repeats", "seed"}) root.remove(key);
   }
   YAML::Emitter out;

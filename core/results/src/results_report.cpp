@@ -10,6 +10,7 @@
 #include <map>
 #include <sstream>
 
+#include "core/plan/strategy.hpp"
 #include "core/results/results.hpp"
 
 namespace muonbed {
@@ -30,17 +31,20 @@ std::string duration(double s) {
 
 }  // namespace
 
+std::string backend_label(const std::string& backend, const std::string& fidelity) {
+  return backend == "sim" && !fidelity.empty() ? "sim/" + fidelity : backend;
+}
+
 std::string summary_line(const ResultRecord& r) {
   // CPU ranks are ranks, not GPUs.
   const std::string unit = r.setup.rank_kind == "cpu" ? "rank" : "GPU";
   std::ostringstream out;
   out << (r.provenance.point.empty() ? r.provenance.experiment : r.provenance.point) << " ["
-      << r.backend << (r.backend == "sim" ? "/" + r.fidelity : "") << "] " << r.setup.world_size
-      << " " << unit << "s: step avg " << duration(r.step.average_s) << ", worst "
-      << duration(r.step.worst_s) << "; per " << unit << " "
-      << format("%.3g", r.throughput.params_per_s_per_gpu.average) << " params/s avg, "
-      << format("%.3g", r.throughput.params_per_s_per_gpu.worst) << " worst; compute "
-      << duration(r.throughput.compute_time_s.average) << ", comm "
+      << backend_label(r.backend, r.fidelity) << "] " << r.setup.world_size << " " << unit
+      << "s: step avg " << duration(r.step.average_s) << ", worst " << duration(r.step.worst_s)
+      << "; per " << unit << " " << format("%.3g", r.throughput.params_per_s_per_gpu.average)
+      << " params/s avg, " << format("%.3g", r.throughput.params_per_s_per_gpu.worst)
+      << " worst; compute " << duration(r.throughput.compute_time_s.average) << ", comm "
       << duration(r.throughput.comm_time_s.average) << " (exposed "
       << duration(r.throughput.comm_exposed_time_s.average) << ")";
   return out.str();
@@ -71,14 +75,17 @@ std::string seed_variant(const ResultRecord& r) {
       // an unreadable configuration leaves the record unclassified
     }
   }
-  if (name == "sequential") return "sequential";
-  if (name == "owner" && prefetch == 0) return "parallel";
-  if (name == "owner" && prefetch >= 2) return "prefetch";
-  return "";
+  // The strategy says which of seed 000's configurations its options are.
+  const Strategy* strategy = find_strategy_or_null(name);
+  if (!strategy) return "";
+  StrategyOptions options;
+  options.name = name;
+  if (prefetch >= 0) options.prefetch_count = prefetch;
+  return strategy->seed_configuration(options);
 }
 
 std::string backend_name(const ResultRecord& r) {
-  return r.backend == "sim" ? "sim/" + r.fidelity : r.backend;
+  return backend_label(r.backend, r.fidelity);
 }
 
 }  // namespace
@@ -136,7 +143,7 @@ std::string seed_claims_table(const std::vector<ResultRecord>& records) {
   if (rows.empty()) return "";
   std::vector<std::string> backends;
   for (const SeedClaimRow& row : rows) {
-    const std::string b = row.backend == "sim" ? "sim/" + row.fidelity : row.backend;
+    const std::string b = backend_label(row.backend, row.fidelity);
     if (std::find(backends.begin(), backends.end(), b) == backends.end()) backends.push_back(b);
   }
   std::ostringstream out;

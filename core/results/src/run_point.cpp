@@ -7,6 +7,7 @@
 
 #include "core/base/errors.hpp"
 #include "core/config/src/yaml_util.hpp"
+#include "core/experiment/backends.hpp"
 
 namespace muonbed {
 
@@ -26,8 +27,7 @@ PointRun run_analytic(const Experiment& experiment, const StepPlan& plan, const 
 
 std::vector<BackendInfo>& registry() {
   static std::vector<BackendInfo> backends = {
-      {"analytic", "closed-form cost model on the execution engine (core/cost_model.hpp)",
-       &run_analytic}};
+      {"analytic", backend_facts("analytic")->description, &run_analytic}};
   return backends;
 }
 
@@ -54,6 +54,32 @@ std::vector<std::string> registered_backends() {
   std::vector<std::string> names;
   for (const BackendInfo& b : registry()) names.push_back(b.name);
   return names;
+}
+
+std::string backend_unavailable(const std::string& backend, const std::string& file) {
+  const std::string predict = file.empty()
+                                  ? "or use --backend sim or --backend analytic"
+                                  : "or run the simulator and the analytic model: muonbed run " +
+                                        file + " --backend sim --backend analytic";
+  if (const BackendInfo* b = find_backend(backend)) {
+    if (b->unavailable == nullptr) return "";
+    const std::string why = b->unavailable();
+    return why.empty() ? "" : why + "; " + predict;
+  }
+  const BackendFacts* facts = backend_facts(backend);
+  if (facts == nullptr)
+    return "no backend is named '" + backend + "' (this build runs " +
+           yaml_util::join(registered_backends()) +
+           "); fix: use one of: " + yaml_util::join(registered_backends());
+  return "backend '" + backend + "' is not built into this muonbed: it was built without " +
+         facts->needs + "; fix: " + facts->install + ", " + predict;
+}
+
+std::string backends_summary() {
+  std::string out;
+  for (const std::string& name : known_backend_names())
+    out += (out.empty() ? "" : ", ") + name + (find_backend(name) ? "" : " (not built)");
+  return out;
 }
 
 PointRun run_plan(const Experiment& experiment, const StepPlan& plan, const std::string& backend,

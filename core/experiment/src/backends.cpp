@@ -1,0 +1,47 @@
+// The table of backend facts (core/experiment/backends.hpp).
+#include "core/experiment/backends.hpp"
+
+namespace muonbed {
+
+const std::vector<BackendFacts>& known_backends() {
+  static const std::vector<BackendFacts> table = {
+      {.name = "sim",
+       .description = "SimGrid replay of the plan on the modelled cluster (sim/)",
+       .measures = false,
+       .needs = "SimGrid (3.32, MUONBED_WITH_SIMGRID)",
+       .install = "install libsimgrid-dev (bash scripts/install-deps) and rebuild"},
+      {.name = "analytic",
+       .description = "closed-form cost model on the execution engine (core/engine)",
+       .measures = false},
+      {.name = "mpi",
+       .description = "measured: one Open MPI process per rank on CPU ranks (backends/mpi)",
+       .measures = true,
+       .needs = "MPI (Open MPI, MUONBED_WITH_MPI)",
+       .install = "install libopenmpi-dev and openmpi-bin (bash scripts/install-deps) and rebuild"},
+      {.name = "nccl",
+       .description = "measured: NCCL and CUDA kernels, one GPU per rank (backends/gpu)",
+       .measures = true,
+       .needs = "CUDA, NCCL and MPI (MUONBED_WITH_CUDA, MUONBED_WITH_MPI)",
+       .install = "install the CUDA Toolkit with NCCL and libopenmpi-dev and rebuild"},
+  };
+  return table;
+}
+
+const BackendFacts* backend_facts(const std::string& name) {
+  for (const BackendFacts& b : known_backends())
+    if (b.name == name) return &b;
+  return nullptr;
+}
+
+std::vector<std::string> known_backend_names() {
+  std::vector<std::string> names;
+  for (const BackendFacts& b : known_backends()) names.push_back(b.name);
+  return names;
+}
+
+bool is_measured_backend(const std::string& name) {
+  const BackendFacts* b = backend_facts(name);
+  return b != nullptr && b->measures;
+}
+
+}  // namespace muonbed
