@@ -3,22 +3,29 @@
 core/results/results.hpp) and step traces under a folder and draws what the sweep makes meaningful.
 
   /usr/bin/python3 analysis/plot.py results/quickstart [--out DIR] [--formats png,pdf]
+                   [--timelines none|first|all] [--skip-infeasible] [--claims FILE]
 
 Plots (each as PNG and PDF, chosen from what varies in the sweep; one module each in
-analysis/muonbed_plots/):
+analysis/muonbed_plots/), one progress line each as they are drawn:
   <exp>-strategies     step time per sweep point, split into computation only, overlapped
-                       communication, exposed communication and idle; average and worst step apart
-  <exp>-throughput     seed 002's per-GPU reporting: parameters updated/s, computation TFLOP/s and
-                       communication GB/s per GPU, each average and worst step
+                       communication, exposed communication and idle; average and worst step
+                       apart; a log facet beside a % facet when one point is >10x another
+  <exp>-throughput     seed 002's per-GPU reporting: parameters updated/s, useful TFLOP/s (each
+                       matrix once) and communication GB/s per GPU, each average and worst step
   <exp>-traffic        bytes per step by link class (NVLink/PCIe vs network) and peak memory
+                       against one GPU's memory
   <exp>-scaling        step time and per-GPU throughput against GPU count (world size varies)
   <exp>-ranks-<be>     per-rank breakdown of each point (min/median/max ranks for big meshes)
   <exp>-timeline-<be>-<point>   one step's Gantt chart per rank and stream from the trace JSON
+                       (--timelines: none, the first point's per backend, or all; many
+                       communication lanes fold into one row per stream class)
   <exp>-claims         claimed vs predicted speedups, when the experiment states claims
 
 Only verified results are drawn: listed in muonbed-run.json as the point they are (point
 identity), with a matching SHA-256 checksum, every field a finite number of the right type.
-Others are left out with the reason on stderr and a count in every figure's footer.
+Others are left out with the reason on stderr and a count in every figure's footer. Points whose
+backends disagree by more than 10 % are marked ≠, points that exceed GPU memory ⊘ and grey
+(--skip-infeasible leaves them out), and footers name each point's fidelity (marks.py).
 
 Uses only the standard library, numpy and matplotlib (Debian's python3-matplotlib, importable by
 /usr/bin/python3), PyYAML when present. Output is deterministic: fixed sizes and fonts, no dates
@@ -30,6 +37,7 @@ Exit codes: 0 plots written (or matplotlib missing), 1 nothing to plot or a writ
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
@@ -44,7 +52,7 @@ from muonbed_plots.strategies import plot_strategies  # noqa: E402
 from muonbed_plots.style import Plotter, setup_style  # noqa: E402
 from muonbed_plots.sweep import Sweep  # noqa: E402
 from muonbed_plots.throughput import plot_throughput  # noqa: E402
-from muonbed_plots.timeline import plot_timeline  # noqa: E402
+from muonbed_plots.timeline import plot_timeline, timeline_name  # noqa: E402
 from muonbed_plots.traffic import plot_traffic  # noqa: E402
 
 
@@ -57,24 +65,44 @@ def label_order(manifest):
     return out
 
 
-def plot_experiment(p, records, root, claims_file, manifest=None):
-    sweep = Sweep(records, label_order(manifest))
+def figure_jobs(p, records, root, claims_file, manifest=None, timelines="first",
+                skip_infeasible=False):
+    """The figures of one experiment, in the order they are drawn: [(file name, draw)], each
+    draw() a call that makes and saves that figure. Listed before any is drawn, so progress can
+    say "figure 3 of 9"."""
+    skipped = 0
+    if skip_infeasible:
+        out = {r.label for r in records if r.feasible is False}
+        skipped = len(out)
+        records = [r for r in records if r.label not in out]
+        if not records:
+            return [], skipped
+    sweep = Sweep(records, label_order(manifest), skipped_infeasible=skipped)
     name = records[0].experiment
-    plot_strategies(p, sweep, name)
-    plot_throughput(p, sweep, name)
-    plot_traffic(p, sweep, name)
+    jobs = [(f"{name}-strategies", lambda: plot_strategies(p, sweep, name)),
+            (f"{name}-throughput", lambda: plot_throughput(p, sweep, name)),
+            (f"{name}-traffic", lambda: plot_traffic(p, sweep, name))]
     if any(scaling_series(sweep, b) for b in sweep.backends):
-        plot_scaling(p, sweep, name)
+        jobs.append((f"{name}-scaling", lambda: plot_scaling(p, sweep, name)))
     for backend in sweep.backends:
-        plot_ranks(p, sweep, name, backend, "average")
+        jobs.append((f"{name}-ranks-{backend}",
+                     lambda backend=backend: plot_ranks(p, sweep, name, backend, "average")))
         recs = [r for r in records if r.backend == backend]
         if any(differ(num(r.doc, "step.worst_s"), num(r.doc, "step.average_s")) for r in recs):
-            plot_ranks(p, sweep, name, backend, "worst")
+            jobs.append((f"{name}-ranks-{backend}-worst",
+                         lambda backend=backend: plot_ranks(p, sweep, name, backend, "worst")))
+    # Timelines: none, the first point with a trace of each backend, or every point's.
+    drawn = set()
     for label in sweep.labels:
         for backend in sweep.backends:
             r = sweep.record(label, backend)
-            if r is not None and r.trace:
-                plot_timeline(p, sweep, name, r)
+            if r is None or not r.trace or timelines == "none":
+                continue
+            if timelines == "first" and backend in drawn:
+                continue
+            drawn.add(backend)
+            jobs.append((timeline_name(sweep, name, r),
+                         lambda r=r: plot_timeline(p, sweep, name, r)))
     claims, source = load_claims(sweep, root, claims_file)
     rows = evaluate_claims(sweep, claims) if claims else []
     sources = [os.path.basename(str(source))] if rows else []
@@ -83,7 +111,29 @@ def plot_experiment(p, records, root, claims_file, manifest=None):
         rows += seed
         sources.append("seed 000 (classified by muonbed run)")
     if rows:
-        plot_claims(p, sweep, name, rows, " + ".join(sources))
+        jobs.append((f"{name}-claims",
+                     lambda: plot_claims(p, sweep, name, rows, " + ".join(sources))))
+    return jobs, skipped
+
+
+def plot_experiment(p, records, root, claims_file, manifest=None, timelines="first",
+                    skip_infeasible=False, progress=None):
+    """Draws every figure of one experiment; `progress` (a stream) gets one line per figure:
+    its number, name and how long it took. Returns how many infeasible points were skipped."""
+    jobs, skipped = figure_jobs(p, records, root, claims_file, manifest, timelines,
+                                skip_infeasible)
+    width = len(str(len(jobs)))
+    for i, (name, draw) in enumerate(jobs, 1):
+        start = time.monotonic()
+        if progress:
+            print(f"plot: [{i:>{width}}/{len(jobs)}] {name} ...", end="", file=progress,
+                  flush=True)
+        before = len(p.written)
+        draw()
+        if progress:
+            nothing = " (nothing to draw)" if len(p.written) == before else ""
+            print(f" {time.monotonic() - start:.1f} s{nothing}", file=progress, flush=True)
+    return skipped
 
 
 def error(message, code):
@@ -104,6 +154,13 @@ def main(argv=None):
     ap.add_argument("--max-ranks", type=int, default=DEFAULT_MAX_RANKS,
                     help=f"ranks drawn in a timeline (default {DEFAULT_MAX_RANKS})")
     ap.add_argument("--claims", help="claims file (YAML or JSON) to check against the results")
+    ap.add_argument("--timelines", choices=("none", "first", "all"), default="first",
+                    help="step timelines (Gantt charts from the traces) to draw: none, the "
+                    "first point's of each backend (default), or every point's")
+    ap.add_argument("--skip-infeasible", action="store_true",
+                    help="leave out the points whose memory exceeds one GPU's (result field "
+                    "memory.feasible false; drawn grey and marked without this flag); the "
+                    "footers say how many")
     args = ap.parse_args(argv)
 
     formats = [f.strip().lower().lstrip(".") for f in args.formats.split(",") if f.strip()]
@@ -153,9 +210,15 @@ def main(argv=None):
     by_exp = {}
     for r in records:
         by_exp.setdefault(r.experiment, []).append(r)
+    start = time.monotonic()
     try:
         for exp in sorted(by_exp):
-            plot_experiment(p, by_exp[exp], args.results_dir, args.claims, loaded.manifest)
+            skipped = plot_experiment(p, by_exp[exp], args.results_dir, args.claims,
+                                      loaded.manifest, args.timelines, args.skip_infeasible,
+                                      progress=sys.stdout)
+            if skipped:
+                print(f"plot: {exp}: {skipped} point(s) exceeding GPU memory left out "
+                      f"(--skip-infeasible)")
     except ClaimsError as e:
         return error(f"{e}; fix: pass a YAML or JSON claims file (analysis/README.md)", 2)
     except OSError as e:
@@ -163,7 +226,7 @@ def main(argv=None):
         return error(f"cannot write{where}: {e.strerror or e}; fix: choose a folder you can "
                      f"write (--out DIR) with free space", 1)
     print(f"plot: read {len(records)} result file(s) of {len(by_exp)} experiment(s); "
-          f"wrote {len(p.written)} file(s):")
+          f"wrote {len(p.written)} file(s) in {time.monotonic() - start:.1f} s:")
     for path in p.written:
         print(f"  {path}")
     if loaded.excluded:
