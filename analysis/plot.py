@@ -4,9 +4,10 @@ core/results/results.hpp) and step traces under a folder and draws what the swee
 
   /usr/bin/python3 analysis/plot.py results/quickstart [--out DIR] [--formats png,pdf]
                    [--timelines none|first|all] [--skip-infeasible] [--claims FILE]
+                   [--jobs N]
 
 Plots (each as PNG and PDF, chosen from what varies in the sweep; one module each in
-analysis/muonbed_plots/), one progress line each as they are drawn:
+analysis/muonbed_plots/), one progress line each as they are drawn, by --jobs processes at once:
   <exp>-strategies     step time per sweep point, split into computation only, overlapped
                        communication, exposed communication and idle; average and worst step
                        apart; a log facet beside a % facet when one point is >10x another
@@ -117,23 +118,85 @@ def figure_jobs(p, records, root, claims_file, manifest=None, timelines="first",
 
 
 def plot_experiment(p, records, root, claims_file, manifest=None, timelines="first",
-                    skip_infeasible=False, progress=None):
+                    skip_infeasible=False, progress=None, workers=1):
     """Draws every figure of one experiment; `progress` (a stream) gets one line per figure:
-    its number, name and how long it took. Returns how many infeasible points were skipped."""
+    its number, name and how long it took. With workers > 1 the figures are drawn by that many
+    forked processes at once (each figure is independent; the files are the same). Returns how
+    many infeasible points were skipped."""
     jobs, skipped = figure_jobs(p, records, root, claims_file, manifest, timelines,
                                 skip_infeasible)
-    width = len(str(len(jobs)))
+    if workers > 1 and len(jobs) > 1 and not p.keep_figures:
+        draw_in_processes(p, jobs, workers, progress)
+        return skipped
     for i, (name, draw) in enumerate(jobs, 1):
         start = time.monotonic()
         if progress:
-            print(f"plot: [{i:>{width}}/{len(jobs)}] {name} ...", end="", file=progress,
+            print(f"{progress_head(i, len(jobs))} {name} ...", end="", file=progress,
                   flush=True)
         before = len(p.written)
         draw()
         if progress:
-            nothing = " (nothing to draw)" if len(p.written) == before else ""
-            print(f" {time.monotonic() - start:.1f} s{nothing}", file=progress, flush=True)
+            print(progress_tail(time.monotonic() - start, len(p.written) > before),
+                  file=progress, flush=True)
     return skipped
+
+
+def progress_head(done, total):
+    return f"plot: [{done:>{len(str(total))}}/{total}]"
+
+
+def progress_tail(seconds, wrote):
+    return f" {seconds:.1f} s" + ("" if wrote else " (nothing to draw)")
+
+
+_JOBS = None  # (plotter, jobs) for the forked workers: inherited, never pickled
+
+
+def draw_one(i):
+    """In a worker: draws figure i, returns (i, the files it wrote, seconds)."""
+    p, jobs = _JOBS
+    start = time.monotonic()
+    before = len(p.written)
+    jobs[i][1]()
+    return i, p.written[before:], time.monotonic() - start
+
+
+def draw_in_processes(p, jobs, workers, progress):
+    """Draws the jobs in `workers` forked processes, printing each figure's line as it is
+    done; the files written are listed in the jobs' order, whatever order they finished in."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    global _JOBS
+    _JOBS = (p, jobs)
+    written = [[] for _ in jobs]
+    sys.stdout.flush()  # else the workers would inherit and print it again
+    sys.stderr.flush()
+    try:
+        # A worker that dies breaks the pool with an error (BrokenProcessPool), never a hang.
+        with ProcessPoolExecutor(min(workers, len(jobs)),
+                                 mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = [pool.submit(draw_one, i) for i in range(len(jobs))]
+            for done, future in enumerate(as_completed(futures), 1):
+                i, files, seconds = future.result()  # a worker's exception is raised here
+                written[i] = files
+                if progress:
+                    print(f"{progress_head(done, len(jobs))} {jobs[i][0]} ..."
+                          f"{progress_tail(seconds, bool(files))}", file=progress, flush=True)
+    finally:
+        _JOBS = None
+    for files in written:
+        p.written.extend(files)
+
+
+MAX_JOBS = 4  # each process holds the records and one trace (a 405B trace: ~250 MB)
+
+
+def default_jobs():
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_JOBS, cores))
 
 
 def error(message, code):
@@ -157,6 +220,9 @@ def main(argv=None):
     ap.add_argument("--timelines", choices=("none", "first", "all"), default="first",
                     help="step timelines (Gantt charts from the traces) to draw: none, the "
                     "first point's of each backend (default), or every point's")
+    ap.add_argument("--jobs", type=int, default=default_jobs(),
+                    help="figures drawn at once, each in its own process (default: the cores "
+                    f"this process may use, at most {MAX_JOBS}: {default_jobs()} here)")
     ap.add_argument("--skip-infeasible", action="store_true",
                     help="leave out the points whose memory exceeds one GPU's (result field "
                     "memory.feasible false; drawn grey and marked without this flag); the "
@@ -174,6 +240,8 @@ def main(argv=None):
         return error(f"claims file '{args.claims}' not found (or not a file)", 2)
     if not 1 <= args.max_ranks <= 4096:
         return error("--max-ranks must be in 1..4096", 2)
+    if not 1 <= args.jobs <= 64:
+        return error("--jobs must be in 1..64", 2)
     out = args.out or args.results_dir
     if os.path.lexists(out) and not os.path.isdir(out):
         return error(f"--out '{out}' is a file, not a folder; fix: choose another folder", 2)
@@ -215,7 +283,7 @@ def main(argv=None):
         for exp in sorted(by_exp):
             skipped = plot_experiment(p, by_exp[exp], args.results_dir, args.claims,
                                       loaded.manifest, args.timelines, args.skip_infeasible,
-                                      progress=sys.stdout)
+                                      progress=sys.stdout, workers=args.jobs)
             if skipped:
                 print(f"plot: {exp}: {skipped} point(s) exceeding GPU memory left out "
                       f"(--skip-infeasible)")

@@ -588,9 +588,11 @@ class PlotTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             make_strategies(os.path.join(d, "res"), only=("replicated", "owner"))
             outs = []
-            for i in range(2):
+            # Drawn in one process, then by two at once: the same bytes.
+            for i, jobs in enumerate(("1", "2")):
                 out = os.path.join(d, f"out{i}")
-                res = self.run_cli(os.path.join(d, "res"), "--out", out)
+                res = self.run_cli(os.path.join(d, "res"), "--out", out, "--jobs", jobs,
+                                   "--timelines", "all")
                 self.assertEqual(res.returncode, 0, res.stderr)
                 files = {}
                 for f in sorted(os.listdir(out)):
@@ -600,6 +602,12 @@ class PlotTest(unittest.TestCase):
             self.assertEqual(sorted(outs[0]), sorted(outs[1]))
             for f in outs[0]:
                 self.assertEqual(outs[0][f], outs[1][f], f"{f} differs between two runs")
+            # The files are listed in the same order either way.
+            listed = [[l for l in r.splitlines() if l.startswith("  ")] for r in (
+                self.run_cli(os.path.join(d, "res"), "--out", os.path.join(d, f"out{i}"),
+                             "--jobs", jobs).stdout for i, jobs in enumerate(("1", "2")))]
+            self.assertEqual([os.path.basename(l) for l in listed[0]],
+                             [os.path.basename(l) for l in listed[1]])
 
     @unittest.skipUnless(HAVE_MPL, "matplotlib is not importable by this interpreter")
     def test_seed000_claims_from_the_manifest(self):
