@@ -128,6 +128,11 @@ def bytes_unit(b):
     return 1.0, "B"
 
 
+def fmt_bytes(b):
+    scale, unit = bytes_unit(b)
+    return f"{b / scale:.3g} {unit}"
+
+
 def count_unit(x):
     for scale, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= scale:

@@ -72,7 +72,8 @@ def plot_ranks(p, sweep, name, backend, which):
                    linewidth=0.3)
             bottom = [a + b for a, b in zip(bottom, vals)]
         ax.axhline(step_s * scale, color="black", linewidth=0.8, linestyle="--")
-        ax.set_title(f"{sweep.short[label]}  (step {step_s * scale:.3g} {unit})", fontsize=9)
+        ax.set_title(f"{sweep.display(label)}\n(step {step_s * scale:.3g} {unit})", fontsize=9,
+                     color="#C44E52" if label in sweep.infeasible else "black")
         ax.set_xticks(xs)
         labels = [s for s, _ in shown]
         ax.set_xticklabels(labels, fontsize=7 if len(shown) <= 16 else 6,

@@ -5,6 +5,7 @@ import os
 import stat
 
 from .common import file_part, get, short_hash
+from .marks import trust_text
 
 
 class Plotter:
@@ -27,17 +28,17 @@ class Plotter:
         versions = sorted({str(get(r.doc, "provenance.muonbed_version") or "?") for r in recs})
         hashes = sorted({short_hash(str(get(r.doc, "provenance.git_hash") or "unknown"))
                          for r in recs})
-        backends = ", ".join(
-            f"{b} ({sorted({r.fidelity for r in recs if r.backend == b and r.fidelity})[0]})"
-            if any(r.fidelity for r in recs if r.backend == b) else b for b in sweep.backends)
         setup = recs[0].doc.get("setup", {}) if recs else {}
-        text = (f"muonbed {'/'.join(versions)} · git {'/'.join(hashes)} · backends: {backends}"
-                f" · cluster {setup.get('cluster', '?')} · model {setup.get('model', '?')}")
+        text = (f"muonbed {'/'.join(versions)} · git {'/'.join(hashes)} · backends: "
+                f"{', '.join(sweep.backends)} · cluster {setup.get('cluster', '?')} · model "
+                f"{setup.get('model', '?')}")
         if extra:
             text += " · " + extra
         if self.excluded:
             text += (f" · NOT SHOWN: {self.excluded} result file(s) that failed checks "
                      f"(see plot.py's warnings)")
+        # Second line: each point's fidelity and what the marks on point labels mean.
+        text += "\n" + trust_text(sweep)
         # As the figure's supxlabel, so constrained layout reserves room for it.
         fig.supxlabel(text, x=0.005, ha="left", fontsize=6.5, color="#555555")
 

@@ -1,11 +1,13 @@
-"""The sweep model: which keys a sweep varies, the order of its points, and short labels for
-them in plots."""
+"""The sweep model: which keys a sweep varies, the order of its points, short labels for them in
+plots, and the marks each point carries (marks.py: backends that disagree, memory exceeded)."""
 
 import json
 import os
 import re
 
 from .common import get, split_label, yaml
+from .marks import (DISAGREE_MARK, INFEASIBLE_MARK, device_word, disagreements,
+                    infeasible)
 
 
 def natural_key(text):
@@ -56,10 +58,15 @@ def norm_text(text):
 class Sweep:
     """The points of one experiment and what varies between them. `label_order` (the point
     labels in the experiment's sweep order, from muonbed-run.json) orders the points; without
-    it, the experiment file's `sweep:` does when it can be read, else natural order."""
+    it, the experiment file's `sweep:` does when it can be read, else natural order.
+    `skipped_infeasible` counts the points left out by --skip-infeasible (said in footers)."""
 
-    def __init__(self, records, label_order=None):
+    def __init__(self, records, label_order=None, skipped_infeasible=0):
         self.records = records
+        self.skipped_infeasible = skipped_infeasible
+        self.device = device_word(records)  # "GPU", or "rank" for CPU processes
+        self.disagree = disagreements(records)
+        self.infeasible = infeasible(records)
         self.backends = sorted({r.backend for r in records},
                                key=lambda b: (["analytic", "sim", "mpi", "nccl"].index(b)
                                               if b in ["analytic", "sim", "mpi", "nccl"] else 9, b))
@@ -104,7 +111,16 @@ class Sweep:
         if len(self.worlds) > 1:  # the GPU count, when the sweep changes it
             for lab in self.labels:
                 r = next(r for r in records if r.label == lab)
-                self.short[lab] += f" ({r.world} GPUs)"
+                self.short[lab] += f" ({r.world} {self.device}s)"
+
+    def display(self, label):
+        """The point's short label with its marks: ⊘ exceeds memory, ≠ backends disagree."""
+        marks = [m for m, on in ((INFEASIBLE_MARK, label in self.infeasible),
+                                 (DISAGREE_MARK, label in self.disagree)) if on]
+        return self.short[label] + (" " + " ".join(marks) if marks else "")
+
+    def marked(self, label):
+        return label in self.infeasible or label in self.disagree
 
     def record(self, label, backend):
         for r in self.records:
@@ -140,7 +156,8 @@ def short_value(value):
     """Sweep values as shown in plots:
       '[{name: dp_shard, size: 4}, {name: tp, size: 8}]' -> 'dp_shard4×tp8' (mesh dims),
       '{dp_shard: 8, tp: 4}' -> 'dp_shard8×tp4' (a map of sizes),
-      '{name: owner, prefetch_count: 2}' -> 'owner, prefetch_count=2' (a map with a name)."""
+      '{name: owner, prefetch_count: 2}' -> 'owner, prefetch_count=2' (a map with a name),
+      '{preset: seeds, comm_lanes: 128}' -> 'seeds, comm_lanes=128' (a strategy preset)."""
     value = str(value).strip()
     dims = re.findall(r"name:\s*([A-Za-z_]\w*)\s*,\s*size:\s*(\d+)", value)
     if dims:
@@ -150,8 +167,8 @@ def short_value(value):
                  for part in split_top(value[1:-1]) if ":" in part]
         if pairs and all(re.fullmatch(r"\d+", v) for _, v in pairs):
             return "×".join(f"{k}{v}" for k, v in pairs)
-        named = [v for k, v in pairs if k == "name"]
-        rest = [f"{k}={v}" for k, v in pairs if k != "name"]
+        named = [v for k, v in pairs if k in ("name", "preset")]
+        rest = [f"{k}={v}" for k, v in pairs if k not in ("name", "preset")]
         if pairs:
             return ", ".join(named + rest)
     return value

@@ -1,20 +1,32 @@
 """<exp>-throughput: seed 002's per-GPU reporting (parameters updated/s, computation TFLOP/s and
-communication GB/s per GPU), each for the average and the worst step."""
+communication GB/s per GPU), each for the average and the worst step. The FLOP rate counts
+useful work, each matrix's Newton-Schulz once (throughput.computation.useful_tflops_per_gpu),
+when the records carry it: replicated strategies repeat NS on every GPU, and counting the
+repeats would reward the waste. Older records have only the executed rate, and say so."""
 
-from .common import BACKEND_COLORS, aw, count_unit, differ, num
+from .common import BACKEND_COLORS, aw, count_unit, differ, get, num
+from .marks import INFEASIBLE_COLOR, INFEASIBLE_EDGE, INFEASIBLE_HATCH
+
+USEFUL = "throughput.computation.useful_tflops_per_gpu"
+EXECUTED = "throughput.computation.tflops_per_gpu"
 
 
 def plot_throughput(p, sweep, name):
     from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter
     labels = sweep.labels
+    dev = sweep.device
+    useful = all(get(r.doc, USEFUL) is not None for r in sweep.records)
+    flops_title = ("computation: useful FLOP rate per " + dev + "\n(each matrix once)"
+                   if useful else "computation: optimizer FLOP rate per " + dev +
+                   "\n(as executed: replicated work counted)")
     metrics = [
-        ("throughput.params_per_s_per_gpu", "end to end: parameters updated\nper second per GPU",
-         "params/s per GPU", None),
-        ("throughput.computation.tflops_per_gpu", "computation: optimizer FLOP rate\nper GPU",
-         "TFLOP/s per GPU", None),
-        ("throughput.communication.GBps_per_gpu", "communication: bytes sent\nper second per GPU",
-         "GB/s per GPU", None),
+        ("throughput.params_per_s_per_gpu",
+         f"end to end: parameters updated\nper second per {dev}", f"params/s per {dev}"),
+        (USEFUL if useful else EXECUTED, flops_title,
+         f"{'useful ' if useful else ''}TFLOP/s per {dev}"),
+        ("throughput.communication.GBps_per_gpu",
+         f"communication: bytes sent\nper second per {dev}", f"GB/s per {dev}"),
     ]
     nb = len(sweep.backends)
     # Worst-step bars only when some point's worst step differs from its average one.
@@ -26,10 +38,11 @@ def plot_throughput(p, sweep, name):
     fig = p.new_figure(16, height)
     axes = fig.subplots(1, 3, sharey=True, squeeze=False)[0]
     h = 0.8 / bars
-    for ax, (path, title, xlabel, _) in zip(axes, metrics):
+    for ax, (path, title, xlabel) in zip(axes, metrics):
         vmax = max([max(aw(r.doc, path)) for r in sweep.records] + [0])
         scale, prefix = count_unit(vmax) if "params" in path else (1.0, "")
         for i, label in enumerate(labels):
+            bad = label in sweep.infeasible
             for b, backend in enumerate(sweep.backends):
                 r = sweep.record(label, backend)
                 if r is None:
@@ -37,10 +50,16 @@ def plot_throughput(p, sweep, name):
                 avg, worst = aw(r.doc, path)
                 color = BACKEND_COLORS[b % len(BACKEND_COLORS)]
                 y0 = i - 0.4 + h * (per * b) + h / 2
-                ax.barh(y0, avg / scale, height=h, color=color, edgecolor="white", linewidth=0.3)
+                if bad:  # exceeds memory: a rate it could never reach, drawn grey
+                    ax.barh(y0, avg / scale, height=h, color=INFEASIBLE_COLOR,
+                            hatch=INFEASIBLE_HATCH, edgecolor=INFEASIBLE_EDGE, linewidth=0.3)
+                else:
+                    ax.barh(y0, avg / scale, height=h, color=color, edgecolor="white",
+                            linewidth=0.3)
                 if show_worst:
-                    ax.barh(y0 + h, worst / scale, height=h, color="white", edgecolor=color,
-                            hatch="////", linewidth=0.8)
+                    ax.barh(y0 + h, worst / scale, height=h, color="white",
+                            edgecolor=INFEASIBLE_EDGE if bad else color, hatch="////",
+                            linewidth=0.8)
         ax.set_title(title, fontsize=9.5)
         words = {"k": "thousand ", "M": "million ", "G": "billion ", "T": "trillion "}
         xlabel = xlabel.replace("params/s", f"{words.get(prefix, '')}params/s")
@@ -57,7 +76,10 @@ def plot_throughput(p, sweep, name):
         elif vmax > 0:
             ax.set_xlim(0, vmax / scale * 1.08)
     axes[0].set_yticks(range(len(labels)))
-    axes[0].set_yticklabels([sweep.short[l] for l in labels], fontsize=8.5)
+    axes[0].set_yticklabels([sweep.display(l) for l in labels], fontsize=8.5)
+    for tick, label in zip(axes[0].get_yticklabels(), labels):
+        if label in sweep.infeasible:
+            tick.set_color(INFEASIBLE_EDGE)
     axes[0].invert_yaxis()
     axes[0].set_ylabel("sweep point")
     handles = []
@@ -69,11 +91,15 @@ def plot_throughput(p, sweep, name):
                                  label=f"{backend}: worst step"))
         else:
             handles.append(Patch(facecolor=color, label=f"{backend}"))
+    if sweep.infeasible:
+        handles.append(Patch(facecolor=INFEASIBLE_COLOR, edgecolor=INFEASIBLE_EDGE,
+                             hatch=INFEASIBLE_HATCH, label=f"⊘ exceeds {dev} memory"))
     axes[-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7.5,
                     frameon=False, title=None if show_worst else "average = worst step",
                     title_fontsize=7.5)
-    fig.suptitle(f"{name}: per-GPU throughput, "
+    fig.suptitle(f"{name}: per-{dev} throughput, "
                  f"{'average and worst step' if show_worst else 'every step alike'} "
                  f"(computation and communication apart)", fontsize=11.5)
-    p.footer(fig, sweep)
+    p.footer(fig, sweep, "FLOP rate: " + ("useful, NS of each matrix counted once" if useful
+                                          else "as executed (records without a useful rate)"))
     p.save(fig, f"{name}-throughput")

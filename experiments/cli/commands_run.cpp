@@ -58,6 +58,7 @@ struct RunOptions {
   bool force = false;
   bool force_replace = false;
   bool no_plots = false;
+  std::string timelines = "first";  // analysis/plot.py --timelines: none | first | all
 };
 
 double seconds_since(Clock::time_point start) {
@@ -464,7 +465,7 @@ bool matplotlib_available() {
   return std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
 }
 
-void make_plots(const std::vector<std::string>& output_dirs) {
+void make_plots(const std::vector<std::string>& output_dirs, const std::string& timelines) {
   const fs::path script = fs::path(MUONBED_SOURCE_DIR) / "analysis" / "plot.py";
   if (!fs::exists(script)) {
     std::cout << "\nplots: skipped (" << script.string() << " not found)\n";
@@ -478,8 +479,8 @@ void make_plots(const std::vector<std::string>& output_dirs) {
   }
   for (const std::string& dir : output_dirs) {
     std::cout << "\n" << std::flush;
-    const std::string command =
-        "/usr/bin/python3 " + shell_quote(script.string()) + " " + shell_quote(dir);
+    const std::string command = "/usr/bin/python3 " + shell_quote(script.string()) + " " +
+                                shell_quote(dir) + " --timelines " + shell_quote(timelines);
     if (std::system(command.c_str()) != 0)
       throw Error("plotting failed: '" + command + "' exited with an error (its message is above)");
   }
@@ -618,7 +619,7 @@ int run_command(RunOptions& o) {
                              total);
     return 1;
   }
-  if (!o.no_plots) make_plots(output_dirs);
+  if (!o.no_plots) make_plots(output_dirs, o.timelines);
   return 0;
 }
 
@@ -649,6 +650,11 @@ void add_run_command(CLI::App& app, int& exit_code) {
                 "write into a results folder that holds another experiment's results (or another "
                 "file's of the same name), replacing those it shares point labels with");
   cmd->add_flag("--no-plots", options->no_plots, "do not call analysis/plot.py");
+  cmd->add_option("--timelines", options->timelines,
+                  "step timelines the plots draw from the traces: none, the first point's of "
+                  "each backend, or all (analysis/plot.py --timelines)")
+      ->check(CLI::IsMember({"none", "first", "all"}))
+      ->capture_default_str();
   cmd->footer(R"(Examples:
   muonbed run experiments/quickstart.yaml            simulate every strategy on one DGX H100 node
   muonbed run experiments/scaling.yaml --point mesh.dp_shard=128   one point of a sweep

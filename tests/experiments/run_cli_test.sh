@@ -125,6 +125,22 @@ write_experiment 4
 "$muonbed" run tiny.yaml --no-plots >sixth.log 2>&1 || { cat sixth.log; fail "changed-config run failed"; }
 grep -q "$runs runs in" sixth.log || { cat sixth.log; fail "changed configuration reused old results"; }
 
+# --timelines is forwarded to analysis/plot.py: none draws no timeline, the default (first) the
+# first point's, all every traced point's (the plots are drawn again on each resumed run).
+if [ "$have_sim" = 1 ] && /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+  timelines() { find out -name 'tiny-timeline-*.png' -printf '%f\n' | sort | tr '\n' ' '; }
+  "$muonbed" run tiny.yaml --timelines none >tl_none.log 2>&1 || { cat tl_none.log; fail "--timelines none failed"; }
+  grep -q "plot: \[1/" tl_none.log || { cat tl_none.log; fail "no plot progress lines"; }
+  [ -z "$(timelines)" ] || fail "--timelines none drew: $(timelines)"
+  "$muonbed" run tiny.yaml >tl_first.log 2>&1 || { cat tl_first.log; fail "default --timelines failed"; }
+  [ "$(timelines)" = "tiny-timeline-sim-sequential.png " ] || fail "default (first) drew: $(timelines)"
+  "$muonbed" run tiny.yaml --timelines all >tl_all.log 2>&1 || { cat tl_all.log; fail "--timelines all failed"; }
+  [ "$(timelines)" = "tiny-timeline-sim-owner.png tiny-timeline-sim-sequential.png " ] ||
+    fail "--timelines all drew: $(timelines)"
+  "$muonbed" run tiny.yaml --timelines sometimes >tl_bad.log 2>&1 && fail "--timelines sometimes was accepted"
+  grep -q "sometimes" tl_bad.log || { cat tl_bad.log; fail "no message for --timelines sometimes"; }
+fi
+
 # A sweep that lost a point: its old files stay, the manifest no longer lists them.
 write_experiment 4 owner
 "$muonbed" run tiny.yaml --no-plots >seventh.log 2>&1 || { cat seventh.log; fail "shrunk sweep failed"; }
