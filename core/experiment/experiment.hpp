@@ -6,8 +6,9 @@
 //   name: quickstart
 //   cluster: dgx-h100                 # a file under experiments/clusters/, or an inline map
 //   mesh: {dims: [{name: dp_shard, size: 8}], gpus_per_node: 8}   # gpus_per_node from cluster
-//   model: {preset: llama-7b}         # or {dense: {...}}, {moe: {...}}, {params: [...]}
-//   parallel: {fsdp_tensor_dim: 0, tp_dim_per_param: {layers.0.attn.o: 1}}
+//   model: {preset: llama-7b}         # or {hf_config: config.json}, {dense: {...}}, {moe: {...}},
+//                                     # {params: [...]}
+//   parallel: {fsdp_tensor_dim: 0, tp_dim_per_param: {layers.0.attn.o: 1}, dense_over_ep: shard}
 //   optimizer: {lr: 0.02, momentum: 0.95, nesterov: true, ns_steps: 5, ns_coefficients: keller,
 //               adamw: {lr: 3e-4, betas: [0.9, 0.95]}}   # core/model/optimizer.hpp:
 //               torch.optim.Muon names

@@ -23,6 +23,10 @@ enum class ParamRole {
   attn_k,
   attn_v,
   attn_o,  // attention projections
+  attn_q_down,
+  attn_q_up,
+  attn_kv_down,
+  attn_kv_up,  // multi-head latent attention (MLA): q_a, q_b, kv_a, kv_b
   mlp_up,
   mlp_gate,
   mlp_down,  // dense MLP (and shared experts)
@@ -59,7 +63,29 @@ struct Model {
   int num_layers = 0;  // transformer blocks; PP splits these
   std::vector<Parameter> params;
   std::int64_t head_dim = 0;  // rows per attention head of attn_q / attn_k; 0 when unknown
+  // Parts of the published checkpoint this model leaves out, one phrase each (hf_config: the
+  // multi-token-prediction module, a vision tower); empty for the other models.
+  std::vector<std::string> left_out;
   std::int64_t numel() const;
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3). Queries and keys/values pass through low-rank
+// down-projections, each followed by an RMSNorm, then per-head up-projections (role after ->):
+//   attn.q_a  [q_lora_rank, hidden]                -> attn_q_down, then attn.q_a_norm
+//   attn.q_b  [heads * (nope + rope), q_lora_rank] -> attn_q_up
+//   attn.kv_a [kv_lora_rank + rope, hidden]        -> attn_kv_down, then attn.kv_a_norm
+//   attn.kv_b [heads * (nope + v), kv_lora_rank]   -> attn_kv_up
+//   attn.o    [hidden, heads * v]                  -> attn_o
+// With q_lora_rank 0 (DeepSeek-V2-Lite) the query is one projection attn.q [heads * (nope + rope),
+// hidden] (attn_q_up). kv_a's extra `rope` rows are the key's rotary part, shared by all heads.
+// DenseSpec::qkv_bias puts biases on the down-projections q_a and kv_a, o_bias on attn.o (as
+// DeepSeek's attention_bias does).
+struct MlaSpec {
+  std::int64_t q_lora_rank = 0;  // 0: no query compression
+  std::int64_t kv_lora_rank = 0;
+  std::int64_t qk_nope_head_dim = 0;
+  std::int64_t qk_rope_head_dim = 0;
+  std::int64_t v_head_dim = 0;
 };
 
 struct DenseSpec {
@@ -74,6 +100,12 @@ struct DenseSpec {
   // Additions (at the end, so existing designated initializers stay valid):
   bool linear_bias = false;        // biases on attn.o and the dense MLP linears (GPT-2)
   std::int64_t max_positions = 0;  // > 0: learned position embedding "pos_embed" [max, hidden]
+  // Hugging Face architectures (core/model/hf_config.hpp):
+  bool o_bias = false;    // bias on attn.o alone (Llama's attention_bias sets it and qkv_bias)
+  bool mlp_bias = false;  // biases on the dense MLP linears alone (Llama's mlp_bias)
+  bool qk_norm = false;   // per-head RMSNorm of q and k: attn.q_norm, attn.k_norm [head_dim]
+  bool sandwich_norms = false;  // norms after attention and after the MLP too (Gemma 2 and 3)
+  std::optional<MlaSpec> mla;   // multi-head latent attention instead of q/k/v/o
 };
 
 struct MoeSpec {
@@ -82,6 +114,13 @@ struct MoeSpec {
   std::int64_t expert_ffn = 0;
   std::int64_t shared_experts = 0;  // each of width expert_ffn
   std::int64_t dense_layers = 0;    // the first dense_layers blocks use a dense MLP of base.ffn
+  // Blocks after the first dense_layers: block l is MoE when l % moe_every == moe_phase and l is
+  // not in dense_layer_list (DeepSeek's moe_layer_freq: phase 0; Qwen's decoder_sparse_step s:
+  // phase s - 1, mlp_only_layers: the list); the others use a dense MLP of base.ffn. Entries of
+  // the list at or beyond base.layers are ignored (a model cut to fewer layers keeps its list).
+  std::int64_t moe_every = 1;
+  std::int64_t moe_phase = 0;
+  std::vector<std::int64_t> dense_layer_list;
 };
 
 Model make_dense(const DenseSpec& spec);

@@ -1,6 +1,6 @@
 // `muonbed presets`: everything an experiment file can name: model presets (with parameter and
-// Muon matrix counts), cluster profiles (experiments/clusters/), strategies, assignment policies
-// and backends.
+// Muon matrix counts), the Hugging Face model types hf_config reads, cluster profiles
+// (experiments/clusters/), strategies, assignment policies and backends.
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/config/cluster.hpp"
+#include "core/model/hf_config.hpp"
 #include "core/model/model.hpp"
 #include "core/plan/assignment.hpp"
 #include "core/plan/strategy.hpp"
@@ -40,6 +41,9 @@ int run_presets() {
                 std::to_string(matrices), fmt::format("{} x {}", largest_rows, largest_cols)});
   }
   models.print(std::cout);
+  std::cout
+      << "\nHugging Face config.json (model: {hf_config: path/to/config.json}), by model_type:\n";
+  for (const std::string& family : hf_family_descriptions()) std::cout << "  " << family << "\n";
 
   std::cout << "\nClusters (cluster: NAME; files in " MUONBED_SOURCE_DIR
                "/experiments/clusters):\n";

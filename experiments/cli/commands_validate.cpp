@@ -1,10 +1,15 @@
 // `muonbed validate EXP.yaml`: parses an experiment file strictly, expands its sweep, lays every
 // point's model out on its mesh, and prints one OK line per point with the model size, the mesh
-// and the strategy. --params lists the parameters (names for tp_dim_per_param, force_adamw and
-// explicit_owners); --resolved prints each point's complete resolved configuration.
+// and the strategy, and a shapes summary of each distinct model (per shape, role and optimizer:
+// how many tensors and parameters). --params lists the parameters (names for tp_dim_per_param,
+// force_adamw and explicit_owners); --resolved prints each point's complete resolved
+// configuration.
+#include <algorithm>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -74,6 +79,64 @@ void print_memory_floor(const Experiment& e, const ShardedModel& sharded, FloorC
             "memory: in the experiment");
 }
 
+// 30532122624 -> "30,532,122,624": the summary's counts are exact, to compare with model cards.
+std::string with_commas(std::int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// The model's parameters grouped by shape, role and optimizer (Muon or AdamW by the point's
+// routing rules), largest group first, with the totals: what a model card's count is made of.
+void print_shapes(const Model& model, const RoutingRules& routing) {
+  struct Group {
+    std::int64_t tensors = 0, params = 0;
+  };
+  using Key = std::tuple<std::vector<std::int64_t>, ParamRole, OptimizerKind>;
+  std::map<Key, Group> groups;
+  std::int64_t muon = 0, adamw = 0;
+  for (const Parameter& p : model.params) {
+    const OptimizerKind kind = route(p, routing);
+    Group& g = groups[{p.shape, p.role, kind}];
+    ++g.tensors;
+    g.params += p.numel();
+    (kind == OptimizerKind::muon ? muon : adamw) += p.numel();
+  }
+  std::vector<std::pair<Key, Group>> rows(groups.begin(), groups.end());
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const auto& a, const auto& b) { return a.second.params > b.second.params; });
+  std::cout << fmt::format(
+      "    shapes    of model {} ({} layers; optimizer by optimizer.routing)\n", model.name,
+      model.num_layers);
+  Table table({"shape", "role", "optimizer", "tensors", "parameters"}, 3);
+  for (const auto& [key, g] : rows) {
+    std::string shape;
+    for (std::int64_t s : std::get<0>(key)) shape += (shape.empty() ? "" : "x") + std::to_string(s);
+    table.add({shape, std::string(to_string(std::get<1>(key))),
+               std::get<2>(key) == OptimizerKind::muon ? "muon" : "adamw",
+               std::to_string(g.tensors), with_commas(g.params)});
+  }
+  table.add_separator();
+  table.add({"total", "", "", std::to_string(model.params.size()), with_commas(model.numel())});
+  table.print(std::cout, "      ");
+  std::cout << fmt::format("      Muon {} parameters, AdamW {}\n", with_commas(muon),
+                           with_commas(adamw));
+  for (const std::string& part : model.left_out) std::cout << "      left out: " << part << "\n";
+}
+
+// Whether two points' models are the same (their summaries would be).
+bool same_model(const Model& a, const Model& b) {
+  if (a.name != b.name || a.params.size() != b.params.size()) return false;
+  for (std::size_t i = 0; i < a.params.size(); ++i)
+    if (a.params[i].shape != b.params[i].shape || a.params[i].role != b.params[i].role ||
+        a.params[i].name != b.params[i].name)
+      return false;
+  return true;
+}
+
 int run_validate(const ValidateOptions& o) {
   const std::vector<Experiment> points = load_experiment(o.file);
   std::cout << fmt::format("{}: {} point{}\n", o.file, points.size(),
@@ -100,6 +163,15 @@ int run_validate(const ValidateOptions& o) {
     for (const std::string& b : e.backends) backends += (backends.empty() ? "" : ", ") + b;
     std::cout << fmt::format("    backends  {} (steps {}, repeats {}, output {})\n", backends,
                              e.steps, e.repeats, e.output_dir);
+    const bool routing_changed =
+        i > 0 &&
+        (points[i - 1].parallel.routing.embeddings_to_adamw !=
+             e.parallel.routing.embeddings_to_adamw ||
+         points[i - 1].parallel.routing.lm_head_to_adamw != e.parallel.routing.lm_head_to_adamw ||
+         points[i - 1].parallel.routing.router_to_adamw != e.parallel.routing.router_to_adamw ||
+         points[i - 1].parallel.routing.force_adamw != e.parallel.routing.force_adamw);
+    if (i == 0 || routing_changed || !same_model(points[i - 1].model, e.model))
+      print_shapes(e.model, e.parallel.routing);
     if (o.resolved) std::cout << e.resolved_yaml << "\n";
     if (o.params && i == 0) print_params(sharded);
   }

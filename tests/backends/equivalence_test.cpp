@@ -1,7 +1,8 @@
 // A distributed step equals the single-device step, proved with real data on in-process ranks:
 // every plan of the invariant matrix (9 topologies x 13 strategy variants, tests/common) and the
 // hard cases (uneven torch.chunk splits, empty shards, ranks that own no matrix, 1xN and Nx1
-// matrices, MoE experts under EP, pipeline stages, level-scheduled sync over its hyper-period)
+// matrices, MoE experts under EP, dense weights sharded over fsdp x ep, pipeline stages,
+// level-scheduled sync over its hyper-period)
 // runs 3 steps on the loopback executor, and every rank's parameter, momentum and AdamW moments
 // must equal ReferenceOptimizer<float> (NS in fp32, updates rounded to the comm dtype) bit for
 // bit, in both optimizer variants (bf16 comm, lerp momentum, Nesterov, QK-clip; fp32 comm, classic
@@ -198,6 +199,31 @@ TEST_CASE("uneven splits, empty shards, 1xN and Nx1 matrices, experts and idle o
   }
   CHECK(some_rank_owns_nothing);
   CHECK(some_shard_empty);
+}
+
+TEST_CASE("EP with dense weights sharded over fsdp x ep: every strategy equals the reference",
+          "[equivalence][hard]") {
+  // parallel.dense_over_ep: shard (torchtitan's and Megatron's layout): the dense parameters'
+  // shards span the ep dim too, so their gathers, scatters and gradient reductions do.
+  for (const auto& c : testing::dense_over_ep_cases()) {
+    const Model model = c.model == "odd" ? odd_model() : *find_preset(c.model);
+    const ShardedModel sharded =
+        parallelize(model, DeviceMesh(c.dims, 8), testing::dense_over_ep_rules());
+    bool dense_over_ep = false;
+    for (const auto& dp : sharded.params)
+      for (int d = 0; d < sharded.mesh.ndims(); ++d)
+        dense_over_ep = dense_over_ep || (sharded.mesh.dim(d).role == DimRole::ep &&
+                                          dp.layout.placements()[d].is_shard());
+    REQUIRE(dense_over_ep);
+    for (const Variant& variant : kVariants) {
+      References references;
+      for (const auto& options : testing::strategies()) {
+        const StepPlan plan = build_plan(sharded, options, settings_of(variant, model));
+        INFO(c.name << ", " << variant.name << ", strategy " << options.to_json_text());
+        CHECK(run_and_compare(plan, references.get(plan, model, RoutingRules{})) == "");
+      }
+    }
+  }
 }
 
 TEST_CASE("level-scheduled sync equals the reference over its whole hyper-period",

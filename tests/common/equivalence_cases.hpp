@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/model/parallelize.hpp"
 #include "core/plan/plan.hpp"
 #include "core/plan/program.hpp"
 
@@ -85,6 +86,38 @@ inline Model odd_model() {
   add("norm", {7}, ParamRole::norm, -1);
   add("lm_head", {13, 6}, ParamRole::lm_head, -1);
   return m;
+}
+
+// Dense weights sharded over the fsdp dims and ep together (parallel.dense_over_ep: shard, the
+// layout of torchtitan and Megatron) on `model`: ep inner and outer to the fsdp dim, under TP, and
+// uneven (odd_model's 13, 7 and 5 rows over 3 x 2 ranks leave trailing pieces small or empty).
+struct DenseOverEpCase {
+  std::string name;
+  std::string model;  // "odd" (odd_model) or a preset
+  std::vector<MeshDim> dims;
+};
+
+inline std::vector<DenseOverEpCase> dense_over_ep_cases() {
+  return {
+      {"tiny-moe, FSDP 2 x EP 2",
+       "tiny-moe",
+       {{"dp_shard", 2, DimRole::fsdp}, {"ep", 2, DimRole::ep}}},
+      {"tiny-moe, EP 2 x FSDP 2 x TP 2",
+       "tiny-moe",
+       {{"ep", 2, DimRole::ep}, {"dp_shard", 2, DimRole::fsdp}, {"tp", 2, DimRole::tp}}},
+      {"odd, FSDP 3 x EP 2 (uneven)",
+       "odd",
+       {{"dp_shard", 3, DimRole::fsdp}, {"ep", 2, DimRole::ep}}},
+      {"odd, DP 2 x EP 2 (dense sharded over ep alone)",
+       "odd",
+       {{"dp_replicate", 2, DimRole::replicate}, {"ep", 2, DimRole::ep}}},
+  };
+}
+
+inline ParallelRules dense_over_ep_rules() {
+  ParallelRules rules;
+  rules.dense_over_ep = DenseOverEp::shard;
+  return rules;
 }
 
 // The plan without op `id`: later ids shift down, and ops that depended on it inherit its deps.

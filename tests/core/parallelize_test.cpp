@@ -200,6 +200,89 @@ TEST_CASE("EP: expert stacks split into independent slices", "[parallelize]") {
                           Catch::Contains("ep") && Catch::Contains("1, 2, 4, 8"));
 }
 
+TEST_CASE("EP with dense_over_ep shard: dense weights cut over fsdp x ep", "[parallelize]") {
+  ParallelRules shard;
+  shard.dense_over_ep = DenseOverEp::shard;
+  const Model model = preset("tiny-moe");
+  const DeviceMesh mesh = make_mesh({{"dp_shard", 2}, {"ep", 4}, {"tp", 2}});
+  const ShardedModel s = parallelize(model, mesh, shard);
+  const ShardedModel r = parallelize(model, mesh, {});
+  // ep joins the fsdp rule: StridedShard under TP of the same dim, Shard otherwise.
+  CHECK(by_name(s, "layers.2.attn.q").layout.placements() == P({SS(0, 2), SS(0, 2), S(0)}));
+  CHECK(by_name(s, "layers.2.attn.o").layout.placements() == P({S(0), S(0), S(1)}));
+  CHECK(by_name(s, "layers.2.moe.router").layout.placements() == P({S(0), S(0), R}));
+  CHECK(by_name(s, "norm").layout.placements() == P({S(0), S(0), R}));
+  CHECK(by_name(s, "embed").layout.placements() == P({SS(0, 2), SS(0, 2), S(0)}));
+  // Expert slices are as without the option.
+  for (int c = 0; c < 4; ++c) {
+    const std::string name = "layers.2.moe.experts.down[ep=" + std::to_string(c) + "]";
+    CHECK(by_name(s, name).layout.placements() == by_name(r, name).layout.placements());
+  }
+  check_coverage(s);
+  // What an fsdp x ep group gathers is exactly what the fsdp group gathers without the option:
+  // the TP-local piece, now cut dp_shard x ep = 8 ways instead of 2.
+  const DimSet fsdp = DimSet::of({0}), fsdp_ep = DimSet::of({0, 1});
+  for (std::size_t i = 0; i < s.params.size(); ++i) {
+    if (s.params[i].shape.size() == 3) continue;
+    INFO(s.params[i].name);
+    for (int rank = 0; rank < mesh.world_size(); ++rank) {
+      CHECK(s.params[i].layout.index_set(mesh, rank, fsdp_ep) ==
+            r.params[i].layout.index_set(mesh, rank, fsdp));
+      CHECK(s.params[i].layout.shard_numel(mesh, rank) * 4 ==
+            r.params[i].layout.shard_numel(mesh, rank));  // tiny-moe's dims divide by 16
+    }
+  }
+
+  // Hand-computed, a norm of 64 on dp_shard 2 x ep 4: rank (d, e) holds [8 (4d + e), +8), the
+  // flat chunk torchtitan's FSDP takes on its dp_shard_cp mesh (ep innermost); with ep outer the
+  // order follows the mesh: rank (e, d) holds [8 (2e + d), +8).
+  Model norm_only;
+  norm_only.name = "norm";
+  norm_only.params.push_back({"norm", {64}, DType::bf16, ParamRole::norm, -1});
+  for (const bool ep_inner : {true, false}) {
+    const DeviceMesh m = ep_inner ? make_mesh({{"dp_shard", 2}, {"ep", 4}})
+                                  : make_mesh({{"ep", 4}, {"dp_shard", 2}});
+    const ShardedModel n = parallelize(norm_only, m, shard);
+    for (int rank = 0; rank < 8; ++rank) {
+      INFO("ep inner " << ep_inner << ", rank " << rank);
+      CHECK(n.params[0].layout.index_set(m, rank).dims[0] ==
+            IndexList::range(8 * rank, 8 * rank + 8));
+    }
+  }
+  // Uneven, 7 over dp_shard 3 x ep 2: DTensor's nested chunks [0,3) [3,6) [6,7), each cut in two
+  // (a flat chunk would give [0,2) [2,4) [4,6) [6,7) and two empty pieces).
+  norm_only.params[0].shape = {7};
+  const DeviceMesh m3 = make_mesh({{"dp_shard", 3}, {"ep", 2}});
+  const ShardedModel u = parallelize(norm_only, m3, shard);
+  const IndexList expected[] = {IndexList::range(0, 2), IndexList::range(2, 3),
+                                IndexList::range(3, 5), IndexList::range(5, 6),
+                                IndexList::range(6, 7), IndexList{}};
+  for (int rank = 0; rank < 6; ++rank) {
+    INFO("rank " << rank);
+    CHECK(u.params[0].layout.index_set(m3, rank).dims[0] == expected[rank]);
+  }
+  check_coverage(u);
+
+  // Every order of the dims, with PP, HSDP's replicate dim and an ep dim without fsdp, covers
+  // every tensor exactly once per replica, and dense weights shard over ep in all of them.
+  const std::vector<std::vector<std::pair<std::string, int>>> meshes = {
+      {{"ep", 2}, {"dp_shard", 3}, {"tp", 2}},
+      {{"dp_shard", 2}, {"tp", 2}, {"ep", 2}},
+      {{"pp", 2}, {"dp_shard", 2}, {"ep", 2}, {"tp", 2}},
+      {{"dp_replicate", 2}, {"ep", 4}},
+      {{"dp_replicate", 2}, {"ep", 2}, {"dp_shard", 3}},
+  };
+  for (const auto& dims : meshes) {
+    const DeviceMesh m = make_mesh(dims, 2);
+    const ShardedModel d = parallelize(model, m, shard);
+    INFO(m.describe());
+    check_coverage(d);
+    const int ep = m.find("ep");
+    CHECK(by_name(d, "layers.1.attn.v").layout.placements()[ep].is_shard());
+    CHECK(by_name(d, "layers.1.moe.experts.up[ep=1]").layout.placements()[ep] == I(1));
+  }
+}
+
 TEST_CASE("PP: contiguous stages, embedding first, head last", "[parallelize]") {
   const ShardedModel m =
       parallelize(preset("tiny-moe"), make_mesh({{"pp", 2}, {"dp_shard", 2}}), {});

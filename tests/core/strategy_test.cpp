@@ -277,70 +277,92 @@ std::int64_t max_full_bytes(const StepPlan& plan) {
   return m * bytes_of(plan.settings.comm_dtype());
 }
 
+// Every strategy's plan of `model` (named `topology` in messages) keeps the step's invariants.
+void check_step_invariants(const std::string& topology, const ShardedModel& model) {
+  for (const auto& options : strategies()) {
+    INFO("topology " << topology << ", strategy " << options.to_json_text());
+    PlanSettings settings;
+    const StepPlan plan = build_plan(model, options, settings);
+
+    // Exactly once per step (replicated: once per holder), with the data in place.
+    const auto ns_count = replay_data_flow(plan);
+    for (const auto& dp : plan.model.params) {
+      if (dp.optimizer != OptimizerKind::muon) continue;
+      INFO(dp.name);
+      const bool redundant =
+          options.name == "replicated" ||
+          (options.small_param_threshold > 0 && dp.numel() < options.small_param_threshold);
+      if (redundant) {
+        int holders = 0;
+        for (int r = 0; r < model.mesh.world_size(); ++r)
+          holders += dp.layout.holds(model.mesh, r) ? 1 : 0;
+        CHECK(ns_count[dp.index] == holders);
+      } else {
+        CHECK(ns_count[dp.index] == 1);
+      }
+    }
+
+    // Bytes sent equal bytes received, pair by pair, in every collective instance.
+    for (const Op& op : plan.ops) {
+      if (!is_collective(op.kind)) continue;
+      for (int r : op.ranks.ranks(model.mesh)) {
+        const auto sent = bytes_sent(plan, op, r);
+        for (int i = 0; i < static_cast<int>(sent.size()); ++i) {
+          const int peer = model.mesh.group_member(r, op.group, i);
+          const auto received = bytes_received(plan, op, peer);
+          const int me = model.mesh.group_index(r, op.group);
+          INFO("op " << op.id << " " << op.label << " from " << r << " to " << peer);
+          CHECK(sent[i] == received[me]);
+        }
+      }
+    }
+
+    CHECK(replay_progress(plan));
+
+    // Transient memory within seed 000's bound: prefetch+1 full updates in flight (chunks
+    // count as chunk_size matrices), plus the pieces of one staged gather; all_to_all also
+    // stages one chunk's exchange (a send and a receive buffer of at most a chunk each).
+    const int depth = options.name == "all_to_all"   ? options.max_chunks_in_flight - 1
+                      : options.name == "sequential" ? 0
+                                                     : options.prefetch_count;
+    const int unit =
+        options.name == "all_to_all" || options.name == "owner_allgather" ? options.chunk_size : 1;
+    const int staging = options.name == "all_to_all" ? 2 * unit : 0;
+    const std::int64_t bound =
+        (static_cast<std::int64_t>(depth) + 1) * unit * max_full_bytes(plan) +
+        (1 + staging) * max_full_bytes(plan);
+    for (int r = 0; r < model.mesh.world_size(); ++r) {
+      INFO("rank " << r);
+      CHECK(rank_memory(plan, r).peak_transient_bytes <= bound);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("every strategy on every topology keeps the step's invariants", "[strategy]") {
-  for (const auto& topology : topologies()) {
-    const ShardedModel model = make_model(topology);
-    for (const auto& options : strategies()) {
-      INFO("topology " << topology.name << ", strategy " << options.to_json_text());
-      PlanSettings settings;
-      const StepPlan plan = build_plan(model, options, settings);
+  for (const auto& topology : topologies())
+    check_step_invariants(topology.name, make_model(topology));
+}
 
-      // Exactly once per step (replicated: once per holder), with the data in place.
-      const auto ns_count = replay_data_flow(plan);
-      for (const auto& dp : plan.model.params) {
-        if (dp.optimizer != OptimizerKind::muon) continue;
-        INFO(dp.name);
-        const bool redundant =
-            options.name == "replicated" ||
-            (options.small_param_threshold > 0 && dp.numel() < options.small_param_threshold);
-        if (redundant) {
-          int holders = 0;
-          for (int r = 0; r < model.mesh.world_size(); ++r)
-            holders += dp.layout.holds(model.mesh, r) ? 1 : 0;
-          CHECK(ns_count[dp.index] == holders);
-        } else {
-          CHECK(ns_count[dp.index] == 1);
-        }
-      }
-
-      // Bytes sent equal bytes received, pair by pair, in every collective instance.
-      for (const Op& op : plan.ops) {
-        if (!is_collective(op.kind)) continue;
-        for (int r : op.ranks.ranks(model.mesh)) {
-          const auto sent = bytes_sent(plan, op, r);
-          for (int i = 0; i < static_cast<int>(sent.size()); ++i) {
-            const int peer = model.mesh.group_member(r, op.group, i);
-            const auto received = bytes_received(plan, op, peer);
-            const int me = model.mesh.group_index(r, op.group);
-            INFO("op " << op.id << " " << op.label << " from " << r << " to " << peer);
-            CHECK(sent[i] == received[me]);
-          }
-        }
-      }
-
-      CHECK(replay_progress(plan));
-
-      // Transient memory within seed 000's bound: prefetch+1 full updates in flight (chunks
-      // count as chunk_size matrices), plus the pieces of one staged gather; all_to_all also
-      // stages one chunk's exchange (a send and a receive buffer of at most a chunk each).
-      const int depth = options.name == "all_to_all"   ? options.max_chunks_in_flight - 1
-                        : options.name == "sequential" ? 0
-                                                       : options.prefetch_count;
-      const int unit = options.name == "all_to_all" || options.name == "owner_allgather"
-                           ? options.chunk_size
-                           : 1;
-      const int staging = options.name == "all_to_all" ? 2 * unit : 0;
-      const std::int64_t bound =
-          (static_cast<std::int64_t>(depth) + 1) * unit * max_full_bytes(plan) +
-          (1 + staging) * max_full_bytes(plan);
-      for (int r = 0; r < model.mesh.world_size(); ++r) {
-        INFO("rank " << r);
-        CHECK(rank_memory(plan, r).peak_transient_bytes <= bound);
-      }
-    }
-  }
+TEST_CASE("dense weights sharded over fsdp x ep (torchtitan, Megatron) keep the invariants",
+          "[strategy]") {
+  // parallel.dense_over_ep: shard, with ep outer and inner to the fsdp dim, under TP, and with an
+  // uneven split (3 x 2 ranks over tiny-moe's 64-wide dims).
+  ParallelRules shard_dense;
+  shard_dense.dense_over_ep = DenseOverEp::shard;
+  const std::vector<Topology> cases = {
+      {"FSDP 2 x EP 2, dense sharded",
+       {{"dp_shard", 2, DimRole::fsdp}, {"ep", 2, DimRole::ep}},
+       "tiny-moe"},
+      {"EP 2 x FSDP 2, dense sharded",
+       {{"ep", 2, DimRole::ep}, {"dp_shard", 2, DimRole::fsdp}},
+       "tiny-moe"},
+      {"FSDP 3 x EP 2 x TP 2, dense sharded",
+       {{"dp_shard", 3, DimRole::fsdp}, {"ep", 2, DimRole::ep}, {"tp", 2, DimRole::tp}},
+       "tiny-moe"},
+  };
+  for (const Topology& t : cases) check_step_invariants(t.name, make_model(t, shard_dense));
 }
 
 namespace {

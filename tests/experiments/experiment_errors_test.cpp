@@ -161,7 +161,9 @@ TEST_CASE("unknown model preset lists the valid ones", "[experiments][errors]") 
 TEST_CASE("model with two descriptions", "[experiments][errors]") {
   expect_error(
       "name: t\nmesh: {dims: {dp_shard: 8}}\nmodel:\n  preset: llama-7b\n  dense: {hidden: 8}\n", 5,
-      3, {"model has both 'preset' and 'dense'", "exactly one of preset, dense, moe or params"});
+      3,
+      {"model has both 'preset' and 'dense'",
+       "exactly one of preset, hf_config, dense, moe or params"});
 }
 
 TEST_CASE("preset override beyond the preset", "[experiments][errors]") {

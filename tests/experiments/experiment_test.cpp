@@ -81,6 +81,7 @@ void require_same(const Experiment& a, const Experiment& b) {
   CHECK(a.parallel.fsdp_tensor_dim == b.parallel.fsdp_tensor_dim);
   CHECK(a.parallel.tp_dim_per_param == b.parallel.tp_dim_per_param);
   CHECK(a.parallel.tp_shard_embeddings == b.parallel.tp_shard_embeddings);
+  CHECK(a.parallel.dense_over_ep == b.parallel.dense_over_ep);
   CHECK(a.parallel.routing.embeddings_to_adamw == b.parallel.routing.embeddings_to_adamw);
   CHECK(a.parallel.routing.lm_head_to_adamw == b.parallel.routing.lm_head_to_adamw);
   CHECK(a.parallel.routing.router_to_adamw == b.parallel.routing.router_to_adamw);

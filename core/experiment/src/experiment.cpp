@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -22,7 +24,10 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <nlohmann/json.hpp>
+
 #include "core/config/src/yaml_util.hpp"
+#include "core/model/hf_config.hpp"
 
 namespace muonbed {
 
@@ -77,8 +82,9 @@ const std::vector<std::string> kDimValueKeys = {"size", "role"};
 const std::vector<std::string> kRoleNames = {"replicate", "fsdp", "tp", "ep", "pp"};
 const std::vector<std::string> kKnownDimNames = {"dp_shard", "dp_replicate", "dp", "cp",
                                                  "tp",       "ep",           "pp"};
-const std::vector<std::string> kModelKeys = {"preset", "name", "layers", "dtype",
-                                             "dense",  "moe",  "params", "placements"};
+const std::vector<std::string> kModelKeys = {"preset", "hf_config", "name",  "layers",
+                                             "dtype",  "experts",   "dense", "moe",
+                                             "params", "placements"};
 const std::vector<std::string> kDenseKeys = {
     "name",        "hidden",        "layers",    "heads",    "kv_heads",        "ffn",
     "vocab",       "head_dim",      "gated_mlp", "qkv_bias", "tied_embeddings", "layernorm_bias",
@@ -88,7 +94,8 @@ const std::vector<std::string> kMoeExtraKeys = {"experts", "expert_ffn", "shared
 const std::vector<std::string> kParamKeys = {"name",  "shape", "role",
                                              "dtype", "layer", "placements"};
 const std::vector<std::string> kParallelKeys = {"fsdp_tensor_dim", "tp_dim_per_param",
-                                                "tp_shard_embeddings"};
+                                                "tp_shard_embeddings", "dense_over_ep"};
+const std::vector<std::string> kDenseOverEp = {"replicate", "shard"};
 // torch.optim.Muon's names (core/model/optimizer.hpp), plus muonbed's additions.
 const std::vector<std::string> kOptimizerKeys = {
     "lr",  "weight_decay", "momentum", "nesterov", "momentum_form", "ns_coefficients", "ns_steps",
@@ -219,7 +226,7 @@ struct MeshSection {
   bool gpus_per_node_given = false;
 };
 
-enum class ModelKind { preset, dense, moe, params };
+enum class ModelKind { preset, hf, dense, moe, params };
 
 struct ModelSection {
   ModelKind kind = ModelKind::preset;
@@ -227,7 +234,10 @@ struct ModelSection {
   Model model;
   std::string preset;
   int layers_override = 0;
+  std::int64_t experts_override = 0;  // hf only
   std::optional<DType> dtype_override;
+  std::string hf_fields;  // hf: the config's fields as read (JSON), emitted inline when resolved
+  std::int64_t hf_heads = 0, hf_kv_heads = 0;
   std::string name_override;
   DenseSpec dense;
   MoeSpec moe;
@@ -547,29 +557,182 @@ void check_model_size(const Context& ctx, const Field& model_field,
   }
 }
 
+// model.hf_config given inline: the YAML map as the JSON object a config.json would hold. A
+// quoted scalar is a string; a plain one is read as YAML's core schema reads it (true/false,
+// null/~, an integer, a number, else a string).
+nlohmann::json yaml_to_json(const Context& ctx, const YAML::Node& node, const std::string& path) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined:
+      return nullptr;
+    case YAML::NodeType::Scalar: {
+      const std::string& text = node.Scalar();
+      if (node.Tag() == "!") return text;
+      if (text == "true" || text == "True" || text == "TRUE") return true;
+      if (text == "false" || text == "False" || text == "FALSE") return false;
+      if (text.empty() || text == "~" || text == "null" || text == "Null" || text == "NULL")
+        return nullptr;
+      std::int64_t integer = 0;
+      const char* end = text.data() + text.size();
+      if (const auto r = std::from_chars(text.data(), end, integer);
+          r.ec == std::errc() && r.ptr == end)
+        return integer;
+      char* stop = nullptr;
+      const double number = std::strtod(text.c_str(), &stop);
+      if (stop == text.c_str() + text.size() && std::isfinite(number)) return number;
+      return text;
+    }
+    case YAML::NodeType::Sequence: {
+      nlohmann::json list = nlohmann::json::array();
+      for (std::size_t i = 0; i < node.size(); ++i)
+        list.push_back(yaml_to_json(ctx, node[i], path + "[" + std::to_string(i) + "]"));
+      return list;
+    }
+    case YAML::NodeType::Map: {
+      nlohmann::json object = nlohmann::json::object();
+      for (const auto& entry : node) {
+        if (!entry.first.IsScalar())
+          fail(ctx, entry.first, "a key of '" + path + "' is " + kind_of(entry.first),
+               "use plain names as keys, as config.json does");
+        const std::string key = entry.first.Scalar();
+        if (object.contains(key))
+          fail(ctx, entry.first, "key '" + key + "' appears twice in '" + path + "'",
+               "keep one of them");
+        object[key] = yaml_to_json(ctx, entry.second, path + "." + key);
+      }
+      return object;
+    }
+  }
+  return nullptr;
+}
+
+// The read fields of a config (JSON) as YAML, for the resolved configuration: strings quoted, so
+// that yaml_to_json reads every value back with its JSON type.
+void emit_json_as_yaml(YAML::Emitter& out, const nlohmann::ordered_json& value) {
+  if (value.is_object()) {
+    out << YAML::BeginMap;
+    for (const auto& [key, item] : value.items()) {
+      out << YAML::Key << key << YAML::Value;
+      emit_json_as_yaml(out, item);
+    }
+    out << YAML::EndMap;
+  } else if (value.is_array()) {
+    out << YAML::Flow << YAML::BeginSeq;
+    for (const auto& item : value) emit_json_as_yaml(out, item);
+    out << YAML::EndSeq;
+  } else if (value.is_string()) {
+    out << YAML::DoubleQuoted << value.get<std::string>();
+  } else if (value.is_boolean()) {
+    out << value.get<bool>();
+  } else if (value.is_number_integer()) {
+    out << value.get<std::int64_t>();
+  } else if (value.is_number_float()) {
+    out << format_number(value.get<double>());
+  } else {
+    out << YAML::Null;
+  }
+}
+
+// The YAML node an inline config's field path ("text_config.num_attention_heads", "a[2]") names,
+// or `fallback` when the field is absent (a missing field's error points at the map).
+YAML::Node inline_field(const YAML::Node& map, const std::string& path,
+                        const YAML::Node& fallback) {
+  YAML::Node node = map;
+  std::size_t start = 0;
+  while (start <= path.size()) {
+    const std::size_t dot = path.find('.', start);
+    std::string part =
+        path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    const std::size_t bracket = part.find('[');
+    const std::string key = part.substr(0, bracket);
+    if (!node.IsMap()) return fallback;
+    YAML::Node next;
+    for (const auto& entry : node)
+      if (entry.first.IsScalar() && entry.first.Scalar() == key) next = entry.second;
+    if (!next.IsDefined()) return fallback;
+    node = next;
+    if (bracket != std::string::npos) {
+      const std::size_t index = std::strtoull(part.c_str() + bracket + 1, nullptr, 10);
+      if (!node.IsSequence() || index >= node.size()) return fallback;
+      node = node[index];
+    }
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return node;
+}
+
+// model.hf_config: a path to a config.json (relative to the experiment file) or its fields
+// inline; model.layers, model.experts and model.dtype override it (core/model/hf_config.hpp).
+void read_hf_model(const Context& ctx, const MapReader& m, const Field& chosen, ModelSection& out) {
+  out.kind = ModelKind::hf;
+  HfOverrides overrides;
+  if (const Field* f = m.find("layers")) {
+    overrides.layers = to_int(ctx, *f, 1, kMaxLayers);
+    out.layers_override = static_cast<int>(overrides.layers);
+  }
+  if (const Field* f = m.find("experts")) {
+    overrides.experts = to_int(ctx, *f, 1, kMaxExperts);
+    out.experts_override = overrides.experts;
+  }
+  if (const Field* f = m.find("dtype")) out.dtype_override = overrides.dtype = read_dtype(ctx, *f);
+  if (!chosen.value.IsScalar() && !chosen.value.IsMap())
+    fail(ctx, chosen, "'model.hf_config' must be a path or a map, got " + kind_of(chosen.value),
+         "write hf_config: path/to/config.json (relative to this file), or its fields as a map");
+  HfModel hf;
+  try {
+    if (chosen.value.IsScalar()) {
+      const std::string given = to_string_value(ctx, chosen);
+      fs::path path(given);
+      if (path.is_relative() && !given.empty()) path = fs::path(ctx.file).parent_path() / path;
+      hf = load_hf_config(path.lexically_normal().string(), overrides);
+    } else {
+      const std::string text = yaml_to_json(ctx, chosen.value, "model.hf_config").dump();
+      hf = model_from_hf_config(text, "model.hf_config (inline)", overrides);
+    }
+  } catch (const HfOverrideError& e) {
+    fail(ctx, *m.find(e.field()), "model." + e.field() + " " + e.problem(), e.fix());
+  } catch (const HfConfigError& e) {
+    const YAML::Node at = chosen.value.IsMap() && !e.field().empty()
+                              ? inline_field(chosen.value, e.field(), chosen.value)
+                              : chosen.value;
+    fail(ctx, at, "model.hf_config: " + e.message(), e.fix());
+  }
+  out.model = std::move(hf.model);
+  out.hf_fields = hf.fields;
+  out.hf_heads = hf.heads;
+  out.hf_kv_heads = hf.kv_heads;
+}
+
 ModelSection read_model(const Context& ctx, const Field& field, const DeviceMesh& mesh) {
   ModelSection out;
   out.field = field;
   std::vector<Field> shape_fields;  // model.params: each tensor's shape, for size errors
   const MapReader m(ctx, field, kModelKeys);
-  const Field* kinds[] = {m.find("preset"), m.find("dense"), m.find("moe"), m.find("params")};
+  const Field* kinds[] = {m.find("preset"), m.find("hf_config"), m.find("dense"), m.find("moe"),
+                          m.find("params")};
   const Field* chosen = nullptr;
   for (const Field* k : kinds) {
     if (!k) continue;
     if (chosen)
       fail(ctx, k->key,
            "model has both '" + chosen->key.Scalar() + "' and '" + k->key.Scalar() + "'",
-           "give exactly one of preset, dense, moe or params");
+           "give exactly one of preset, hf_config, dense, moe or params");
     chosen = k;
   }
   if (!chosen)
-    fail(ctx, field, "model has none of preset, dense, moe or params",
-         "add e.g. 'preset: llama-7b' under model (valid presets: " + join(preset_names()) + ")");
+    fail(ctx, field, "model has none of preset, hf_config, dense, moe or params",
+         "add e.g. 'preset: llama-7b' under model (valid presets: " + join(preset_names()) +
+             "), or 'hf_config: path/to/config.json'");
   const std::string kind = chosen->key.Scalar();
   for (const char* key : {"layers", "dtype"})
-    if (kind != "preset" && m.has(key))
-      fail(ctx, m.find(key)->key, "'model." + std::string(key) + "' applies only with model.preset",
+    if (kind != "preset" && kind != "hf_config" && m.has(key))
+      fail(ctx, m.find(key)->key,
+           "'model." + std::string(key) + "' applies only with model.preset or model.hf_config",
            "put " + std::string(key) + " inside model." + kind);
+  if (kind != "hf_config" && m.has("experts"))
+    fail(ctx, m.find("experts")->key, "'model.experts' applies only with model.hf_config",
+         kind == "moe" ? "put experts inside model.moe" : "remove it");
   if (kind != "params" && m.has("placements"))
     fail(ctx, m.find("placements")->key, "'model.placements' applies only with model.params",
          "remove it; layouts of generated models come from the parallel rules");
@@ -595,6 +758,8 @@ ModelSection read_model(const Context& ctx, const Field& field, const DeviceMesh
       out.dtype_override = read_dtype(ctx, *f);
       for (Parameter& p : out.model.params) p.dtype = *out.dtype_override;
     }
+  } else if (kind == "hf_config") {
+    read_hf_model(ctx, m, *chosen, out);
   } else if (kind == "dense" || kind == "moe") {
     const bool moe = kind == "moe";
     out.kind = moe ? ModelKind::moe : ModelKind::dense;
@@ -740,6 +905,8 @@ void read_parallel(const Context& ctx, const MapReader& top, const Model& model,
   const MapReader p(ctx, *field, kParallelKeys);
   p.read("fsdp_tensor_dim", rules.fsdp_tensor_dim, 0, 1);
   p.read("tp_shard_embeddings", rules.tp_shard_embeddings);
+  if (std::string text; p.read_choice("dense_over_ep", text, kDenseOverEp))
+    rules.dense_over_ep = text == "shard" ? DenseOverEp::shard : DenseOverEp::replicate;
   if (const Field* t = p.find("tp_dim_per_param")) {
     std::unordered_map<std::string_view, const Parameter*> by_name;
     for (const Parameter& param : model.params) by_name.emplace(param.name, &param);
@@ -759,6 +926,12 @@ void read_parallel(const Context& ctx, const MapReader& top, const Model& model,
       rules.tp_dim_per_param[name] = static_cast<int>(dim);
     }
   }
+}
+
+bool uses_mla(const Model& model) {
+  return std::any_of(model.params.begin(), model.params.end(), [](const Parameter& p) {
+    return p.role == ParamRole::attn_q_up || p.role == ParamRole::attn_kv_up;
+  });
 }
 
 void read_optimizer(const Context& ctx, const MapReader& top, const Model& model,
@@ -865,10 +1038,18 @@ void read_optimizer(const Context& ctx, const MapReader& top, const Model& model
     if (opt.qk_clip.enabled && opt.qk_clip.head_dim == 0) {
       // The model's attention head size, when the model says it.
       opt.qk_clip.head_dim = model.head_dim;
-      if (opt.qk_clip.head_dim <= 0)
+      if (opt.qk_clip.head_dim <= 0 && !uses_mla(model))
         fail(ctx, *q, "qk_clip is enabled but the head size is unknown for this model",
              "give optimizer.qk_clip.head_dim (rows per attention head of attn_q / attn_k)");
     }
+    // MuonClip of MLA rescales the head blocks of q_b and kv_b (Kimi K2); muonbed clips attn_q
+    // and attn_k only, and would silently clip nothing here.
+    if (opt.qk_clip.enabled && uses_mla(model))
+      fail(ctx, *q,
+           "qk_clip is enabled, but model '" + model.name +
+               "' uses multi-head latent attention (attn_q_up / attn_kv_up), which muonbed's "
+               "QK-clip does not cover",
+           "set qk_clip: {enabled: false}");
   }
 
   if (const Field* r = o.find("routing")) {
@@ -1062,23 +1243,27 @@ void check_model_on_mesh(const Context& ctx, const MeshSection& ms, const ModelS
            "use at most " + std::to_string(model.model.num_layers) + " stages");
   }
   // TP splits attention by whole heads (as Megatron does): tp must divide heads and kv_heads.
-  // Checked where the head counts are known (model.dense / model.moe); presets and params lists
-  // rely on the layout, whose torch.chunk shards may be uneven.
-  if (model.kind == ModelKind::dense || model.kind == ModelKind::moe) {
+  // Checked where the head counts are known (model.dense / moe / hf_config); presets and params
+  // lists rely on the layout, whose torch.chunk shards may be uneven.
+  if (model.kind == ModelKind::dense || model.kind == ModelKind::moe ||
+      model.kind == ModelKind::hf) {
     const DenseSpec& s = model.kind == ModelKind::dense ? model.dense : model.moe.base;
-    const std::int64_t kv = s.kv_heads > 0 ? s.kv_heads : s.heads;
+    const std::int64_t heads = model.kind == ModelKind::hf ? model.hf_heads : s.heads;
+    const std::int64_t kv = model.kind == ModelKind::hf ? model.hf_kv_heads
+                            : s.kv_heads > 0            ? s.kv_heads
+                                                        : s.heads;
     std::int64_t tp = 1;
     int tp_dim = -1;
     for (int d : mesh.dims_with_role(DimRole::tp)) {
       tp *= mesh.size(d);
       tp_dim = d;
     }
-    if (tp_dim >= 0 && (s.heads % tp != 0 || kv % tp != 0))
+    if (tp_dim >= 0 && (heads % tp != 0 || kv % tp != 0))
       fail(ctx, ms.size_fields[tp_dim],
-           "tp = " + std::to_string(tp) + " does not divide heads = " + std::to_string(s.heads) +
+           "tp = " + std::to_string(tp) + " does not divide heads = " + std::to_string(heads) +
                " and kv_heads = " + std::to_string(kv) + " (TP splits attention by whole heads)",
-           "use a tp size dividing " + std::to_string(std::gcd(s.heads, kv)) + ": " +
-               divisors_text(std::gcd(s.heads, kv), 1 << 20));
+           "use a tp size dividing " + std::to_string(std::gcd(heads, kv)) + ": " +
+               divisors_text(std::gcd(heads, kv), 1 << 20));
   }
 }
 
@@ -1142,6 +1327,19 @@ std::string resolved_yaml(const Experiment& e, const MeshSection& ms, const Mode
       if (model.dtype_override)
         out << YAML::Key << "dtype" << YAML::Value << std::string(to_string(*model.dtype_override));
       break;
+    case ModelKind::hf:
+      // The fields read, defaults explicit: the resolved file needs no config.json, and a changed
+      // config.json changes the point's identity.
+      out << YAML::Key << "hf_config" << YAML::Value;
+      emit_json_as_yaml(out, nlohmann::ordered_json::parse(model.hf_fields));
+      out << YAML::Key << "name" << YAML::Value << e.model.name;
+      if (model.layers_override > 0)
+        out << YAML::Key << "layers" << YAML::Value << model.layers_override;
+      if (model.experts_override > 0)
+        out << YAML::Key << "experts" << YAML::Value << model.experts_override;
+      if (model.dtype_override)
+        out << YAML::Key << "dtype" << YAML::Value << std::string(to_string(*model.dtype_override));
+      break;
     case ModelKind::dense:
       out << YAML::Key << "dense" << YAML::Value << YAML::BeginMap;
       emit_dense_fields(out, model.dense);
@@ -1187,6 +1385,11 @@ std::string resolved_yaml(const Experiment& e, const MeshSection& ms, const Mode
     out << YAML::Key << "tp_dim_per_param" << YAML::Value << YAML::Flow
         << e.parallel.tp_dim_per_param;
   out << YAML::Key << "tp_shard_embeddings" << YAML::Value << e.parallel.tp_shard_embeddings;
+  // Only when not the default, so that points resolved before the option existed keep their
+  // identity (and their results).
+  if (e.parallel.dense_over_ep != DenseOverEp::replicate)
+    out << YAML::Key << "dense_over_ep" << YAML::Value
+        << std::string(to_string(e.parallel.dense_over_ep));
   out << YAML::EndMap;
 
   const OptimizerConfig& o = e.optimizer;
@@ -1407,6 +1610,7 @@ std::uint64_t layout_key(const Experiment& e) {
   f.add(e.mesh.gpus_per_node());
   f.add(e.parallel.fsdp_tensor_dim);
   f.add(e.parallel.tp_shard_embeddings ? 1 : 0);
+  f.add(static_cast<std::int64_t>(e.parallel.dense_over_ep));
   for (const auto& [name, dim] : e.parallel.tp_dim_per_param) {
     f.add(name);
     f.add(dim);

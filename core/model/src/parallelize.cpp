@@ -11,7 +11,13 @@
 //     not TP-sharded (each EP rank owns whole experts; tp replicates them); without one, TP
 //     shards them like dense layers (up/gate dim 1, down dim 2).
 //   * An fsdp dim shards its tensor dim d with StridedShard(d, f), f the product of the sizes of
-//     the TP dims inner to it that shard d (FSDP2 on top of TP); otherwise plain Shard(d).
+//     the TP dims inner to it that shard d (FSDP2 on top of TP); otherwise plain Shard(d). With
+//     DenseOverEp::shard the ep dim follows the same rule for every parameter that is not an
+//     expert stack, so each rank of an fsdp x ep group holds a disjoint piece of the TP-local
+//     shard (its index sets cover the tensor exactly once; tests/core/parallelize_test.cpp).
+//   * MLA (model.hpp): q_b and kv_b are column-parallel by heads; the down-projections q_a and
+//     kv_a, whose rows are the latent dims every head reads, replicate over TP; all are Muon's
+//     matrices and FSDP shards their rows like any other.
 //   * PP splits num_layers like torch.chunk (stage = layer / ceil(layers / stages)), so trailing
 //     stages may own no block; embeddings (also pos_embed, and a tied embedding) live on stage 0,
 //     every other non-block parameter (final norm, lm_head) on the last stage.
@@ -46,6 +52,8 @@ int tp_dim_by_role(const Parameter& p, bool has_ep, const ParallelRules& rules) 
       case ParamRole::attn_q:
       case ParamRole::attn_k:
       case ParamRole::attn_v:
+      case ParamRole::attn_q_up:
+      case ParamRole::attn_kv_up:
       case ParamRole::mlp_up:
       case ParamRole::mlp_gate:
       case ParamRole::expert_up:
@@ -73,6 +81,10 @@ std::string list_dims(const DeviceMesh& mesh, const std::vector<int>& dims) {
 }
 
 }  // namespace
+
+std::string_view to_string(DenseOverEp value) {
+  return value == DenseOverEp::shard ? "shard" : "replicate";
+}
 
 std::int64_t DistributedParam::numel() const {
   std::int64_t n = 1;
@@ -179,7 +191,10 @@ ShardedModel parallelize(const Model& model, const DeviceMesh& mesh, const Paral
       for (int t : tp) placements[t] = Placement::shard(tp_dim);
 
     const int fsdp_dim = nd == 1 ? 0 : nd == 3 ? rules.fsdp_tensor_dim + 1 : rules.fsdp_tensor_dim;
-    for (int f : fsdp) {
+    std::vector<int> shard_dims = fsdp;  // the fsdp dims, and ep for dense params when asked
+    if (!ep.empty() && rules.dense_over_ep == DenseOverEp::shard && !is_expert_stack(p))
+      shard_dims.push_back(ep[0]);
+    for (int f : shard_dims) {
       int split = 1;  // TP shards of the same tensor dim inner to this fsdp dim
       if (tp_dim == fsdp_dim)
         for (int t : tp)
