@@ -552,7 +552,10 @@ void add_efficiency_rows(std::vector<ClusterField>& rows, const std::string& lin
       {"all_to_all", &LinkEfficiency::all_to_all},
       {"p2p", &LinkEfficiency::p2p},
       {"nvls", &LinkEfficiency::nvls}};
-  for (const auto& [name, cls] : classes)
+  // Plain pair members, not a structured binding: clang 14 (the fuzz build) cannot capture one.
+  for (const auto& entry : classes) {
+    const std::string& name = entry.first;
+    const auto cls = entry.second;
     rows.push_back(number_field(
         "efficiency." + link, name,
         [member, cls](ClusterSpec& s) -> double& { return (s.efficiency.*member).*cls; },
@@ -563,6 +566,7 @@ void add_efficiency_rows(std::vector<ClusterField>& rows, const std::string& lin
              : name == "nvls" ? " (NVLink SHARP all-reduce)"
                               : " (pairwise exchange)"),
         false, "", "calibrate (mpi): fit to the bench collective rows (intra_node)"));
+  }
 }
 
 const std::vector<ClusterField>& cluster_fields() {
@@ -806,13 +810,16 @@ const std::vector<ClusterField>& cluster_fields() {
         {"host", &CalibrationInfo::host},       {"git_hash", &CalibrationInfo::git_hash},
         {"backend", &CalibrationInfo::backend}, {"command", &CalibrationInfo::command},
         {"notes", &CalibrationInfo::notes}};
-    for (const auto& [key, member] : info)
+    for (const auto& entry : info) {
+      const std::string& key = entry.first;
+      const auto member = entry.second;
       r.push_back(text_field(
           "calibration", key,
           [member](ClusterSpec& s) -> std::string& { return s.calibration.*member; },
           "calibration provenance: " + key +
               (key == "backend" ? " (mpi: the ranks are CPU ranks; tables call them ranks)" : ""),
           false, "", [member](const ClusterSpec& s) { return !(s.calibration.*member).empty(); }));
+    }
     r.back().calibrated = "calibrate: written with the profile";
     return r;
   }();
