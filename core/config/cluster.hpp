@@ -94,6 +94,12 @@ struct GpuSpec {
   // HostCommCharge). 0 and 0: the device has its own engines for communication (GPUs).
   double host_comm_us_per_message = 0;
   double host_comm_ns_per_byte = 0;
+  // The training step's forward and backward (core/plan/training.hpp): the fraction of peak they
+  // sustain, a figure to match published MFU with its source; 0 = the GEMM-efficiency curve at
+  // each op's smallest GEMM dim (an upper bound: attention kernels, norms and activations run
+  // slower than GEMMs).
+  double training_efficiency = 0;
+  std::string training_efficiency_source;
   double efficiency(double dim) const;
   // Sustained FLOP/s for an op whose smallest matrix dim is `dim`.
   double sustained_flops(double dim) const { return peak_tflops * 1e12 * efficiency(dim); }

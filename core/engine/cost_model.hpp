@@ -6,11 +6,13 @@
 // the simulator's tests compare against.
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
 #include "core/config/cluster.hpp"
 #include "core/plan/plan.hpp"
+#include "core/plan/training.hpp"
 
 namespace muonbed {
 
@@ -150,6 +152,9 @@ struct StepEstimate {
   double step_time_s = 0;  // max over ranks of finish time
   std::vector<RankTimes> ranks;
   std::vector<InstanceTimes> collectives;  // by op id (zero for compute ops and idle steps)
+  // A training step: per rank, each StepPhase's busy time and its last op's end (timeline.hpp).
+  std::vector<std::array<double, kStepPhases>> phase_busy_s;
+  std::vector<std::array<double, kStepPhases>> phase_end_s;
 };
 
 struct EstimateSummary {

@@ -12,12 +12,14 @@
 // compute_s + exposed_comm_s + idle_s = step time on every rank.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "core/plan/plan.hpp"
+#include "core/plan/training.hpp"
 #include "core/results/results.hpp"
 
 namespace muonbed {
@@ -41,9 +43,13 @@ class StepTimeline {
 
   void begin_step();  // clears everything
 
-  // Busy accounting: rank starts / stops an activity at time t (step-relative seconds).
-  void begin(int rank, Activity activity, double t);
-  void end(int rank, Activity activity, double t);
+  // Busy accounting: rank starts / stops an activity at time t (step-relative seconds), for op
+  // `op` (-1: not said; then no phase is counted).
+  void begin(int rank, Activity activity, double t, int op = -1);
+  void end(int rank, Activity activity, double t, int op = -1);
+  // A training step's plan: also count, per rank, the time each StepPhase (core/plan/training.hpp)
+  // has an op running and when its last op ended (StepMeasurement::phase_busy_s, phase_end_s).
+  void track_phases(const StepPlan& plan);
   // An op event of the rank at time t (its finish time is the latest of them).
   void touch_finish(int rank, double t);
 
@@ -66,7 +72,11 @@ class StepTimeline {
     int n_compute = 0;
     int n_comm = 0;
     double compute = 0, comm = 0, exposed = 0, busy = 0, finish = 0;
+    std::array<int, kStepPhases> n_phase{};
+    std::array<double, kStepPhases> phase_busy{};
+    std::array<double, kStepPhases> phase_end{};
   };
+  std::vector<int> phase_of_op_;  // empty: phases not tracked
   void touch(int rank, double t);
 
   int world_;

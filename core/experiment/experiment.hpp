@@ -55,6 +55,9 @@ struct Experiment {
   // The training state around the optimizer step (memory: {master_weights, activations_GiB,
   // reserved_GiB}), for the memory feasibility check; no step time depends on it.
   TrainingMemoryOptions memory;
+  // The training step around the optimizer (training: {tokens_per_step, seq_len, ...});
+  // disabled: the optimizer step alone.
+  TrainingOptions training;
   std::vector<std::string> backends;  // sim, analytic, mpi, nccl
   std::string sim_fidelity = "auto";  // step | flow | auto (sim backend: step up to 256 ranks)
   // Real executors (mpi, nccl) run `steps` untimed warm-up steps, then `repeats` timed steps,

@@ -138,6 +138,9 @@ struct RoutingRules {
   bool lm_head_to_adamw = true;
   bool router_to_adamw = false;
   std::vector<std::string> force_adamw;  // parameter names
+  // AdamW for every parameter: the baseline a training step's Muon overhead is measured against
+  // (core/results/run_point.hpp); not an experiment key.
+  bool everything_to_adamw = false;
 };
 OptimizerKind route(const Parameter& param, const RoutingRules& rules);
 

@@ -92,6 +92,8 @@ enum class OpKind {
   recv,
   barrier,
   split_newton_schulz,  // compute and communication: NS of a matrix split over a group
+  forward,              // training step: a layer's forward pass over Op::tokens (compute)
+  backward,             // training step: its backward pass (compute)
 };
 std::string_view to_string(OpKind kind);
 OpKind op_kind_from_string(std::string_view text);
@@ -101,8 +103,13 @@ bool is_memory(OpKind kind);
 
 enum class AllToAllDirection { to_owners, from_owners };
 
-// The tensor a collective, pack or unpack op moves (see the header comment).
-enum class TensorRole { none, gradient, update, result };
+// The tensor a collective, pack or unpack op moves (see the header comment). The training step
+// (core/plan/training.hpp) adds two: `parameter` (FSDP's all-gather of parameter shards before a
+// layer's forward and backward: pieces by the layout, in the param's dtype) and `activation`
+// (activations and their gradients between ranks: TP all-reduces, the EP token all-to-all,
+// context-parallel key/value all-gathers, pipeline sends), whose size is Op::bytes, not a
+// layout's piece.
+enum class TensorRole { none, gradient, update, result, parameter, activation };
 std::string_view to_string(TensorRole role);
 TensorRole tensor_role_from_string(std::string_view text);
 
@@ -148,6 +155,12 @@ struct Op {
   int buffer = -1;                       // alloc/release; pack/unpack: their staging buffer
   int ns_steps = 0;                      // newton_schulz
   int period = 1;
+  // Training ops (core/plan/training.hpp). forward/backward: the tokens each of its ranks
+  // processes (FLOPs follow from the op's params and the model: op_flops). Activation
+  // collectives: the bytes each member contributes (all_reduce, all_gather: its buffer;
+  // all_to_all: its whole send buffer, split evenly over the group; send: the message).
+  std::int64_t tokens = 0;
+  std::int64_t bytes = 0;
   std::vector<int> deps;
   std::string label;  // human-readable, for tables and traces
 };
@@ -179,10 +192,32 @@ struct TrainingMemoryOptions {
   bool operator==(const TrainingMemoryOptions&) const = default;
 };
 
+// The training step around the optimizer step (issue 24; core/plan/training.hpp). Disabled: the
+// plan is the optimizer step alone, as it always was.
+struct TrainingOptions {
+  bool enabled = false;
+  std::int64_t tokens_per_step = 0;   // the global batch, in tokens
+  std::int64_t seq_len = 0;           // tokens per sequence
+  std::int64_t micro_batch_size = 1;  // sequences per micro-batch per data-parallel rank
+  // none: the optimizer starts once every gradient is synced; backward: a matrix's momentum,
+  // gathers and Newton-Schulz start once its own gradient is synced, sharing the GPU and the
+  // links with the rest of the backward pass.
+  std::string overlap = "none";
+  std::int64_t experts_per_token = 0;  // MoE routing top-k (0: a dense model)
+  // Micro-batches run in at most this many groups (each op of a group processes its
+  // micro-batches' tokens at once), which bounds the plan's size.
+  int max_micro_batch_groups = 8;
+  // Attention by FlashAttention-style kernels, which keep no score matrix: the activation memory
+  // drops its 5 a s / h term.
+  bool flash_attention = true;
+  bool operator==(const TrainingOptions&) const = default;
+};
+
 struct PlanSettings {
   OptimizerConfig optimizer;        // what every executor and the reference compute
   DType state_dtype = DType::fp32;  // momentum and Adam moments
   TrainingMemoryOptions training_memory;
+  TrainingOptions training;
   int ns_steps() const { return optimizer.muon.ns_steps; }
   DType comm_dtype() const { return optimizer.comm_dtype; }  // of updates moved between ranks
 };
@@ -286,12 +321,17 @@ struct TrainingMemory {
   std::int64_t ns_workspace = 0;
   std::int64_t activations = 0;
   std::int64_t reserved = 0;
+  // The optimizer overlaps the backward pass (training.overlap: backward): its transients and
+  // the activations the backward still holds are live at once.
+  bool overlapping = false;
   std::int64_t persistent() const {
     return parameters + master_weights + gradients + optimizer_state;
   }
   std::int64_t transients() const { return step_buffers + ns_workspace; }
   std::int64_t peak_bytes() const {
-    return persistent() + std::max(activations, transients()) + reserved;
+    return persistent() +
+           (overlapping ? activations + transients() : std::max(activations, transients())) +
+           reserved;
   }
   // What the optimizer step itself holds: rank_memory(plan, rank).
   RankMemory optimizer_step() const {

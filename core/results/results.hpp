@@ -94,6 +94,13 @@
 //                    costliest shape timed as calibrate times gpu.ns_table, right before the
 //                    warm-up steps and right after the timed ones, beside the time the cluster
 //                    profile gives it (core/results/calibration.hpp speed_probe)
+//   training         a training step (absent for the optimizer step alone): tokens_per_step,
+//                    seq_len, micro_batches, micro_batch_groups, overlap, step_s, forward_s,
+//                    backward_s, parameter_gather_s, activation_comm_s, gradient_sync_s,
+//                    optimizer_s (means over ranks of the time each phase had an op running),
+//                    exposed_optimizer_s (the step after every rank's last forward, backward,
+//                    gather and sync op), model_tflops, mfu, adamw_step_s (the same step with
+//                    AdamW for every parameter), muon_overhead (step_s / adamw_step_s - 1)
 //   memory           the training state against the device's memory (absent from files written
 //                    before it): model ("training_state"), limit_bytes (gpu.memory_GiB of the
 //                    cluster: one GPU's, or one CPU rank's), peak_bytes and peak_rank (the fullest
@@ -115,6 +122,7 @@
 //                    reader, resume and analysis/plot.py check it)
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -122,6 +130,7 @@
 #include "core/base/output_files.hpp"
 #include "core/config/cluster.hpp"
 #include "core/plan/plan.hpp"
+#include "core/plan/training.hpp"
 
 namespace muonbed {
 
@@ -265,6 +274,33 @@ struct MemoryFeasibilityResult {
   TrainingMemory breakdown;  // of peak_rank
 };
 
+// The training step around the optimizer (core/plan/training.hpp); present: false for plans of
+// the optimizer step alone. Times are the average step's (the hyper-period's weighted mean);
+// phase times are means over ranks of the time an op of that phase ran.
+struct TrainingResult {
+  bool present = false;
+  std::int64_t tokens_per_step = 0;
+  std::int64_t seq_len = 0;
+  std::int64_t micro_batches = 0;  // per data-parallel rank
+  int micro_batch_groups = 0;
+  std::string overlap;
+  double step_s = 0;               // the whole training step
+  double forward_s = 0;
+  double backward_s = 0;
+  double parameter_gather_s = 0;   // FSDP's parameter all-gathers
+  double activation_comm_s = 0;    // TP, EP, CP and PP activation traffic
+  double gradient_sync_s = 0;
+  double optimizer_s = 0;          // the optimizer's ops (compute and communication)
+  // The part of the step after every rank's forward, backward and gradient sync ended: what the
+  // optimizer adds to the step's critical path.
+  double exposed_optimizer_s = 0;
+  double model_tflops = 0;  // forward and backward FLOPs of all ranks per step, in TFLOP
+  double mfu = 0;           // model FLOPs / (step x ranks x peak)
+  // The same step with AdamW for every parameter (the run's twin plan; 0: not run).
+  double adamw_step_s = 0;
+  double muon_overhead = 0;  // step_s / adamw_step_s - 1
+};
+
 // One other backend's result of the same point beside this one: whether they agree.
 inline constexpr double kCrossCheckTolerance = 0.10;
 struct CrossCheck {
@@ -324,6 +360,7 @@ struct ResultRecord {
   std::vector<RankResult> ranks;
   ExecutionInfo execution;
   MemoryFeasibilityResult memory;
+  TrainingResult training;
   std::vector<std::string> notes;
   std::vector<CrossCheck> cross_check;
   std::string checksum;  // as read from a file; result_to_json computes its own
@@ -353,6 +390,10 @@ struct StepMeasurement {
   double intra_node_bytes = 0;
   double network_bytes = 0;
   double flops = 0;  // optimizer FLOPs of all ranks in this step
+  // A training step's plan (core/plan/training.hpp): per rank, the time each StepPhase had an op
+  // running, and when its last op of that phase ended; empty otherwise.
+  std::vector<std::array<double, kStepPhases>> phase_busy_s;
+  std::vector<std::array<double, kStepPhases>> phase_end_s;
 };
 
 // Per collective op and step pattern: instance times and sizes, accumulated by the backend.

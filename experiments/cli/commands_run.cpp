@@ -269,6 +269,35 @@ std::string backend_text(const ResultRecord& r) {
   return backend_label(r.backend, r.fidelity);
 }
 
+// The training step of each point that has one (core/plan/training.hpp): the step beside the
+// same step with AdamW for every parameter, Muon's overhead, and where the step's time goes.
+void print_training_table(const std::vector<const ResultRecord*>& ordered) {
+  const bool any = std::any_of(ordered.begin(), ordered.end(),
+                               [](const ResultRecord* r) { return r->training.present; });
+  if (!any) return;
+  Table table({"point", "backend", "step", "AdamW step", "Muon +", "forward", "backward",
+               "FSDP gather", "act comm", "grad sync", "optimizer", "exposed opt", "MFU"},
+              2);
+  for (const ResultRecord* r : ordered) {
+    if (!r->training.present) continue;
+    const TrainingResult& t = r->training;
+    table.add({r->provenance.point.empty() ? r->provenance.experiment : r->provenance.point,
+               backend_text(*r), human_seconds(t.step_s),
+               t.adamw_step_s > 0 ? human_seconds(t.adamw_step_s) : "-",
+               t.adamw_step_s > 0 ? fmt::format("{:+.1f} %", 100 * t.muon_overhead) : "-",
+               human_seconds(t.forward_s), human_seconds(t.backward_s),
+               human_seconds(t.parameter_gather_s), human_seconds(t.activation_comm_s),
+               human_seconds(t.gradient_sync_s), human_seconds(t.optimizer_s),
+               human_seconds(t.exposed_optimizer_s), fmt::format("{:.1f} %", 100 * t.mfu)});
+  }
+  std::cout << "\ntraining step per point (core/plan/training.hpp; AdamW step: the same step with "
+               "AdamW for every parameter; Muon +: step / AdamW step - 1; phases: means over "
+               "ranks of the time an op of the phase ran, so they overlap; exposed opt: the step "
+               "after every rank's last forward, backward, gather and sync; MFU: forward and "
+               "backward FLOPs / (step x ranks x peak))\n";
+  table.print(std::cout);
+}
+
 // Every finished run, in sweep order, with its speedup over the first point of the sweep on the
 // same backend and the same number of ranks (the baseline the experiment lists first, e.g. the
 // sequential strategy; points at other scales are not compared with it), whatever fidelity
@@ -320,6 +349,7 @@ void print_results_table(const std::vector<ResultRecord>& records,
             << (gpus && cpu_ranks ? "; ranks are GPUs or CPU ranks as each profile says" : "")
             << ")\n";
   table.print(std::cout);
+  print_training_table(ordered);
   if (infeasible)
     std::cout << "OOM       * the point's training state does not fit the device's memory: its "
                  "step time assumes memory that is not there (the result's memory section and "

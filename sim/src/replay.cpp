@@ -91,6 +91,7 @@ class Replay final : public OpHandler, public CompletionSink {
         host_comm_(plan, cluster) {
     traced_ = std::min(index_.world_size(), std::max(0, options.trace_max_ranks));
     compute_started_.assign(static_cast<std::size_t>(traced_) * index_.num_streams(), 0.0);
+    if (has_training_ops(plan)) timeline_.track_phases(plan);
     options_.lowering.pooled_rooted = network_.can_pool();
   }
 
@@ -127,7 +128,7 @@ class Replay final : public OpHandler, public CompletionSink {
     const double seconds =
         compute_time(plan_, o, rank, cluster_) + host_comm_.compute_started(rank, rel_now());
     timeline_.add_flops(op_flops(plan_, o, rank));
-    timeline_.begin(rank, Activity::compute, rel_now());
+    timeline_.begin(rank, Activity::compute, rel_now(), op);
     if (rank < traced_) compute_started_[trace_slot(rank, o.stream)] = rel_now();
     network_.compute(rank, seconds, kComputeOwner | static_cast<std::uint32_t>(rank),
                      static_cast<std::uint64_t>(op));
@@ -207,7 +208,7 @@ class Replay final : public OpHandler, public CompletionSink {
     }
     inst.bytes = bytes;
     inst.start = rel_now();
-    for (int m : spec.members) timeline_.begin(m, Activity::communication, inst.start);
+    for (int m : spec.members) timeline_.begin(m, Activity::communication, inst.start, inst.op);
     inst.host->reset();
     inst.algorithm = make_algorithm(spec, *inst.host, options_.lowering);
     inst.algorithm->start();
@@ -246,7 +247,7 @@ class Replay final : public OpHandler, public CompletionSink {
   void compute_done(int rank, int op) {
     const double now = rel_now();
     host_comm_.compute_finished(rank, now);
-    timeline_.end(rank, Activity::compute, now);
+    timeline_.end(rank, Activity::compute, now, op);
     if (rank < traced_) {
       const int stream = index_.stream(op);
       timeline_.trace(
@@ -274,7 +275,7 @@ class Replay final : public OpHandler, public CompletionSink {
       timeline_.add_flops(op_flops(plan_, o, m));
     }
     inst.start = rel_now();
-    for (int m : inst.spec.members) timeline_.begin(m, Activity::compute, inst.start);
+    for (int m : inst.spec.members) timeline_.begin(m, Activity::compute, inst.start, inst.op);
     inst.split_round = 0;
     start_split_all_reduce(inst, id);
   }
@@ -318,7 +319,7 @@ class Replay final : public OpHandler, public CompletionSink {
     }
     const Activity activity = inst.split_round >= 0 ? Activity::compute : Activity::communication;
     for (int r : inst.spec.members) {
-      timeline_.end(r, activity, now);
+      timeline_.end(r, activity, now, inst.op);
       timeline_.touch_finish(r, now);
     }
     inst.split_round = -1;

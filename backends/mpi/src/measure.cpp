@@ -92,6 +92,7 @@ Measured build_record(const StepPlan& plan, const std::vector<std::vector<StepTi
   const int traced = std::clamp(settings.trace_ranks, 0, world);
 
   StepTimeline timeline(world, index.num_ops(), traced);
+  if (has_training_ops(plan)) timeline.track_phases(plan);
   std::vector<StepMeasurement> steps;
   std::vector<std::vector<CollectiveMeasurement>> collectives;
   std::vector<double> times;
@@ -118,19 +119,19 @@ Measured build_record(const StepPlan& plan, const std::vector<std::vector<StepTi
     for (int r = 0; r < world; ++r) {
       const StepTimings& st = ranks[r][i];
       // (time, 0 begin / 1 end, activity): a rank's changes in time order, as StepTimeline wants
-      std::vector<std::tuple<double, int, Activity>> changes;
+      std::vector<std::tuple<double, int, Activity, int>> changes;  // ..., op
       for (const OpTiming& t : st.ops) {
         const int stream = index.stream(t.op);
         if (index.op_class(t.op) == OpClass::compute) {
-          changes.emplace_back(t.start, 0, Activity::compute);
-          changes.emplace_back(t.end, 1, Activity::compute);
+          changes.emplace_back(t.start, 0, Activity::compute, t.op);
+          changes.emplace_back(t.end, 1, Activity::compute, t.op);
           timeline.add_flops(op_flops(plan, plan.ops[t.op], r));
           timeline.trace({r, stream, t.op, TraceKind::compute, t.start, t.end});
         } else {
           const double d = duration.at({t.op, index.leader(t.op, r)});
           const double begin = std::max(t.start, t.end - d);
-          changes.emplace_back(begin, 0, Activity::communication);
-          changes.emplace_back(t.end, 1, Activity::communication);
+          changes.emplace_back(begin, 0, Activity::communication, t.op);
+          changes.emplace_back(t.end, 1, Activity::communication, t.op);
           if (begin > t.start) timeline.trace({r, stream, t.op, TraceKind::wait, t.start, begin});
           timeline.trace({r, stream, t.op, TraceKind::collective, begin, t.end});
         }
@@ -139,11 +140,11 @@ Measured build_record(const StepPlan& plan, const std::vector<std::vector<StepTi
         return std::get<0>(a) != std::get<0>(b) ? std::get<0>(a) < std::get<0>(b)
                                                 : std::get<1>(a) < std::get<1>(b);
       });
-      for (const auto& [t, kind, activity] : changes) {
+      for (const auto& [t, kind, activity, op] : changes) {
         if (kind == 0)
-          timeline.begin(r, activity, t);
+          timeline.begin(r, activity, t, op);
         else
-          timeline.end(r, activity, t);
+          timeline.end(r, activity, t, op);
       }
       timeline.touch_finish(r, st.finish);
       extra.bytes_sent[r] = st.bytes_sent;

@@ -680,6 +680,17 @@ const std::vector<ClusterField>& cluster_fields() {
         kMaxHostCommNsPerByte, "the same per byte, ns", false, "",
         "calibrate (mpi): as host_comm_us_per_message",
         [](const ClusterSpec& s) { return s.gpu.host_comm_ns_per_byte > 0; }));
+    r.push_back(number_field(
+        "gpu", "training_efficiency",
+        [](ClusterSpec& s) -> double& { return s.gpu.training_efficiency; }, 0, 1,
+        "fraction of peak the training step's forward and backward sustain (matches published "
+        "MFU); 0 = the GEMM-efficiency curve at each op's smallest GEMM dim",
+        false, "", "", [](const ClusterSpec& s) { return s.gpu.training_efficiency > 0; }));
+    r.push_back(text_field(
+        "gpu", "training_efficiency_source",
+        [](ClusterSpec& s) -> std::string& { return s.gpu.training_efficiency_source; },
+        "where training_efficiency comes from (the measurement or publication, its setup)", false,
+        "", [](const ClusterSpec& s) { return !s.gpu.training_efficiency_source.empty(); }));
     // intra_node
     r.push_back(custom_field(
         "intra_node", "kind", "nvswitch | pcie",

@@ -5,6 +5,8 @@
 // and its busy, exposed-communication and idle time (see "The replay" below).
 #include "core/engine/cost_model.hpp"
 
+#include "core/plan/training.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -263,6 +265,18 @@ double compute_seconds(const StepPlan& plan, const Op& op, int rank, const Clust
     if (gpu.hbm_GBps > 0 && gpu.ns_kernel.empty())
       t = std::max(t, op_memory_bytes(plan, op, rank) / (gpu.hbm_GBps * kGB));
     return t;
+  }
+  if (op.kind == OpKind::forward || op.kind == OpKind::backward) {
+    // The training step: its FLOPs at the profile's training efficiency (published MFU), or at the
+    // GEMM-efficiency curve of its smallest GEMM dim, plus one kernel launch.
+    const double flops = op_flops(plan, op, rank);
+    if (!(flops > 0)) return 0;
+    const double efficiency = gpu.training_efficiency > 0
+                                  ? gpu.training_efficiency
+                                  : gpu.efficiency(training_gemm_min_dim(plan, op, rank));
+    const double rate = gpu.peak_tflops * 1e12 * efficiency;
+    if (!(rate > 0)) throw no_rate(flops);
+    return flops / rate + launch;
   }
   if (op.kind == OpKind::momentum || op.kind == OpKind::apply_update || op.kind == OpKind::adamw) {
     const double measured =
@@ -846,6 +860,31 @@ class AnalyticReplay final : public OpHandler {
   std::vector<std::pair<int, double>> instance_tail_;  // instance -> op, latency after its bytes
   std::vector<double> instance_start_;                 // instance -> when it started
   std::vector<InstanceTimes> instance_times_;          // op -> its instances this step
+  // Compute ops of one rank that run at once (a training step's backward and the optimizer on
+  // two streams) share the GPU: processor sharing, each of k at 1/k of its speed, as SimGrid's
+  // hosts do. Only plans with compute on more than one stream take this path.
+  struct PsJob {
+    int op = 0;
+    double remaining = 0;  // seconds of work left at full speed
+  };
+  struct PsRank {
+    std::vector<PsJob> jobs;
+    double last = 0;
+    std::uint64_t version = 0;
+  };
+  struct PsDue {
+    double t = 0;
+    std::uint64_t seq = 0;
+    int rank = 0;
+    std::uint64_t version = 0;
+    bool operator>(const PsDue& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+  };
+  void ps_progress(int rank);
+  void ps_schedule(int rank);
+  void ps_finish(int rank);
+  bool processor_sharing_ = false;
+  std::vector<PsRank> ps_;
+  std::vector<PsDue> ps_heap_;
 };
 
 AnalyticReplay::AnalyticReplay(const StepPlan& plan, const ClusterSpec& cluster,
@@ -860,9 +899,16 @@ AnalyticReplay::AnalyticReplay(const StepPlan& plan, const ClusterSpec& cluster,
       host_comm_(plan, cluster),
       links_(cluster, index_.world_size(), gpn_),
       sharing_(links_.count()) {
+  if (has_training_ops(plan)) timeline_.track_phases(plan);
   const DeviceMesh& mesh = plan.mesh();
   const int nops = index_.num_ops();
   const int nparams = static_cast<int>(plan.model.params.size());
+  {
+    std::set<int> compute_streams;
+    for (const Op& op : plan.ops)
+      if (is_compute(op.kind)) compute_streams.insert(op.stream);
+    processor_sharing_ = compute_streams.size() > 1;
+  }
   std::vector<DimSet> varying(nparams);
   for (int p = 0; p < nparams; ++p) varying[p] = varying_dims(mesh, plan.model.params[p].layout);
   cost_.resize(nops);
@@ -949,8 +995,56 @@ void AnalyticReplay::start_compute(int rank, int op) {
       cached(op, rank, [&] { return compute_seconds(plan_, o, rank, cluster_); }) +
       host_comm_.compute_started(rank, now_);
   if (--cost_[op].left == 0) std::vector<double>().swap(cost_[op].cache);
-  timeline_.begin(rank, Activity::compute, now_);
-  due(op, now_ + seconds, rank);
+  timeline_.begin(rank, Activity::compute, now_, op);
+  if (!processor_sharing_) {
+    due(op, now_ + seconds, rank);
+    return;
+  }
+  ps_progress(rank);
+  ps_[rank].jobs.push_back({op, seconds});
+  ps_schedule(rank);
+}
+
+void AnalyticReplay::ps_progress(int rank) {
+  PsRank& r = ps_[rank];
+  if (!r.jobs.empty()) {
+    const double share = (now_ - r.last) / static_cast<double>(r.jobs.size());
+    for (PsJob& j : r.jobs) j.remaining -= share;
+  }
+  r.last = now_;
+}
+
+void AnalyticReplay::ps_schedule(int rank) {
+  PsRank& r = ps_[rank];
+  ++r.version;
+  if (r.jobs.empty()) return;
+  double least = r.jobs.front().remaining;
+  for (const PsJob& j : r.jobs) least = std::min(least, j.remaining);
+  const double t = now_ + std::max(0.0, least) * static_cast<double>(r.jobs.size());
+  ps_heap_.push_back({t, seq_++, rank, r.version});
+  std::push_heap(ps_heap_.begin(), ps_heap_.end(), std::greater<>());
+}
+
+// The jobs of `rank` whose work is done at now_ complete (ties within rounding together).
+void AnalyticReplay::ps_finish(int rank) {
+  ps_progress(rank);
+  PsRank& r = ps_[rank];
+  double least = r.jobs.front().remaining;
+  for (const PsJob& j : r.jobs) least = std::min(least, j.remaining);
+  const double tolerance = 1e-12 * std::max(1.0, now_);
+  std::vector<int> finished;
+  std::vector<PsJob> left;
+  for (const PsJob& j : r.jobs)
+    (j.remaining <= least + tolerance ? finished.push_back(j.op) : left.push_back(j));
+  r.jobs = std::move(left);
+  for (int op : finished) {
+    host_comm_.compute_finished(rank, now_);
+    timeline_.end(rank, Activity::compute, now_, op);
+    timeline_.touch_finish(rank, now_);
+    engine_.finish_compute(rank, op);
+  }
+  ps_progress(rank);
+  ps_schedule(rank);
 }
 
 void AnalyticReplay::start_collective(const CollectiveInstance& instance) {
@@ -984,7 +1078,7 @@ void AnalyticReplay::start_collective(const CollectiveInstance& instance) {
   const bool split = o.kind == OpKind::split_newton_schulz;
   host_comm_.collective_started(op, members);
   for (int m : members)
-    timeline_.begin(m, split ? Activity::compute : Activity::communication, now_);
+    timeline_.begin(m, split ? Activity::compute : Activity::communication, now_, op);
   if (instance.id >= static_cast<int>(members_.size())) {
     members_.resize(instance.id + 1);
     instance_start_.resize(instance.id + 1);
@@ -1045,6 +1139,8 @@ StepEstimate AnalyticReplay::run(int step) {
     cost_[i].uniform_piece = -1;
   }
   flowing_.clear();
+  ps_.assign(processor_sharing_ ? index_.world_size() : 0, PsRank{});
+  ps_heap_.clear();
   sharing_ = SharedLinks(links_.count());
   instance_times_.assign(index_.num_ops(), InstanceTimes{});
   engine_.begin_step(step);
@@ -1055,9 +1151,23 @@ StepEstimate AnalyticReplay::run(int step) {
       std::pop_heap(flowing_.begin(), flowing_.end(), std::greater<>());
       flowing_.pop_back();
     }
+    while (!ps_heap_.empty() && ps_[ps_heap_.front().rank].version != ps_heap_.front().version) {
+      std::pop_heap(ps_heap_.begin(), ps_heap_.end(), std::greater<>());
+      ps_heap_.pop_back();
+    }
     if (sharing_.pending() && (heap_.empty() || heap_.front().t > now_) &&
-        (flowing_.empty() || flowing_.front().t > now_)) {
+        (flowing_.empty() || flowing_.front().t > now_) &&
+        (ps_heap_.empty() || ps_heap_.front().t > now_)) {
       schedule_changed();
+      continue;
+    }
+    if (!ps_heap_.empty() && (heap_.empty() || ps_heap_.front().t <= heap_.front().t) &&
+        (flowing_.empty() || ps_heap_.front().t < flowing_.front().t)) {
+      std::pop_heap(ps_heap_.begin(), ps_heap_.end(), std::greater<>());
+      const PsDue d = ps_heap_.back();
+      ps_heap_.pop_back();
+      now_ = std::max(now_, d.t);
+      ps_finish(d.rank);
       continue;
     }
     if (!flowing_.empty() && (heap_.empty() || flowing_.front().t <= heap_.front().t)) {
@@ -1083,7 +1193,7 @@ StepEstimate AnalyticReplay::run(int step) {
     if (index_.op_class(op) == OpClass::compute) {
       for (int rank : done_) {
         host_comm_.compute_finished(rank, now_);
-        timeline_.end(rank, Activity::compute, now_);
+        timeline_.end(rank, Activity::compute, now_, op);
         timeline_.touch_finish(rank, now_);
         engine_.finish_compute(rank, op);
       }
@@ -1098,7 +1208,7 @@ StepEstimate AnalyticReplay::run(int step) {
         times.time_sum_s += took;
         times.time_max_s = std::max(times.time_max_s, took);
         for (int m : members_[instance]) {
-          timeline_.end(m, activity, now_);
+          timeline_.end(m, activity, now_, op);
           timeline_.touch_finish(m, now_);
         }
         engine_.finish_collective(instance);
@@ -1115,6 +1225,8 @@ StepEstimate AnalyticReplay::run(int step) {
   out.step = step;
   out.step_time_s = m.time_s;
   out.collectives = std::move(instance_times_);
+  out.phase_busy_s = m.phase_busy_s;
+  out.phase_end_s = m.phase_end_s;
   out.ranks.resize(m.ranks.size());
   for (std::size_t r = 0; r < m.ranks.size(); ++r) {
     const TimeBreakdown& t = m.ranks[r];

@@ -29,21 +29,36 @@ void StepTimeline::touch(int rank, double t) {
     if (a.n_comm > 0) a.comm += dt;
     if (a.n_comm > 0 && a.n_compute == 0) a.exposed += dt;
     if (a.n_compute > 0 || a.n_comm > 0) a.busy += dt;
+    for (int p = 0; p < kStepPhases; ++p)
+      if (a.n_phase[p] > 0) a.phase_busy[p] += dt;
   }
   a.last = std::max(a.last, t);
 }
 
-void StepTimeline::begin(int rank, Activity activity, double t) {
-  touch(rank, t);
-  ++(activity == Activity::compute ? ranks_[rank].n_compute : ranks_[rank].n_comm);
+void StepTimeline::track_phases(const StepPlan& plan) {
+  phase_of_op_.clear();
+  for (const Op& op : plan.ops) phase_of_op_.push_back(static_cast<int>(step_phase(op)));
 }
 
-void StepTimeline::end(int rank, Activity activity, double t) {
+void StepTimeline::begin(int rank, Activity activity, double t, int op) {
+  touch(rank, t);
+  ++(activity == Activity::compute ? ranks_[rank].n_compute : ranks_[rank].n_comm);
+  if (op >= 0 && op < static_cast<int>(phase_of_op_.size()))
+    ++ranks_[rank].n_phase[phase_of_op_[op]];
+}
+
+void StepTimeline::end(int rank, Activity activity, double t, int op) {
   touch(rank, t);
   int& n = activity == Activity::compute ? ranks_[rank].n_compute : ranks_[rank].n_comm;
   if (n <= 0)
     throw Error("timeline: rank " + std::to_string(rank) + " ends an activity it never began");
   --n;
+  if (op >= 0 && op < static_cast<int>(phase_of_op_.size())) {
+    RankAccount& a = ranks_[rank];
+    const int p = phase_of_op_[op];
+    if (a.n_phase[p] > 0) --a.n_phase[p];
+    a.phase_end[p] = std::max(a.phase_end[p], t);
+  }
 }
 
 void StepTimeline::touch_finish(int rank, double t) {
@@ -76,6 +91,14 @@ StepMeasurement StepTimeline::measurement(int step, int count) {
     touch(r, ranks_[r].last);  // nothing is open at the end of a step
     const RankAccount& a = ranks_[r];
     m.ranks[r] = {a.compute, a.comm, a.exposed, std::max(0.0, m.time_s - a.busy), a.finish};
+  }
+  if (!phase_of_op_.empty()) {
+    m.phase_busy_s.resize(static_cast<std::size_t>(world_));
+    m.phase_end_s.resize(static_cast<std::size_t>(world_));
+    for (int r = 0; r < world_; ++r) {
+      m.phase_busy_s[r] = ranks_[r].phase_busy;
+      m.phase_end_s[r] = ranks_[r].phase_end;
+    }
   }
   m.flops = flops_;
   return m;

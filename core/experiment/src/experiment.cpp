@@ -75,7 +75,7 @@ constexpr std::size_t kMaxPathComponentBytes = 255;
 
 const std::vector<std::string> kTopKeys = {"name",      "cluster",  "mesh",    "model", "parallel",
                                            "optimizer", "strategy", "backend", "sim",   "steps",
-                                           "repeats",   "seed",     "output",  "sweep", "memory"};
+                                           "repeats",   "seed",     "output",  "sweep", "memory", "training"};
 const std::vector<std::string> kMeshKeys = {"dims", "gpus_per_node", "world_size"};
 const std::vector<std::string> kDimKeys = {"name", "size", "role"};
 const std::vector<std::string> kDimValueKeys = {"size", "role"};
@@ -134,6 +134,10 @@ const std::vector<std::string> kGradSyncKeys = {"enabled", "level_periods"};
 const std::vector<std::string> kSplitNsKeys = {"enabled", "max_members", "threshold"};
 const std::vector<std::string> kSimKeys = {"fidelity"};
 const std::vector<std::string> kMemoryKeys = {"master_weights", "activations_GiB", "reserved_GiB"};
+const std::vector<std::string> kTrainingKeys = {"tokens_per_step",   "seq_len",
+                                                "micro_batch_size",  "overlap",
+                                                "experts_per_token", "max_micro_batch_groups",
+                                                "flash_attention"};
 const std::vector<std::string> kMasterWeights = {"auto", "fp32", "none"};
 // Per-rank memory an experiment may add (activations, reserved): at most 64 TiB, beyond any device.
 constexpr double kMaxMemoryGiB = 65536;
@@ -166,6 +170,7 @@ std::vector<std::string> schema_paths() {
   for (const std::string& k : kSplitNsKeys) paths.push_back("strategy.split_ns." + k);
   for (const std::string& k : kSimKeys) paths.push_back("sim." + k);
   for (const std::string& k : kMemoryKeys) paths.push_back("memory." + k);
+  for (const std::string& k : kTrainingKeys) paths.push_back("training." + k);
   return paths;
 }
 
@@ -1460,6 +1465,19 @@ std::string resolved_yaml(const Experiment& e, const MeshSection& ms, const Mode
   out << YAML::EndMap;
   out << YAML::EndMap;
 
+  if (e.training.enabled) {
+    const TrainingOptions& t = e.training;
+    out << YAML::Key << "training" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "tokens_per_step" << YAML::Value << t.tokens_per_step;
+    out << YAML::Key << "seq_len" << YAML::Value << t.seq_len;
+    out << YAML::Key << "micro_batch_size" << YAML::Value << t.micro_batch_size;
+    out << YAML::Key << "overlap" << YAML::Value << t.overlap;
+    if (t.experts_per_token > 0)
+      out << YAML::Key << "experts_per_token" << YAML::Value << t.experts_per_token;
+    out << YAML::Key << "max_micro_batch_groups" << YAML::Value << t.max_micro_batch_groups;
+    out << YAML::Key << "flash_attention" << YAML::Value << t.flash_attention;
+    out << YAML::EndMap;
+  }
   // Only when it differs from the default, so the identities of existing results stay.
   if (!(e.memory == TrainingMemoryOptions{})) {
     const double gib = 1024.0 * 1024.0 * 1024.0;
@@ -1668,6 +1686,21 @@ std::uint64_t placements_key(const ModelSection& model) {
   return f.value();
 }
 
+// training: the training step around the optimizer (core/plan/training.hpp).
+void read_training(const Context& ctx, const Field& field, TrainingOptions& t) {
+  const MapReader m(ctx, field, kTrainingKeys);
+  m.require("tokens_per_step", "tokens_per_step: 4194304");
+  m.require("seq_len", "seq_len: 4096");
+  t.enabled = true;
+  m.read("tokens_per_step", t.tokens_per_step, 1, std::int64_t{1} << 40);
+  m.read("seq_len", t.seq_len, 1, std::int64_t{1} << 24);
+  m.read("micro_batch_size", t.micro_batch_size, 1, std::int64_t{1} << 20);
+  m.read_choice("overlap", t.overlap, {"none", "backward"});
+  m.read("experts_per_token", t.experts_per_token, 1, 1 << 16);
+  m.read("max_micro_batch_groups", t.max_micro_batch_groups, 1, 1024);
+  m.read("flash_attention", t.flash_attention);
+}
+
 // memory: the training state around the optimizer step, for the feasibility check
 // (core/plan/plan.hpp TrainingMemoryOptions).
 void read_memory(const Context& ctx, const Field& field, TrainingMemoryOptions& memory) {
@@ -1753,6 +1786,7 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* c
            "use fidelity: flow (or auto, which picks step only up to 256 ranks)");
   }
   if (const Field* f = top.find("memory")) read_memory(ctx, *f, e.memory);
+  if (const Field* f = top.find("training")) read_training(ctx, *f, e.training);
   top.read("steps", e.steps, 0, 1000000);
   top.read("repeats", e.repeats, 1, 1000000);
   if (std::int64_t seed = 1; top.read("seed", seed, 0)) e.seed = static_cast<std::uint64_t>(seed);
@@ -1782,6 +1816,16 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* c
           shard(e, model.explicit_layouts ? &model.placements : nullptr));
     e.sharded = cached;
     if (!e.strategy.explicit_owners.empty()) check_explicit_owners(ctx, top, *e.sharded);
+    if (e.training.enabled) {
+      try {
+        training_shape(*e.sharded, e.training);
+      } catch (const PlanError& err) {
+        const std::string what = err.what();
+        const std::size_t fix = what.find("; fix: ");
+        fail(ctx, *top.find("training"), what.substr(0, fix),
+             fix == std::string::npos ? "change the training section" : what.substr(fix + 7));
+      }
+    }
   } catch (const LayoutError& err) {
     fail(ctx, model.field,
          "model '" + e.model.name + "' does not lay out on mesh " + e.mesh.describe() + ": " +
@@ -1993,6 +2037,7 @@ PlanSettings Experiment::plan_settings() const {
   settings.optimizer = optimizer;
   settings.state_dtype = DType::fp32;
   settings.training_memory = memory;
+  settings.training = training;
   return settings;
 }
 

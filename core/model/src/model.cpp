@@ -396,6 +396,7 @@ std::optional<Model> find_preset(std::string_view name) {
 OptimizerKind route(const Parameter& param, const RoutingRules& rules) {
   if (!param.is_matrix() || param.role == ParamRole::norm || param.role == ParamRole::bias)
     return OptimizerKind::adamw;
+  if (rules.everything_to_adamw) return OptimizerKind::adamw;
   for (const std::string& name : rules.force_adamw)
     if (name == param.name) return OptimizerKind::adamw;
   switch (param.role) {

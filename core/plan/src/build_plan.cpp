@@ -10,6 +10,7 @@
 #include "core/plan/split_ns.hpp"
 #include "core/plan/src/policy_blocks.hpp"
 #include "core/plan/strategy.hpp"
+#include "core/plan/training.hpp"
 
 namespace muonbed {
 
@@ -20,6 +21,7 @@ using plan_detail::make_units;
 using plan_detail::minus;
 using plan_detail::run_schedule;
 using plan_detail::shard_dims_inner_first;
+using plan_detail::Unit;
 using plan_detail::UnitOptions;
 
 void check_options(const StrategyOptions& o) {
@@ -58,33 +60,59 @@ void check_options(const StrategyOptions& o) {
 // Seed 002's level-scheduled synchronization, bucketed per level and group. FSDP-style layouts
 // reduce-scatter over their shard dims, then all-reduce over replicate dims; a schedule whose
 // owners hold the full state (ZeRO-1) keeps full gradients, so it all-reduces over every dim.
-std::vector<int> emit_grad_sync(PlanBuilder& b, const StrategyOptions& o, bool full_gradients) {
-  const auto& periods = o.grad_sync.level_periods;
+//
+// In a training step (`training` given) the buckets are per layer too, emitted in backward order
+// on their own stream, each after the backward ops that complete its gradients, and every param's
+// sync ops are reported in `synced` (the optimizer of that param may start after them).
+std::vector<int> emit_grad_sync(PlanBuilder& b, const StrategyOptions& o, bool full_gradients,
+                                const TrainingEmission* training = nullptr,
+                                std::map<int, std::vector<int>>* synced = nullptr) {
+  static const std::vector<int> kEveryStep = {1};
+  const auto& periods = o.grad_sync.enabled ? o.grad_sync.level_periods : kEveryStep;
   const int levels = static_cast<int>(periods.size());
   int num_layers = 0;
   for (const auto& dp : b.model().params) num_layers = std::max(num_layers, dp.layer + 1);
-  const int stream = b.stream("comm");
-  std::map<std::pair<int, std::vector<int>>, std::vector<int>> buckets;
-  std::vector<std::pair<int, std::vector<int>>> order;
+  const int stream = b.stream(training ? "grad_sync" : "comm");
+  // (level, group, layer in a training step) -> params
+  using Key = std::tuple<int, std::vector<int>, int>;
+  std::map<Key, std::vector<int>> buckets;
+  std::vector<Key> order;
   for (const auto& dp : b.model().params) {
     const int level =
         dp.layer < 0 || num_layers == 0 ? 0 : static_cast<int>((dp.layer * levels) / num_layers);
-    auto key = std::make_pair(level, group_key(b, dp.index));
+    Key key{level, group_key(b, dp.index), training ? dp.layer : 0};
     if (!buckets.count(key)) order.push_back(key);
     buckets[key].push_back(dp.index);
   }
+  if (training)  // backward order: the last layer's gradients are complete first
+    std::stable_sort(order.begin(), order.end(),
+                     [](const Key& x, const Key& y) { return std::get<2>(x) > std::get<2>(y); });
   std::vector<int> done;
   for (const auto& key : order) {
     const auto& ps = buckets[key];
     const auto& layout = b.param(ps[0]).layout;
-    const int period = periods[key.first];
-    const std::string what = "level " + std::to_string(key.first) + " gradients (" +
+    const int period = periods[std::get<0>(key)];
+    std::vector<int> ready;
+    if (training)
+      for (int p : ps)
+        if (const auto it = training->gradient_ready.find(p); it != training->gradient_ready.end())
+          ready.insert(ready.end(), it->second.begin(), it->second.end());
+    const auto record = [&](int id) {
+      if (synced)
+        for (int p : ps) (*synced)[p].push_back(id);
+    };
+    const std::string what = "level " + std::to_string(std::get<0>(key)) +
+                             (training ? " layer " + std::to_string(std::get<2>(key)) : "") +
+                             " gradients (" +
                              std::to_string(ps.size()) + " params from " + b.param(ps[0]).name +
                              ")";
     std::vector<int> last;
     if (full_gradients || layout.shard_dims().empty()) {
       const DimSet group = layout.shard_dims() | layout.replicate_dims();
-      if (group.empty()) continue;
+      if (group.empty()) {  // nothing to sync: the gradient is ready after its backward
+        for (int r : ready) record(r);
+        continue;
+      }
       Op op;
       op.kind = OpKind::all_reduce;
       op.stream = stream;
@@ -93,8 +121,10 @@ std::vector<int> emit_grad_sync(PlanBuilder& b, const StrategyOptions& o, bool f
       op.params = ps;
       op.gathered = layout.shard_dims();
       op.period = period;
+      op.deps = ready;
       op.label = "all_reduce " + what;
       done.push_back(b.emit(std::move(op)));
+      record(done.back());
       continue;
     }
     Op rs;
@@ -104,6 +134,7 @@ std::vector<int> emit_grad_sync(PlanBuilder& b, const StrategyOptions& o, bool f
     rs.group = layout.shard_dims();
     rs.params = ps;
     rs.period = period;
+    rs.deps = ready;
     rs.label = "reduce_scatter " + what;
     int id = b.emit(std::move(rs));
     if (!layout.replicate_dims().empty()) {
@@ -119,6 +150,7 @@ std::vector<int> emit_grad_sync(PlanBuilder& b, const StrategyOptions& o, bool f
       id = b.emit(std::move(ar));
     }
     done.push_back(id);
+    record(id);
   }
   return done;
 }
@@ -252,23 +284,52 @@ StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
   const int compute = b.stream("compute");
   b.stream("comm");
 
+  // The training step around the optimizer (core/plan/training.hpp): forward and backward, then
+  // each layer's gradient sync as its backward completes.
+  const bool training = settings.training.enabled;
+  const bool overlap = training && settings.training.overlap == "backward";
   std::vector<int> start;
-  if (options.grad_sync.enabled) start = emit_grad_sync(b, options, main.owner_holds_full_state);
+  std::map<int, std::vector<int>> synced;  // param -> the ops after which its gradient is synced
+  if (training) {
+    const TrainingEmission emitted = emit_training(b, settings.training);
+    start = emit_grad_sync(b, options, main.owner_holds_full_state, &emitted, &synced);
+  } else if (options.grad_sync.enabled) {
+    start = emit_grad_sync(b, options, main.owner_holds_full_state);
+  }
 
-  // Momentum on the pieces each rank holds (or on the owners' whole matrices).
-  const auto muon = b.model().muon_params();
-  if (!muon.empty()) {
+  // Momentum on the pieces each rank holds (or on the owners' whole matrices): one op after every
+  // sync, or with overlap one per layer, after that layer's sync, in backward order.
+  std::vector<int> muon = b.model().muon_params();
+  std::map<int, int> momentum_of;  // param -> its momentum op (overlap)
+  const auto momentum_op = [&](std::vector<int> params, std::vector<int> deps, std::string label) {
     Op op;
     op.kind = OpKind::momentum;
     op.stream = compute;
-    op.params = muon;
+    op.params = std::move(params);
     if (main.owner_holds_full_state) {
       op.owned_only = true;
       op.gathered = DimSet::all(b.mesh().ndims());
     }
-    op.deps = start;
-    op.label = "momentum";
-    start = {b.emit(std::move(op))};
+    op.deps = std::move(deps);
+    op.label = std::move(label);
+    return b.emit(std::move(op));
+  };
+  if (overlap) {
+    std::stable_sort(muon.begin(), muon.end(),
+                     [&](int x, int y) { return b.param(x).layer > b.param(y).layer; });
+    std::map<int, std::vector<int>, std::greater<>> by_layer;
+    for (int p : muon) by_layer[b.param(p).layer].push_back(p);
+    std::vector<int> all;
+    for (const auto& [layer, params] : by_layer) {
+      std::vector<int> deps;
+      for (int p : params) deps.insert(deps.end(), synced[p].begin(), synced[p].end());
+      const int id = momentum_op(params, deps, "momentum layer " + std::to_string(layer));
+      for (int p : params) momentum_of[p] = id;
+      all.push_back(id);
+    }
+    start = all;
+  } else if (!muon.empty()) {
+    start = {momentum_op(muon, start, "momentum")};
   }
   const auto adamw = b.model().adamw_params();
   if (!adamw.empty()) {
@@ -290,16 +351,27 @@ StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
   }
   const UnitOptions cut{options.chunk_size, options.order == "lpt", options.chunk_by_shape,
                         options.chunk_sizing == "ns_cost"};
+  // With overlap a unit starts after its own matrices' momentum, not after every layer's.
+  const auto own_deps = [&](std::vector<Unit> units) {
+    if (!overlap) return units;
+    for (Unit& u : units) {
+      for (int p : u.params) u.deps.push_back(momentum_of.at(p));
+      std::sort(u.deps.begin(), u.deps.end());
+      u.deps.erase(std::unique(u.deps.begin(), u.deps.end()), u.deps.end());
+    }
+    return units;
+  };
+  const std::vector<int> unit_start = overlap ? std::vector<int>{} : start;
   std::vector<int> finished;
   if (!small.empty()) {
     const Schedule small_path = replicated_schedule(options);
     auto done = run_schedule(b, small_path, settings.ns_steps(),
-                             make_units(b, small, small_path, cut), start);
+                             own_deps(make_units(b, small, small_path, cut)), unit_start);
     finished.insert(finished.end(), done.begin(), done.end());
   }
   if (!large.empty()) {
-    auto done =
-        run_schedule(b, main, settings.ns_steps(), make_units(b, large, main, cut, split), start);
+    auto done = run_schedule(b, main, settings.ns_steps(),
+                             own_deps(make_units(b, large, main, cut, split)), unit_start);
     finished.insert(finished.end(), done.begin(), done.end());
   }
   if (!muon.empty()) {

@@ -11,6 +11,7 @@
 
 #include "core/base/errors.hpp"
 #include "core/plan/split_ns.hpp"
+#include "core/plan/training.hpp"
 
 namespace muonbed {
 
@@ -36,6 +37,8 @@ constexpr std::pair<OpKind, std::string_view> kOpNames[] = {
     {OpKind::recv, "recv"},
     {OpKind::barrier, "barrier"},
     {OpKind::split_newton_schulz, "split_newton_schulz"},
+    {OpKind::forward, "forward"},
+    {OpKind::backward, "backward"},
 };
 
 std::int64_t comm_bytes(const StepPlan& plan) {
@@ -48,7 +51,15 @@ std::int64_t piece_numel(const StepPlan& plan, int p, int rank, DimSet gathered)
 }
 
 std::int64_t pieces_bytes(const StepPlan& plan, const Op& op, int rank, DimSet gathered) {
+  // Activations are sized by the op; parameters move in their own dtype; the rest in the comm
+  // dtype.
+  if (op.tensor == TensorRole::activation) return op.bytes;
   std::int64_t total = 0;
+  if (op.tensor == TensorRole::parameter) {
+    for (int p : op.params)
+      total += piece_numel(plan, p, rank, gathered) * bytes_of(plan.model.params[p].dtype);
+    return total;
+  }
   for (int p : op.params) total += piece_numel(plan, p, rank, gathered);
   return total * comm_bytes(plan);
 }
@@ -62,6 +73,9 @@ std::int64_t owned_full_bytes(const StepPlan& plan, const Op& op, int rank) {
 
 // all_to_all: bytes `from` sends to `to` (both members of one group instance).
 std::int64_t all_to_all_bytes(const StepPlan& plan, const Op& op, int from, int to) {
+  // Activations (the EP token exchange): each member's buffer split evenly over the group.
+  if (op.tensor == TensorRole::activation)
+    return op.bytes / std::max(1, plan.mesh().group_size(op.group));
   std::int64_t total = 0;
   for (int p : op.params) {
     const int owner = plan.assignment.owner[p];
@@ -112,6 +126,8 @@ constexpr std::pair<TensorRole, std::string_view> kRoleNames[] = {
     {TensorRole::gradient, "gradient"},
     {TensorRole::update, "update"},
     {TensorRole::result, "result"},
+    {TensorRole::parameter, "parameter"},
+    {TensorRole::activation, "activation"},
 };
 
 std::string_view to_string(TensorRole role) {
@@ -124,7 +140,7 @@ TensorRole tensor_role_from_string(std::string_view text) {
   for (const auto& [r, name] : kRoleNames)
     if (name == text) return r;
   throw PlanError("unknown tensor role '" + std::string(text) +
-                  "'; known: none, gradient, update, result");
+                  "'; known: none, gradient, update, result, parameter, activation");
 }
 
 TensorRole default_tensor(const Op& op) {
@@ -161,6 +177,8 @@ bool is_compute(OpKind kind) {
     case OpKind::adamw:
     case OpKind::pack:
     case OpKind::unpack:
+    case OpKind::forward:
+    case OpKind::backward:
       return true;
     default:
       return false;
@@ -433,6 +451,9 @@ std::int64_t elementwise_numel(const StepPlan& plan, const Op& op, int rank) {
 
 double op_flops(const StepPlan& plan, const Op& op, int rank) {
   switch (op.kind) {
+    case OpKind::forward:
+    case OpKind::backward:
+      return training_op_flops(plan, op, rank);
     case OpKind::split_newton_schulz:
       return split_ns_flops(plan, op, rank);
     case OpKind::newton_schulz: {
@@ -514,6 +535,14 @@ double op_memory_bytes(const StepPlan& plan, const Op& op, int rank) {
 }
 
 namespace {
+
+// Activations a rank keeps: what the experiment gives (memory.activations_GiB), else, in a
+// training step, what its layers and micro-batches hold (core/plan/training.hpp).
+std::int64_t training_activations(const ShardedModel& model, const PlanSettings& settings) {
+  if (settings.training_memory.activations_bytes > 0 || !settings.training.enabled)
+    return settings.training_memory.activations_bytes;
+  return training_activation_bytes(model, settings.training);
+}
 
 // Bytes per element of a param's gradient slot: the wider of its dtype and the comm dtype.
 std::int64_t gradient_width(const DistributedParam& dp, std::int64_t comm) {
@@ -620,8 +649,10 @@ TrainingMemory training_memory(const StepPlan& plan, int rank) {
   }
   memory.step_buffers = m.peak_transient;
   memory.ns_workspace = workspace;
-  memory.activations = plan.settings.training_memory.activations_bytes;
+  memory.activations = training_activations(plan.model, plan.settings);
   memory.reserved = plan.settings.training_memory.reserved_bytes;
+  memory.overlapping =
+      plan.settings.training.enabled && plan.settings.training.overlap == "backward";
   return memory;
 }
 
@@ -637,7 +668,7 @@ TrainingMemory training_memory_floor(const ShardedModel& model, const PlanSettin
     memory.master_weights +=
         master_weight_bytes(dp, shard, settings.training_memory.master_weights);
   }
-  memory.activations = settings.training_memory.activations_bytes;
+  memory.activations = training_activations(model, settings);
   memory.reserved = settings.training_memory.reserved_bytes;
   return memory;
 }
@@ -801,10 +832,22 @@ void validate_plan(const StepPlan& plan) {
       const bool reduction = op.kind == OpKind::reduce_scatter || op.kind == OpKind::all_reduce;
       if (op.tensor == TensorRole::none)
         fail(op, "moves data but names no tensor (gradient, update or result)");
-      if (reduction != (op.tensor == TensorRole::gradient))
+      if (op.tensor == TensorRole::activation) {
+        // The training step's activations: sized by the op, no params.
+        const bool fits = op.kind == OpKind::all_reduce || op.kind == OpKind::all_gather ||
+                          op.kind == OpKind::all_to_all || op.kind == OpKind::send ||
+                          op.kind == OpKind::recv;
+        if (!fits) fail(op, "activations move by all_reduce, all_gather, all_to_all or send");
+        if (op.bytes < 0) fail(op, "activation bytes must not be negative");
+        if (!op.params.empty()) fail(op, "an activation collective names no params");
+      } else if (op.tensor == TensorRole::parameter) {
+        if (op.kind != OpKind::all_gather || op.owned_only)
+          fail(op, "parameters move by an all_gather of the members' shards only");
+      } else if (reduction != (op.tensor == TensorRole::gradient)) {
         fail(op, reduction
                      ? "reductions move the gradient, not the " + std::string(to_string(op.tensor))
                      : "only reductions move the gradient");
+      }
     } else if (op.tensor != TensorRole::none) {
       fail(op, "names a tensor (" + std::string(to_string(op.tensor)) +
                    ") but moves no data; leave it none");

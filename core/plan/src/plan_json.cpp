@@ -623,7 +623,43 @@ json settings_to_json(const PlanSettings& s) {
     j["training_memory"] = {{"master_weights", to_string(m.master_weights)},
                             {"activations_bytes", m.activations_bytes},
                             {"reserved_bytes", m.reserved_bytes}};
+  if (const TrainingOptions& t = s.training; t.enabled)
+    j["training"] = {{"tokens_per_step", t.tokens_per_step},
+                     {"seq_len", t.seq_len},
+                     {"micro_batch_size", t.micro_batch_size},
+                     {"overlap", t.overlap},
+                     {"experts_per_token", t.experts_per_token},
+                     {"max_micro_batch_groups", t.max_micro_batch_groups},
+                     {"flash_attention", t.flash_attention}};
   return j;
+}
+
+TrainingOptions read_training(const json& j, const Path& path) {
+  ObjectReader r(j, path,
+                 {"tokens_per_step", "seq_len", "micro_batch_size", "overlap", "experts_per_token",
+                  "max_micro_batch_groups", "flash_attention"});
+  TrainingOptions t;
+  t.enabled = true;
+  if (const json* v = r.get("tokens_per_step"))
+    t.tokens_per_step = read_int64(*v, path.key("tokens_per_step"));
+  if (const json* v = r.get("seq_len")) t.seq_len = read_int64(*v, path.key("seq_len"));
+  if (const json* v = r.get("micro_batch_size"))
+    t.micro_batch_size = read_int64(*v, path.key("micro_batch_size"));
+  if (const json* v = r.get("overlap")) {
+    if (!v->is_string() || (*v != "none" && *v != "backward"))
+      fail(path.key("overlap"), "must be \"none\" or \"backward\"");
+    t.overlap = v->get<std::string>();
+  }
+  if (const json* v = r.get("experts_per_token"))
+    t.experts_per_token = read_int64(*v, path.key("experts_per_token"));
+  if (const json* v = r.get("max_micro_batch_groups"))
+    t.max_micro_batch_groups = read_int(*v, path.key("max_micro_batch_groups"));
+  if (const json* v = r.get("flash_attention"))
+    t.flash_attention = read_bool(*v, path.key("flash_attention"));
+  if (t.tokens_per_step < 1 || t.seq_len < 1 || t.micro_batch_size < 1 ||
+      t.max_micro_batch_groups < 1 || t.experts_per_token < 0)
+    fail(path, "training sizes must be positive");
+  return t;
 }
 
 TrainingMemoryOptions read_training_memory(const json& j, const Path& path) {
@@ -641,11 +677,12 @@ TrainingMemoryOptions read_training_memory(const json& j, const Path& path) {
 }
 
 PlanSettings read_settings(const json& j, const Path& path) {
-  ObjectReader r(j, path, {"optimizer", "state_dtype", "training_memory"});
+  ObjectReader r(j, path, {"optimizer", "state_dtype", "training_memory", "training"});
   PlanSettings s;
   if (const json* v = r.get("optimizer")) s.optimizer = read_optimizer(*v, path.key("optimizer"));
   if (const json* v = r.get("state_dtype"))
     s.state_dtype = read_enum(*v, path.key("state_dtype"), dtype_from_string);
+  if (const json* v = r.get("training")) s.training = read_training(*v, path.key("training"));
   if (const json* v = r.get("training_memory"))
     s.training_memory = read_training_memory(*v, path.key("training_memory"));
   return s;
@@ -695,6 +732,8 @@ json op_to_json(const Op& op, std::size_t position, const DeviceMesh& mesh) {
   if (op.buffer != d.buffer) out["buffer"] = op.buffer;
   if (op.ns_steps != d.ns_steps) out["ns_steps"] = op.ns_steps;
   if (op.period != d.period) out["period"] = op.period;
+  if (op.tokens != d.tokens) out["tokens"] = op.tokens;
+  if (op.bytes != d.bytes) out["bytes"] = op.bytes;
   if (op.deps != d.deps) out["deps"] = op.deps;
   if (op.label != d.label) out["label"] = op.label;
   return out;
@@ -704,7 +743,7 @@ Op read_op(const json& j, const Path& path, std::size_t position, const DeviceMe
   ObjectReader r(
       j, path,
       {"id", "kind", "stream", "ranks", "group", "root", "peer", "params", "gathered", "owned_only",
-       "direction", "tensor", "buffer", "ns_steps", "period", "deps", "label"});
+       "direction", "tensor", "buffer", "ns_steps", "period", "tokens", "bytes", "deps", "label"});
   Op op;
   op.id = static_cast<int>(position);
   op.ranks = RankBox::everyone(mesh);
@@ -726,6 +765,8 @@ Op read_op(const json& j, const Path& path, std::size_t position, const DeviceMe
   if (const json* v = r.get("buffer")) op.buffer = read_int(*v, path.key("buffer"));
   if (const json* v = r.get("ns_steps")) op.ns_steps = read_int(*v, path.key("ns_steps"));
   if (const json* v = r.get("period")) op.period = read_int(*v, path.key("period"));
+  if (const json* v = r.get("tokens")) op.tokens = read_int64(*v, path.key("tokens"));
+  if (const json* v = r.get("bytes")) op.bytes = read_int64(*v, path.key("bytes"));
   if (const json* v = r.get("deps")) op.deps = read_int_list(*v, path.key("deps"));
   if (const json* v = r.get("label")) op.label = read_string(*v, path.key("label"));
   return op;

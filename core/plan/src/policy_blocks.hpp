@@ -30,6 +30,9 @@ struct Unit {
   std::vector<int> params;
   std::vector<int> lane_key;
   DimSet split;  // non-empty: one matrix whose NS is split over these dims (SplitNsOptions)
+  // What the unit waits for besides the schedule's start (a training step with overlap: the
+  // momentum ops of its matrices' layers).
+  std::vector<int> deps;
 };
 
 // The group a matrix's collectives run in: independent coords, shard and replicate dims.

@@ -3,6 +3,8 @@
 // writes to storage of the rank.
 #include "core/plan/program.hpp"
 
+#include "core/plan/training.hpp"
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -231,6 +233,8 @@ PieceRole piece_role(TensorRole role) {
     case TensorRole::result:
       return PieceRole::result;
     case TensorRole::none:
+    case TensorRole::parameter:   // training ops: refused before lowering
+    case TensorRole::activation:
       break;
   }
   return PieceRole::update;
@@ -1166,6 +1170,11 @@ RankProgram lower_rank_program(const StepPlan& plan, int rank, const LowerOption
   if (rank < 0 || rank >= plan.model.mesh.world_size())
     throw PlanError("lowering: rank " + std::to_string(rank) + " is outside the plan's " +
                     std::to_string(plan.model.mesh.world_size()) + " ranks");
+  if (has_training_ops(plan))
+    throw PlanError(
+        "lowering: this plan holds a training step (forward, backward and their communication), "
+        "which the real executors do not run yet; fix: run it on the analytic model and the "
+        "simulator (backend: [analytic, sim]), or remove the training section");
   // Pass 1 finds the results apply_update reads after their buffer is released; pass 2 lowers
   // with the producing ops keeping the rank's own piece of them.
   const Keeps none;

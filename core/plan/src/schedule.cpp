@@ -110,6 +110,7 @@ class Scheduler {
   }
 
   InFlight start_gather(const Unit& u, std::vector<int> deps) {
+    deps.insert(deps.end(), u.deps.begin(), u.deps.end());
     InFlight f;
     f.unit = &u;
     f.buffer_box = result_box(u);
@@ -207,6 +208,7 @@ class Scheduler {
     const int scatter_stream = scatter_streams_[lane_stream_.at(f.unit->lane_key)];
     std::vector<int> deps = ns_ids;
     deps.insert(deps.end(), start_deps_.begin(), start_deps_.end());
+    deps.insert(deps.end(), f.unit->deps.begin(), f.unit->deps.end());
     auto done = f.unit->split.empty()
                     ? c_.redistribute->emit(b_, f.unit->params, scatter_stream, deps)
                     : make_staged_redistribute(c_.redistribute->name(), c_.order, f.unit->split)

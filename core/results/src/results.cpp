@@ -61,6 +61,54 @@ double safe_div(double a, double b) {
   return b > 0 ? a / b : 0;
 }
 
+// The training step's breakdown from the measurements' phase accounting: weighted over the
+// patterns, phases as means over ranks, the exposed optimizer as the step after the slowest
+// rank's last non-optimizer op.
+void fill_training(ResultRecord& record, const StepPlan& plan, const ClusterSpec& cluster,
+                   const std::vector<StepMeasurement>& steps, double total_weight) {
+  if (!has_training_ops(plan)) return;
+  TrainingResult& t = record.training;
+  const TrainingOptions& o = plan.settings.training;
+  const TrainingShape shape = training_shape(plan.model, o);
+  t.present = true;
+  t.tokens_per_step = o.tokens_per_step;
+  t.seq_len = o.seq_len;
+  t.micro_batches = shape.micro_batches;
+  t.micro_batch_groups = shape.groups;
+  t.overlap = o.overlap;
+  t.step_s = record.step.average_s;
+  std::array<double, kStepPhases> busy{};
+  double exposed = 0;
+  for (const StepMeasurement& s : steps) {
+    if (s.phase_busy_s.empty()) continue;
+    const double f = s.count / total_weight;
+    const double world = static_cast<double>(s.phase_busy_s.size());
+    double last_training = 0;
+    for (std::size_t r = 0; r < s.phase_busy_s.size(); ++r) {
+      for (int p = 0; p < kStepPhases; ++p) busy[p] += f * s.phase_busy_s[r][p] / world;
+      for (int p = 0; p < kStepPhases; ++p)
+        if (p != static_cast<int>(StepPhase::optimizer))
+          last_training = std::max(last_training, s.phase_end_s[r][p]);
+    }
+    exposed += f * std::max(0.0, s.time_s - last_training);
+  }
+  t.forward_s = busy[static_cast<int>(StepPhase::forward)];
+  t.backward_s = busy[static_cast<int>(StepPhase::backward)];
+  t.parameter_gather_s = busy[static_cast<int>(StepPhase::parameter_gather)];
+  t.activation_comm_s = busy[static_cast<int>(StepPhase::activation_comm)];
+  t.gradient_sync_s = busy[static_cast<int>(StepPhase::gradient_sync)];
+  t.optimizer_s = busy[static_cast<int>(StepPhase::optimizer)];
+  t.exposed_optimizer_s = exposed;
+  double flops = 0;
+  const int world = plan.mesh().world_size();
+  for (const Op& op : plan.ops) {
+    if (op.kind != OpKind::forward && op.kind != OpKind::backward) continue;
+    for (int r : op.ranks.ranks(plan.mesh())) flops += op_flops(plan, op, r);
+  }
+  t.model_tflops = flops / 1e12;
+  t.mfu = safe_div(flops, t.step_s * world * cluster.gpu.peak_tflops * 1e12);
+}
+
 std::string infeasible_note(const MemoryFeasibility& f, const std::string& device, int world) {
   return "warning: INFEASIBLE: training memory " + memory_feasibility_text(f, device, world) +
          "; this step time assumes memory the device does not have (shard more, use a larger "
@@ -263,6 +311,8 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
       w.intra_node_bytes};
   record.traffic.network_bytes = {
       weighted(steps, [](const StepMeasurement& s) { return s.network_bytes; }), w.network_bytes};
+
+  fill_training(record, plan, cluster, steps, total_weight);
 
   // Collectives: merge each op's measurements over the patterns it ran in.
   std::map<int, std::pair<CollectiveMeasurement, int>> merged;  // op -> (sums, steps)
@@ -515,6 +565,8 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster) {
       const RankTimes& rt = e.ranks[r];
       m.ranks[r] = {rt.compute_s, rt.communication_s, rt.exposed_comm_s, rt.idle_s, rt.finish_s};
     }
+    m.phase_busy_s = e.phase_busy_s;
+    m.phase_end_s = e.phase_end_s;
     m.bytes_sent.assign(world, 0);
     m.bytes_received.assign(world, 0);
     std::vector<CollectiveMeasurement> per_op;
@@ -754,6 +806,24 @@ std::string result_to_json(const ResultRecord& r) {
                                            {"peak_transient_bytes", rr.memory.peak_transient_bytes},
                                            {"peak_bytes", rr.memory.peak_bytes}}}});
   j["ranks"] = std::move(ranks);
+  if (const TrainingResult& t = r.training; t.present)
+    j["training"] = ojson{{"tokens_per_step", t.tokens_per_step},
+                          {"seq_len", t.seq_len},
+                          {"micro_batches", t.micro_batches},
+                          {"micro_batch_groups", t.micro_batch_groups},
+                          {"overlap", t.overlap},
+                          {"step_s", t.step_s},
+                          {"forward_s", t.forward_s},
+                          {"backward_s", t.backward_s},
+                          {"parameter_gather_s", t.parameter_gather_s},
+                          {"activation_comm_s", t.activation_comm_s},
+                          {"gradient_sync_s", t.gradient_sync_s},
+                          {"optimizer_s", t.optimizer_s},
+                          {"exposed_optimizer_s", t.exposed_optimizer_s},
+                          {"model_tflops", t.model_tflops},
+                          {"mfu", t.mfu},
+                          {"adamw_step_s", t.adamw_step_s},
+                          {"muon_overhead", t.muon_overhead}};
   if (const MemoryFeasibilityResult& m = r.memory; m.present) {
     const TrainingMemory& b = m.breakdown;
     j["memory"] = ojson{{"model", m.model},
@@ -954,6 +1024,28 @@ ResultRecord result_from_json(const std::string& text) {
         x.probe_before_s = p.at("before_s").get<double>();
         x.probe_after_s = p.at("after_s").get<double>();
       }
+    }
+    if (j.contains("training")) {  // training steps only
+      const auto& x = j.at("training");
+      TrainingResult& t = r.training;
+      t.present = true;
+      t.tokens_per_step = x.at("tokens_per_step").get<std::int64_t>();
+      t.seq_len = x.at("seq_len").get<std::int64_t>();
+      t.micro_batches = x.at("micro_batches").get<std::int64_t>();
+      t.micro_batch_groups = x.at("micro_batch_groups").get<int>();
+      t.overlap = x.at("overlap").get<std::string>();
+      t.step_s = x.at("step_s").get<double>();
+      t.forward_s = x.at("forward_s").get<double>();
+      t.backward_s = x.at("backward_s").get<double>();
+      t.parameter_gather_s = x.at("parameter_gather_s").get<double>();
+      t.activation_comm_s = x.at("activation_comm_s").get<double>();
+      t.gradient_sync_s = x.at("gradient_sync_s").get<double>();
+      t.optimizer_s = x.at("optimizer_s").get<double>();
+      t.exposed_optimizer_s = x.at("exposed_optimizer_s").get<double>();
+      t.model_tflops = x.at("model_tflops").get<double>();
+      t.mfu = x.at("mfu").get<double>();
+      t.adamw_step_s = x.at("adamw_step_s").get<double>();
+      t.muon_overhead = x.at("muon_overhead").get<double>();
     }
     if (j.contains("memory")) {  // files written before the feasibility check have none
       const auto& m = j.at("memory");

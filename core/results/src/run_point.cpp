@@ -90,6 +90,20 @@ PointRun run_plan(const Experiment& experiment, const StepPlan& plan, const std:
                 yaml_util::join(registered_backends()) +
                 "); fix: use one of those, or register the backend before running it");
   PointRun run = b->run(experiment, plan, settings);
+  // A training step is compared with the same step under AdamW for every parameter (issue 24):
+  // the twin plan runs on the same backend, and the record carries its step and the overhead.
+  if (run.record.training.present && experiment.training.enabled &&
+      !experiment.parallel.routing.everything_to_adamw) {
+    Experiment twin = experiment;
+    twin.parallel.routing.everything_to_adamw = true;
+    twin.sharded = nullptr;  // routing changes the sharded model's optimizers
+    RunSettings quiet = settings;
+    quiet.trace_max_ranks = 0;
+    const PointRun adamw = b->run(twin, plan_experiment(twin), quiet);
+    TrainingResult& t = run.record.training;
+    t.adamw_step_s = adamw.record.comparable_step_s();
+    t.muon_overhead = t.adamw_step_s > 0 ? run.record.comparable_step_s() / t.adamw_step_s - 1 : 0;
+  }
   run.record.timestamp = utc_timestamp();
   return run;
 }
