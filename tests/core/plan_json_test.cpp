@@ -11,6 +11,8 @@
 #include "core/base/errors.hpp"
 #include "core/plan/plan_json.hpp"
 #include "core/plan/strategy.hpp"
+#include "core/plan/training.hpp"
+#include "tests/common/strategy_matrix.hpp"
 
 using namespace muonbed;
 using nlohmann::json;
@@ -226,6 +228,8 @@ void require_same(const StepPlan& a, const StepPlan& b) {
   CHECK(oa.qk_clip.head_dim == ob.qk_clip.head_dim);
   CHECK(oa.comm_dtype == ob.comm_dtype);
   CHECK(a.settings.state_dtype == b.settings.state_dtype);
+  CHECK(a.settings.training_memory == b.settings.training_memory);
+  CHECK(a.settings.training == b.settings.training);
   CHECK(a.streams == b.streams);
   REQUIRE(a.buffers.size() == b.buffers.size());
   for (std::size_t i = 0; i < a.buffers.size(); ++i) {
@@ -255,6 +259,8 @@ void require_same(const StepPlan& a, const StepPlan& b) {
     CHECK(x.buffer == y.buffer);
     CHECK(x.ns_steps == y.ns_steps);
     CHECK(x.period == y.period);
+    CHECK(x.tokens == y.tokens);
+    CHECK(x.bytes == y.bytes);
     CHECK(x.deps == y.deps);
     CHECK(x.label == y.label);
   }
@@ -446,4 +452,28 @@ TEST_CASE("plan JSON round trip of a default plan", "[plan_json]") {
   check_round_trip(plan);
   // An empty object is a default plan too.
   require_same(plan, plan_from_json(json::object()));
+}
+
+TEST_CASE("plan JSON round trip is exact on training-step plans", "[plan_json][training]") {
+  // Every topology of the matrix with a training step (forward, backward, parameter and
+  // activation collectives, pipeline sends), both overlap modes.
+  for (const auto& topology : testing::topologies()) {
+    for (const std::string overlap : {"none", "backward"}) {
+      INFO(topology.name << ", overlap " << overlap);
+      const ShardedModel model = testing::make_model(topology);
+      PlanSettings settings;
+      settings.training.enabled = true;
+      settings.training.seq_len = 64;
+      settings.training.micro_batch_size = 2;
+      settings.training.tokens_per_step = 4 * 64 * 2 * 4;  // 4 micro-batches at any dp <= 4
+      settings.training.experts_per_token = 2;
+      settings.training.overlap = overlap;
+      settings.training.flash_attention = overlap == "none";
+      StrategyOptions options;
+      options.name = "owner";
+      const StepPlan plan = build_plan(model, options, settings);
+      REQUIRE(has_training_ops(plan));
+      check_round_trip(plan);
+    }
+  }
 }

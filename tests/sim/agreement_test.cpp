@@ -187,3 +187,57 @@ TEST_CASE("groups that share a node's NICs split them in the analytic model as i
   CHECK(analytic.busbw_GBps == Approx(by_hand).epsilon(0.02));
   CHECK(sim.busbw_GBps == Approx(by_hand).epsilon(0.02));
 }
+
+TEST_CASE("the training step: the analytic model agrees with the simulator",
+          "[sim][analytic][agreement][training]") {
+  // Every topology of the invariant matrix with a training step around the optimizer (forward
+  // and backward compute, FSDP parameter gathers, TP/EP/CP/PP activation traffic, per-layer
+  // gradient sync), with and without overlap of the optimizer and the backward pass, on a DGX
+  // H100 and on the contended nodes of two GPUs: issue 24's target is agreement within 10 %.
+  SimOptions step;
+  step.fidelity = "step";
+  step.trace_max_ranks = 0;
+  std::vector<NamedCluster> clusters = {{"dgx-h100", cluster_file("dgx-h100")}};
+  clusters.push_back(contended_clusters().front());
+  std::vector<Row> rows;
+  for (const NamedCluster& cluster : clusters) {
+    for (const auto& topology : testing::topologies()) {
+      for (const std::string overlap : {"none", "backward"}) {
+        for (const std::string strategy : {"owner", "all_to_all"}) {
+          const ShardedModel model = testing::make_model(topology);
+          PlanSettings settings;
+          settings.training.enabled = true;
+          settings.training.seq_len = 512;
+          settings.training.micro_batch_size = 1;
+          settings.training.tokens_per_step = 4 * 512 * 4;  // 4 micro-batches at dp <= 4
+          settings.training.experts_per_token = 2;
+          settings.training.overlap = overlap;
+          StrategyOptions options;
+          options.name = strategy;
+          options.grad_sync.enabled = true;
+          const StepPlan plan = build_plan(model, options, settings);
+          const EstimateSummary analytic = estimate(plan, cluster.spec);
+          const double sim = simulate(plan, cluster.spec, step).record.step.average_s;
+          const double bound = step_bound(plan, cluster.spec).bound_s;
+          const std::string where = cluster.name + " | " + topology.name + " | " + strategy +
+                                    " | overlap " + overlap;
+          INFO(where << ": analytic " << analytic.average_step_s << " s, sim " << sim
+                     << " s, bound " << bound << " s");
+          REQUIRE(sim > 0);
+          CHECK(std::abs(analytic.average_step_s / sim - 1) <= kAgreement);
+          CHECK(analytic.average_step_s >= bound * (1 - 1e-9));
+          CHECK(sim >= bound * (1 - 1e-9));
+          rows.push_back({analytic.average_step_s / sim, where});
+        }
+      }
+    }
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    return std::abs(a.ratio - 1) > std::abs(b.ratio - 1);
+  });
+  std::cout << "training step, analytic / simulated over " << rows.size()
+            << " cases; the five furthest apart:\n";
+  for (std::size_t i = 0; i < rows.size() && i < 5; ++i)
+    std::cout << "  " << std::showpos << std::fixed << std::setprecision(1)
+              << (rows[i].ratio - 1) * 100 << std::noshowpos << " %  " << rows[i].where << "\n";
+}

@@ -33,11 +33,17 @@ int mesh_dim_named(const DeviceMesh& mesh, const std::string& name) {
   return mesh.find(name);
 }
 
-// The sharding dims FSDP gathers before compute: every shard dim but TP's.
-DimSet fsdp_dims(const DeviceMesh& mesh, const TensorLayout& layout) {
+// The sharding dims FSDP gathers before compute: every shard dim but TP's, and for routed
+// experts but EP's too (each EP rank computes with the experts it holds; the tokens travel).
+DimSet fsdp_dims(const DeviceMesh& mesh, const DistributedParam& param) {
   DimSet out;
-  for (int d = 0; d < mesh.ndims(); ++d)
-    if (layout.shard_dims().contains(d) && mesh.dim(d).role != DimRole::tp) out = out.with(d);
+  const bool expert = is_expert(param.role);
+  for (int d = 0; d < mesh.ndims(); ++d) {
+    const DimRole role = mesh.dim(d).role;
+    if (!param.layout.shard_dims().contains(d) || role == DimRole::tp) continue;
+    if (expert && role == DimRole::ep) continue;
+    out = out.with(d);
+  }
   return out;
 }
 
@@ -120,6 +126,20 @@ TrainingShape training_shape(const ShardedModel& model, const TrainingOptions& o
   return s;
 }
 
+namespace {
+
+// The rows an expert op's ranks compute with their experts: top-k copies of each of its tokens.
+// An EP rank holds E / ep of the model's experts (an expert slice, core/model/parallelize.hpp) and
+// receives, routed evenly, that share of its EP group's ep x tokens x top-k rows: tokens x top-k
+// again; without EP the rank holds every expert and its own tokens' rows. One expert of the
+// rank's `batch` takes 1 / batch of them.
+double expert_rows(const StepPlan& plan, const Op& op) {
+  return static_cast<double>(op.tokens) *
+         static_cast<double>(plan.settings.training.experts_per_token);
+}
+
+}  // namespace
+
 double training_op_flops(const StepPlan& plan, const Op& op, int rank) {
   if (op.kind != OpKind::forward && op.kind != OpKind::backward) return 0;
   const DeviceMesh& mesh = plan.mesh();
@@ -132,8 +152,7 @@ double training_op_flops(const StepPlan& plan, const Op& op, int rank) {
     if (dp.role == ParamRole::embedding) continue;  // a lookup, no GEMM
     const double local = static_cast<double>(dp.layout.shard_numel(mesh, rank, op.gathered));
     if (is_expert(dp.role)) {
-      // Each token visits top-k of the model's experts; this rank's experts take their share.
-      forward += 2.0 * t * static_cast<double>(o.experts_per_token) * local /
+      forward += 2.0 * expert_rows(plan, op) * local /
                  static_cast<double>(std::max<std::int64_t>(1, dp.batch()));
       continue;
     }
@@ -149,6 +168,9 @@ double training_gemm_min_dim(const StepPlan& plan, const Op& op, int rank) {
   for (int p : op.params) {
     const auto& dp = plan.model.params[p];
     if (dp.shape.size() < 2 || dp.role == ParamRole::embedding) continue;
+    if (is_expert(dp.role))  // one expert's GEMM has its share of the routed tokens as rows
+      smallest = std::min(smallest, expert_rows(plan, op) /
+                                        static_cast<double>(std::max<std::int64_t>(1, dp.batch())));
     const ShardIndexSet set = dp.layout.index_set(plan.mesh(), rank, op.gathered);
     for (std::size_t i = set.dims.size() >= 2 ? set.dims.size() - 2 : 0; i < set.dims.size(); ++i)
       if (const auto n = set.dims[i].size(); n > 0)
@@ -233,7 +255,7 @@ TrainingEmission emit_training(PlanBuilder& b, const TrainingOptions& o) {
   const auto gather_part = [&](const Part& part,
                                std::vector<int> deps) -> std::pair<std::vector<int>, int> {
     DimSet dims;
-    for (int p : part.params) dims = dims | fsdp_dims(mesh, b.param(p).layout);
+    for (int p : part.params) dims = dims | fsdp_dims(mesh, b.param(p));
     if (dims.empty()) return {{}, -1};
     if (release_before.size() >= 2) deps.push_back(release_before[release_before.size() - 2]);
     const int buffer = b.add_buffer("params " + part.name + " " + std::to_string(part.layer),
@@ -249,7 +271,7 @@ TrainingEmission emit_training(PlanBuilder& b, const TrainingOptions& o) {
     // One all-gather per sharding and holders of the part's params (an expert part: per slice).
     std::map<std::pair<std::uint32_t, std::vector<int>>, std::vector<int>> by_dims;
     for (int p : part.params) {
-      const DimSet d = fsdp_dims(mesh, b.param(p).layout);
+      const DimSet d = fsdp_dims(mesh, b.param(p));
       if (!d.empty()) by_dims[{d.bits, b.holders_box(p).coord}].push_back(p);
     }
     int last = alloc_id;
@@ -333,7 +355,7 @@ TrainingEmission emit_training(PlanBuilder& b, const TrainingOptions& o) {
     op.params = part.params;
     op.tokens = group_tokens;
     DimSet dims;
-    for (int p : part.params) dims = dims | fsdp_dims(mesh, b.param(p).layout);
+    for (int p : part.params) dims = dims | fsdp_dims(mesh, b.param(p));
     op.gathered = dims;
     op.deps = deps;
     op.label = what;
