@@ -1,7 +1,8 @@
 // Experiment files (YAML): cluster, mesh, model, optimizer, strategy, backend(s), steps, sweeps,
 // output. Parsing is strict: an unknown key, a wrong type or an impossible value is a ConfigError
 // naming file:line:column, the offending value and what to change. A sweep is a cartesian
-// product of overrides of dotted keys; each point is resolved to a complete Experiment.
+// product of overrides of dotted keys, where the keys of a `zip:` group vary together (one axis);
+// each point is resolved to a complete Experiment.
 //
 //   name: quickstart
 //   cluster: dgx-h100                 # a file under experiments/clusters/, or an inline map
@@ -18,7 +19,8 @@
 //   repeats: 10                       # measured backends: timed steps after them (default 10)
 //   seed: 1                           # measured backends: seed of the step data (default 1)
 //   memory: {master_weights: auto, activations_GiB: 0, reserved_GiB: 0}   # feasibility check
-//   sweep: {strategy.name: [sequential, owner, all_to_all]}
+//   sweep: {strategy.name: [sequential, owner, all_to_all]}   # or, keys varying together:
+//   sweep: {zip: {mesh.dp_shard: [8, 16], cluster.nodes: [1, 2]}, strategy.name: [owner]}
 //   output: results/quickstart
 #pragma once
 
@@ -59,7 +61,7 @@ struct Experiment {
   // disabled: the optimizer step alone.
   TrainingOptions training;
   std::vector<std::string> backends;  // sim, analytic, mpi, nccl
-  std::string sim_fidelity = "auto";  // step | flow | auto (sim backend: step up to 256 ranks)
+  std::string sim_fidelity = "auto";  // step | flow | auto (sim/src/fidelity.hpp's rule)
   // Real executors (mpi, nccl) run `steps` untimed warm-up steps, then `repeats` timed steps,
   // on data generated from `seed` (backends/cpu/data.hpp). The analytic model and the simulator
   // are deterministic: they ignore all three (their records say so in their notes).

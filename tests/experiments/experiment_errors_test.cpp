@@ -397,6 +397,55 @@ TEST_CASE("overlapping sweep keys", "[experiments][errors]") {
                {"sweep keys 'strategy' and 'strategy.name' overlap"});
 }
 
+TEST_CASE("zipped lists of unequal length", "[experiments][errors]") {
+  expect_error(kBase +
+                   "sweep:\n"                                   // 7
+                   "  zip:\n"                                   // 8
+                   "    mesh.dp_shard: [8, 16, 32]\n"           // 9
+                   "    strategy.name: [owner, all_to_all]\n",  // 10
+               10, 20,
+               {"equal lengths: 'mesh.dp_shard' has 3 values, 'strategy.name' has 2",
+                "one value per point (3 here)"});
+}
+
+TEST_CASE("a zipped key that overlaps a cartesian one", "[experiments][errors]") {
+  expect_error(kBase +
+                   "sweep:\n"                                                   // 7
+                   "  strategy.name: [owner, all_to_all]\n"                     // 8
+                   "  zip: {strategy: [{name: owner}], mesh.dp_shard: [8]}\n",  // 9
+               9, 9, {"sweep keys 'strategy.name' and 'strategy' overlap", "zip"});
+}
+
+TEST_CASE("a key in two zip groups", "[experiments][errors]") {
+  expect_error(kBase +
+                   "sweep:\n"                                                         // 7
+                   "  zip:\n"                                                         // 8
+                   "    - {mesh.dp_shard: [8, 16], strategy.name: [owner, owner]}\n"  // 9
+                   "    - {mesh.dp_shard: [4]}\n",                                    // 10
+               10, 8, {"sweep keys 'mesh.dp_shard' and 'mesh.dp_shard' overlap"});
+}
+
+TEST_CASE("a zip group that repeats a combination", "[experiments][errors]") {
+  expect_error(
+      kBase +
+          "sweep:\n"                                     // 7
+          "  zip:\n"                                     // 8
+          "    mesh.dp_shard: [8, 16, 8]\n"              // 9
+          "    strategy.name: [owner, owner, owner]\n",  // 10
+      9, 28,
+      {"lists the combination 'mesh.dp_shard=8, strategy.name=owner' twice", "values 1 and 3"});
+}
+
+TEST_CASE("a zip that is no map of lists", "[experiments][errors]") {
+  expect_error(kBase + "sweep:\n  zip: [8, 16]\n", 8, 9,
+               {"'sweep.zip[0]' must be a non-empty map of keys whose lists vary together"});
+  expect_error(kBase + "sweep:\n  zip: {}\n", 8, 8, {"'sweep.zip' must be a non-empty map"});
+  expect_error(kBase + "sweep:\n  zip: {mesh.dp_shard: 8}\n", 8, 24,
+               {"sweep 'mesh.dp_shard' must be a list of values, got a scalar '8'"});
+  expect_error(kBase + "sweep:\n  zip: {strategy.nme: [owner]}\n", 8, 9,
+               {"unknown sweep key 'strategy.nme'; did you mean 'strategy.name'?"});
+}
+
 TEST_CASE("a bad swept value points at the sweep list", "[experiments][errors]") {
   expect_error(kBase + "sweep:\n  strategy.name: [owner, bogus]\n", 8, 26,
                {"unknown value 'bogus' for 'strategy.name'", "in sweep point strategy.name=bogus"});

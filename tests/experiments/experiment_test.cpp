@@ -220,6 +220,56 @@ TEST_CASE("list-valued sweeps label with flow YAML", "[experiments][sweep]") {
   CHECK(points[1].backends == std::vector<std::string>{"mpi"});
 }
 
+TEST_CASE("a zip group's keys vary together, crossed with the other sweep keys",
+          "[experiments][sweep]") {
+  // Issue 23 item 6: dp_shard and the cluster's node count grow together (a fixed 8 GPUs per
+  // node); the strategy is crossed with each pair. 2 strategies x 3 pairs = 6 points, the zip
+  // group's keys in its place in the label, the last axis fastest.
+  const auto points = parse_experiment(
+      "name: s\ncluster: dgx-h100\nmesh: {dims: {dp_shard: 8}}\nmodel: {preset: tiny-dense}\n"
+      "sweep:\n"
+      "  strategy.name: [owner, all_to_all]\n"
+      "  zip:\n"
+      "    mesh.dp_shard: [8, 16, 32]\n"
+      "    cluster.nodes: [1, 2, 4]\n",
+      "s.yaml");
+  REQUIRE(points.size() == 6);
+  CHECK(labels(points) ==
+        std::vector<std::string>{"strategy.name=owner,mesh.dp_shard=8,cluster.nodes=1",
+                                 "strategy.name=owner,mesh.dp_shard=16,cluster.nodes=2",
+                                 "strategy.name=owner,mesh.dp_shard=32,cluster.nodes=4",
+                                 "strategy.name=all_to_all,mesh.dp_shard=8,cluster.nodes=1",
+                                 "strategy.name=all_to_all,mesh.dp_shard=16,cluster.nodes=2",
+                                 "strategy.name=all_to_all,mesh.dp_shard=32,cluster.nodes=4"});
+  for (const Experiment& e : points) {
+    CHECK(e.cluster.nodes * 8 == e.mesh.world_size());
+    CHECK(e.overrides.size() == 3);
+    CHECK(e.overrides.at("mesh.dp_shard") == std::to_string(e.mesh.world_size()));
+    require_round_trip(e);
+  }
+  CHECK(points[4].strategy.name == "all_to_all");
+  CHECK(points[4].cluster.nodes == 2);
+}
+
+TEST_CASE("several zip groups form a product of their own", "[experiments][sweep]") {
+  // A list of groups: each group is one axis; values may repeat within one key of a group.
+  const auto points = parse_experiment(
+      "name: s\ncluster: dgx-h100\nmesh: {dims: {dp_shard: 8}}\nmodel: {preset: tiny-dense}\n"
+      "sweep:\n"
+      "  zip:\n"
+      "    - {mesh.dp_shard: [8, 16], cluster.nodes: [1, 2]}\n"
+      "    - {strategy.name: [owner, owner, all_to_all], strategy.prefetch_count: [0, 2, 1]}\n",
+      "s.yaml");
+  REQUIRE(points.size() == 6);
+  CHECK(points[0].point_label ==
+        "mesh.dp_shard=8,cluster.nodes=1,strategy.name=owner,strategy.prefetch_count=0");
+  CHECK(points[1].strategy.prefetch_count == 2);
+  CHECK(points[2].strategy.name == "all_to_all");
+  CHECK(points[5].point_label ==
+        "mesh.dp_shard=16,cluster.nodes=2,strategy.name=all_to_all,strategy.prefetch_count=1");
+  CHECK(points[5].mesh.world_size() == 16);
+}
+
 TEST_CASE("defaults resolve as documented", "[experiments]") {
   const auto points = parse_experiment("mesh: {dims: {dp_shard: 8}}\nmodel: {preset: llama-7b}\n",
                                        "some/dir/my-study.yaml");

@@ -1783,7 +1783,8 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* c
            "sim.fidelity step models every transfer, and this mesh has " +
                std::to_string(e.mesh.world_size()) + " ranks (step fidelity takes hours above " +
                std::to_string(kMaxStepFidelityRanks) + ")",
-           "use fidelity: flow (or auto, which picks step only up to 256 ranks)");
+           "use fidelity: flow (or auto, which picks step only up to 256 ranks and where flow "
+           "is not proven within 1 % of it)");
   }
   if (const Field* f = top.find("memory")) read_memory(ctx, *f, e.memory);
   if (const Field* f = top.find("training")) read_training(ctx, *f, e.training);
@@ -1839,10 +1840,17 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* c
 // ---------------------------------------------------------------------------------------------
 // Sweeps
 
+// One axis of the sweep's cartesian product: one swept key, or a `zip` group of keys whose lists
+// vary together (the i-th value of every key in the same point).
 struct SweepAxis {
-  std::string key;
-  std::vector<std::string> labels;  // value text per value
+  std::vector<std::string> keys;
+  std::vector<YAML::Node> lists;                 // per key, its list of values (marks kept)
+  std::vector<std::vector<std::string>> labels;  // per key, the text of each value
+  std::size_t size() const { return labels.front().size(); }
 };
+
+// The key under `sweep:` that holds zipped groups.
+constexpr const char* kZipKey = "zip";
 
 // The child `key` of a map node; an undefined node when `node` is no map or lacks the key
 // (yaml-cpp throws on any use of a missing child other than IsDefined()).
@@ -1873,67 +1881,144 @@ bool is_mesh_dim_key(const std::string& key, const std::vector<std::string>& dim
          std::find(dim_names.begin(), dim_names.end(), parts[1]) != dim_names.end();
 }
 
+// `sweep:` is a map of dotted keys to lists of values, whose cartesian product makes the points;
+// its entry `zip:` holds keys whose lists vary together instead (one map, or a list of maps for
+// several groups), each group one axis of the product.
 std::vector<SweepAxis> read_sweep(const Context& ctx, const Field& sweep, const YAML::Node& root) {
   if (!sweep.value.IsMap() || sweep.value.size() == 0)
     fail(ctx, sweep,
          "'sweep' must be a non-empty map of key: [values], got " + kind_of(sweep.value) + " " +
              show(sweep.value),
-         "write sweep: {strategy.name: [owner, all_to_all]}");
+         "write sweep: {strategy.name: [owner, all_to_all]}, and keys that vary together under "
+         "zip: {mesh.dp_shard: [8, 16], cluster.nodes: [8, 16]}");
   const std::vector<std::string> schema = schema_paths();
   const std::vector<std::string> dims = mesh_dim_names(root);
   std::vector<std::string> candidates = schema;
   for (const std::string& d : dims) candidates.push_back("mesh." + d);
   std::vector<SweepAxis> axes;
+  std::vector<std::string> keys;  // every swept key so far, cartesian and zipped
   std::size_t points = 1;
-  for (const auto& entry : sweep.value) {
-    const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : show(entry.first);
-    const Field field{entry.first, entry.second, "sweep." + key};
+
+  // A swept key must be a key of the schema (or a mesh dim) and overlap no other swept key.
+  const auto check_key = [&](const YAML::Node& key_node, const std::string& key) {
     const bool known = std::find(schema.begin(), schema.end(), key) != schema.end();
     // A key of an earlier muonbed version gets its new name, as it does outside the sweep.
     for (const auto& [old_key, now] : kRenamedOptimizerKeys)
       if (!known && key == "optimizer." + old_key)
-        fail(ctx, entry.first,
+        fail(ctx, key_node,
              "sweep key 'optimizer." + old_key +
                  "' was renamed (muonbed follows torch.optim.Muon's and AdamW's names)",
              "sweep optimizer." + now.substr(0, now.find(':')) + " instead (" + now + ")");
     if (!known && !is_mesh_dim_key(key, dims))
-      fail(ctx, entry.first, "unknown sweep key " + quote(key) + did_you_mean(key, candidates),
+      fail(ctx, key_node, "unknown sweep key " + quote(key) + did_you_mean(key, candidates),
            "a sweep key is a dotted key of the experiment schema, e.g. strategy.name, "
            "model.preset, cluster.nodes, or mesh.<dim name> for a mesh dim's size (dims here: " +
-               join(dims) + ")");
-    for (const SweepAxis& a : axes) {
+               join(dims) + "); keys that vary together go under zip:");
+    for (const std::string& other : keys) {
       const bool overlap =
-          a.key == key || key.starts_with(a.key + ".") || a.key.starts_with(key + ".");
+          other == key || key.starts_with(other + ".") || other.starts_with(key + ".");
       if (overlap)
-        fail(ctx, entry.first, "sweep keys '" + a.key + "' and '" + key + "' overlap",
-             "sweep each key once, and not a key together with one inside it");
+        fail(ctx, key_node, "sweep keys '" + other + "' and '" + key + "' overlap",
+             "sweep each key once (in zip: groups too), and not a key together with one inside "
+             "it");
     }
-    if (!entry.second.IsSequence())
+    keys.push_back(key);
+  };
+  // The values of one key: a non-empty list, within the point limit.
+  const auto read_list = [&](const Field& field, const std::string& key, bool each_once) {
+    if (!field.value.IsSequence())
       fail(ctx, field,
-           "sweep '" + key + "' must be a list of values, got " + kind_of(entry.second) + " " +
-               show(entry.second),
+           "sweep '" + key + "' must be a list of values, got " + kind_of(field.value) + " " +
+               show(field.value),
            "write " + key + ": [value1, value2]");
-    const std::size_t values = entry.second.size();
-    if (values == 0)
+    if (field.value.size() == 0)
       fail(ctx, field, "sweep '" + key + "' has an empty list", "give at least one value");
-    // The limit first, before any work per value (a huge list is refused in O(1)).
-    if (values > kMaxSweepPoints / points)
-      fail(ctx, field,
-           "the sweep has more than " + std::to_string(kMaxSweepPoints) + " points (" +
-               std::to_string(points) + " x " + std::to_string(values) + " values of '" + key +
-               "')",
-           "sweep fewer values, or split the study into several files");
-    points *= values;
-    SweepAxis axis{key, {}};
+    std::vector<std::string> labels;
     std::unordered_set<std::string> seen;
     for (const Field& item : list_items(ctx, field)) {
       std::string text = value_text(item.value);
-      if (!seen.insert(text).second)
+      if (each_once && !seen.insert(text).second)
         fail(ctx, item, "sweep '" + key + "' lists the value " + quote(text) + " twice",
              "list each value once");
-      axis.labels.push_back(std::move(text));
+      labels.push_back(std::move(text));
     }
-    axes.push_back(std::move(axis));
+    return labels;
+  };
+  // The limit first, before any work per value (a huge list is refused in O(1)).
+  const auto check_count = [&](const Field& field, std::size_t values, const std::string& what) {
+    if (values > kMaxSweepPoints / points)
+      fail(ctx, field,
+           "the sweep has more than " + std::to_string(kMaxSweepPoints) + " points (" +
+               std::to_string(points) + " x " + std::to_string(values) + " values of " + what + ")",
+           "sweep fewer values, or split the study into several files");
+    points *= values;
+  };
+
+  bool zip_seen = false;
+  for (const auto& entry : sweep.value) {
+    const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : show(entry.first);
+    const Field field{entry.first, entry.second, "sweep." + key};
+    if (key != kZipKey) {
+      check_key(entry.first, key);
+      if (entry.second.IsSequence()) check_count(field, entry.second.size(), "'" + key + "'");
+      SweepAxis axis{{key}, {entry.second}, {read_list(field, key, true)}};
+      axes.push_back(std::move(axis));
+      continue;
+    }
+    if (zip_seen)
+      fail(ctx, entry.first, "'sweep' has two zip: entries",
+           "write several groups as one list: zip: [{a: [..], b: [..]}, {c: [..], d: [..]}]");
+    zip_seen = true;
+    std::vector<Field> groups;
+    if (entry.second.IsSequence() && entry.second.size() > 0)
+      groups = list_items(ctx, field);
+    else
+      groups.push_back(field);
+    for (const Field& group : groups) {
+      if (!group.value.IsMap() || group.value.size() == 0)
+        fail(ctx, group,
+             "'" + group.path + "' must be a non-empty map of keys whose lists vary together (or " +
+                 "a list of such maps), got " + kind_of(group.value) + " " + show(group.value),
+             "write zip: {mesh.dp_shard: [8, 16, 32], cluster.nodes: [8, 16, 32]}");
+      SweepAxis axis;
+      std::vector<Field> fields;  // per key, its list's field (for messages)
+      for (const auto& zipped : group.value) {
+        const std::string zkey =
+            zipped.first.IsScalar() ? zipped.first.Scalar() : show(zipped.first);
+        check_key(zipped.first, zkey);
+        fields.push_back(Field{zipped.first, zipped.second, group.path + "." + zkey});
+        const Field& zfield = fields.back();
+        if (axis.keys.empty()) {
+          if (zipped.second.IsSequence())
+            check_count(zfield, zipped.second.size(), "zipped '" + zkey + "'");
+        } else if (zipped.second.IsSequence() && zipped.second.size() != axis.size()) {
+          fail(ctx, zfield,
+               "zipped lists vary together and need equal lengths: '" + axis.keys.front() +
+                   "' has " + std::to_string(axis.size()) + " values, '" + zkey + "' has " +
+                   std::to_string(zipped.second.size()),
+               "give every key of a zip group one value per point (" + std::to_string(axis.size()) +
+                   " here), or sweep a key that does not vary with the others outside zip:");
+        }
+        axis.labels.push_back(read_list(zfield, zkey, false));
+        axis.keys.push_back(zkey);
+        axis.lists.push_back(zipped.second);
+      }
+      // Each point of a group once: values may repeat in one key, not as a whole combination.
+      std::map<std::string, std::size_t> combinations;
+      for (std::size_t i = 0; i < axis.size(); ++i) {
+        std::string combination;
+        for (std::size_t k = 0; k < axis.keys.size(); ++k)
+          combination += (k ? ", " : "") + axis.keys[k] + "=" + axis.labels[k][i];
+        const auto [it, added] = combinations.emplace(combination, i);
+        if (!added)
+          fail(ctx, list_items(ctx, fields.front())[i],
+               "'" + group.path + "' lists the combination " + quote(combination) +
+                   " twice (values " + std::to_string(it->second + 1) + " and " +
+                   std::to_string(i + 1) + " of its lists)",
+               "list each combination once");
+      }
+      axes.push_back(std::move(axis));
+    }
   }
   return axes;
 }
@@ -2057,30 +2142,31 @@ std::vector<Experiment> parse_file(const std::string& yaml_text, const std::stri
 
   const std::vector<SweepAxis> axes = read_sweep(ctx, *sweep, root);
   std::size_t count = 1;
-  for (const SweepAxis& a : axes) count *= a.labels.size();
-  std::vector<YAML::Node> values;  // per axis, the list of values (nodes keep their marks)
-  for (const auto& entry : sweep->value) values.push_back(entry.second);
+  for (const SweepAxis& a : axes) count *= a.size();
   YAML::Node tree = root;  // edited in place per point, then restored
   tree.remove("sweep");
   std::vector<Experiment> points;
   points.reserve(count);
   std::int64_t work = 0;
   for (std::size_t index = 0; index < count; ++index) {
-    // The last key varies fastest.
+    // The last axis varies fastest; a zip group's keys take their values together.
     std::vector<std::size_t> choice(axes.size());
     std::size_t rest = index;
     for (std::size_t a = axes.size(); a-- > 0;) {
-      choice[a] = rest % axes[a].labels.size();
-      rest /= axes[a].labels.size();
+      choice[a] = rest % axes[a].size();
+      rest /= axes[a].size();
     }
     std::string label;
     std::map<std::string, std::string> overrides;
     TreeEdits edits;
     for (std::size_t a = 0; a < axes.size(); ++a) {
-      const std::string& text = axes[a].labels[choice[a]];
-      label += (label.empty() ? "" : ",") + axes[a].key + "=" + text;
-      overrides[axes[a].key] = text;
-      apply_override(edits, tree, axes[a].key, values[a][choice[a]]);
+      for (std::size_t k = 0; k < axes[a].keys.size(); ++k) {
+        const std::string& key = axes[a].keys[k];
+        const std::string& text = axes[a].labels[k][choice[a]];
+        label += (label.empty() ? "" : ",") + key + "=" + text;
+        overrides[key] = text;
+        apply_override(edits, tree, key, axes[a].lists[k][choice[a]]);
+      }
     }
     Experiment e = parse_point(Context{file, label}, tree, &cache);
     e.overrides = std::move(overrides);
