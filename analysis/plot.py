@@ -11,6 +11,8 @@ analysis/muonbed_plots/), one progress line each as they are drawn, by --jobs pr
   <exp>-strategies     step time per sweep point, split into computation only, overlapped
                        communication, exposed communication and idle; average and worst step
                        apart; a log facet beside a % facet when one point is >10x another
+  <exp>-training       (experiments with a training: section) each point's training step in %
+                       of its AdamW step: compute, exposed communication, exposed optimizer
   <exp>-throughput     seed 002's per-GPU reporting: parameters updated/s, useful TFLOP/s (each
                        matrix once) and communication GB/s per GPU, each average and worst step
   <exp>-traffic        bytes per step by link class (NVLink/PCIe vs network) and peak memory
@@ -55,6 +57,7 @@ from muonbed_plots.sweep import Sweep  # noqa: E402
 from muonbed_plots.throughput import plot_throughput  # noqa: E402
 from muonbed_plots.timeline import plot_timeline, timeline_name  # noqa: E402
 from muonbed_plots.traffic import plot_traffic  # noqa: E402
+from muonbed_plots.training import has_training, plot_training  # noqa: E402
 
 
 def label_order(manifest):
@@ -83,6 +86,8 @@ def figure_jobs(p, records, root, claims_file, manifest=None, timelines="first",
     jobs = [(f"{name}-strategies", lambda: plot_strategies(p, sweep, name)),
             (f"{name}-throughput", lambda: plot_throughput(p, sweep, name)),
             (f"{name}-traffic", lambda: plot_traffic(p, sweep, name))]
+    if has_training(records):
+        jobs.insert(1, (f"{name}-training", lambda: plot_training(p, sweep, name)))
     if any(scaling_series(sweep, b) for b in sweep.backends):
         jobs.append((f"{name}-scaling", lambda: plot_scaling(p, sweep, name)))
     for backend in sweep.backends:

@@ -29,6 +29,9 @@
 // after). The longest term: the rank that orthogonalizes p must receive it, run it and send it
 // back.
 //
+// With a training step (core/plan/training.hpp), T_bound is also at least the busiest rank's
+// forward and backward compute (binding "training compute").
+//
 // Not in the bound: momentum, AdamW and apply_update (elementwise, a few ms at most), gradient
 // sync, contention between matrices for links (the balanced term's comm is one matrix's), and
 // the choice of owners (g and s are taken at the plan's owner, or the first holder when the plan
@@ -49,8 +52,11 @@ struct StepBound {
   double ns_longest_s = 0;   // the largest span(p)
   double gather_s = 0;       // g and s of the term that binds
   double scatter_s = 0;
+  // With a training step: the forward and backward compute of the busiest rank, a third term
+  // (binding "training compute") of T_bound.
+  double training_compute_s = 0;
   int owner_ranks = 0;  // R of the balanced term that binds (or the largest term's set)
-  std::string binding;  // "balanced" or "longest": which term T_bound is
+  std::string binding;  // "balanced", "longest" or "training compute": which term T_bound is
   std::string longest;  // the matrix of the longest term
 };
 

@@ -140,15 +140,21 @@ void print_point(const Experiment& e, std::size_t index, std::size_t count, int 
       human_seconds(est.average_step_s), human_seconds(est.worst_step_s), est.worst.step,
       plan.hyper_period(), e.cluster.name);
   const StepBound bound = step_bound(plan, e.cluster);
-  std::cout << fmt::format(
-      "bound     T_bound {} ({}: NS {} {}, first gather {}, last scatter {}); "
-      "average step / T_bound = {:.2f}\n",
-      human_seconds(bound.bound_s), bound.binding,
-      human_seconds(bound.binding == "balanced" ? bound.ns_balanced_s : bound.ns_longest_s),
-      bound.binding == "balanced" ? fmt::format("over {} ranks", bound.owner_ranks)
-                                  : "of " + bound.longest,
-      human_seconds(bound.gather_s), human_seconds(bound.scatter_s),
-      bound.bound_s > 0 ? est.average_step_s / bound.bound_s : 0.0);
+  if (bound.binding == "training compute")
+    std::cout << fmt::format(
+        "bound     T_bound {} (training compute: the busiest rank's forward and backward); "
+        "average step / T_bound = {:.2f}\n",
+        human_seconds(bound.bound_s), bound.bound_s > 0 ? est.average_step_s / bound.bound_s : 0.0);
+  else
+    std::cout << fmt::format(
+        "bound     T_bound {} ({}: NS {} {}, first gather {}, last scatter {}); "
+        "average step / T_bound = {:.2f}\n",
+        human_seconds(bound.bound_s), bound.binding,
+        human_seconds(bound.binding == "balanced" ? bound.ns_balanced_s : bound.ns_longest_s),
+        bound.binding == "balanced" ? fmt::format("over {} ranks", bound.owner_ranks)
+                                    : "of " + bound.longest,
+        human_seconds(bound.gather_s), human_seconds(bound.scatter_s),
+        bound.bound_s > 0 ? est.average_step_s / bound.bound_s : 0.0);
   if (!est.worst.ranks.empty()) {
     const auto worst = std::max_element(
         est.worst.ranks.begin(), est.worst.ranks.end(),

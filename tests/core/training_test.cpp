@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 
@@ -122,9 +123,9 @@ TEST_CASE("a hand-counted layer: FLOPs per op and rank", "[training]") {
   for (const Op& op : plan.ops) {
     if (op.kind != OpKind::forward && op.kind != OpKind::backward) continue;
     CHECK(op.tokens == 4);
-    const bool attention =
-        std::any_of(op.params.begin(), op.params.end(),
-                    [&](int p) { return plan.model.params[p].role == ParamRole::attn_q; });
+    const bool attention = std::any_of(op.params.begin(), op.params.end(), [&](int p) {
+      return plan.model.params[p].role == ParamRole::attn_q;
+    });
     if (!attention) continue;
     // Gathered q, k, v, o: 256 elements x 2 x 4 tokens, plus 4 x 4 tokens x seq 4 x 8 query rows.
     const double forward = 2.0 * 4 * 256 + 4.0 * 4 * 4 * 8;
@@ -227,8 +228,7 @@ TEST_CASE("activation memory by Korthikanti et al., counted by hand", "[training
   o.flash_attention = false;
   CHECK(training_activation_bytes(model, o) == 4 * 8 * 34 + 5 * 1 * 4 * 4);
   // Two-way TP: 24 / t halves; micro_batch_size 2 doubles every term.
-  const ShardedModel tp =
-      hand_model({{"dp_shard", 2, DimRole::fsdp}, {"tp", 2, DimRole::tp}});
+  const ShardedModel tp = hand_model({{"dp_shard", 2, DimRole::fsdp}, {"tp", 2, DimRole::tp}});
   o = training(2 * 2 * 4 * 2, 4, 2);
   CHECK(training_activation_bytes(tp, o) == 4 * 2 * 8 * 22);
   // It is the activations of training_memory when the step is planned.
@@ -236,7 +236,8 @@ TEST_CASE("activation memory by Korthikanti et al., counted by hand", "[training
   for (int r = 0; r < 4; ++r) CHECK(training_memory(plan, r).activations == 4 * 2 * 8 * 22);
 }
 
-TEST_CASE("pipeline stages keep min(m, p) micro-batches of their own layers", "[training][memory]") {
+TEST_CASE("pipeline stages keep min(m, p) micro-batches of their own layers",
+          "[training][memory]") {
   const ShardedModel pp = testing::make_model(testing::topologies()[7]);  // 2 stages x FSDP 2
   // tiny-dense: h = 64, 2 layers (1 per stage), seq 64, 3 micro-batches: 2 in flight.
   const TrainingOptions o = training(2 * 64 * 3, 64);
@@ -259,8 +260,8 @@ TEST_CASE("gradient sync runs per layer in backward order", "[training]") {
     if (step_phase(op) != StepPhase::gradient_sync) continue;
     for (int p : op.params) {
       const int layer = plan.model.params[p].layer;
-      if (layer >= 0 && std::find(layer_order.begin(), layer_order.end(), layer) ==
-                            layer_order.end())
+      if (layer >= 0 &&
+          std::find(layer_order.begin(), layer_order.end(), layer) == layer_order.end())
         layer_order.push_back(layer);
     }
   }
@@ -328,4 +329,41 @@ TEST_CASE("a plan without training holds no training op", "[training]") {
     CHECK(op.tensor != TensorRole::activation);
   }
   CHECK(training_memory(plan, 0).activations == 0);
+}
+
+TEST_CASE("the training step's gradient sync spans the data-parallel dims, not TP", "[training]") {
+  // FSDP 2 x TP 2: each TP rank's backward computes its own slice, reduce-scattered over FSDP.
+  const ShardedModel model = testing::make_model(testing::topologies()[4]);
+  const int tp = model.mesh.find("tp");
+  REQUIRE(tp >= 0);
+  StrategyOptions options;
+  options.name = "owner";
+  options.grad_sync.enabled = true;
+  PlanSettings settings;
+  settings.training = training(2 * 64 * 2, 64);
+  const StepPlan plan = build_plan(model, options, settings);
+  int syncs = 0;
+  for (const Op& op : plan.ops) {
+    if (step_phase(op) != StepPhase::gradient_sync) continue;
+    ++syncs;
+    CHECK_FALSE(op.group.contains(tp));
+  }
+  CHECK(syncs > 0);
+  // The gradient slot keeps the synced shard, plus one layer's unsynced TP-local gradient.
+  for (int r = 0; r < 4; ++r) {
+    std::int64_t shards = 0;
+    std::map<int, std::int64_t> layer_unsynced;
+    for (const auto& dp : plan.model.params) {
+      if (!dp.layout.holds(plan.mesh(), r)) continue;
+      const std::int64_t shard = dp.layout.shard_numel(plan.mesh(), r);
+      shards += shard * 2;  // bf16 gradients
+      const DimSet fsdp = dp.layout.shard_dims().without(tp);
+      if (dp.layer >= 0 && !fsdp.empty())
+        layer_unsynced[dp.layer] += (dp.layout.shard_numel(plan.mesh(), r, fsdp) - shard) * 2;
+    }
+    std::int64_t largest = 0;
+    for (const auto& [layer, bytes] : layer_unsynced) largest = std::max(largest, bytes);
+    INFO("rank " << r);
+    CHECK(training_memory(plan, r).gradients == shards + largest);
+  }
 }

@@ -219,8 +219,8 @@ TEST_CASE("the training step: the analytic model agrees with the simulator",
           const EstimateSummary analytic = estimate(plan, cluster.spec);
           const double sim = simulate(plan, cluster.spec, step).record.step.average_s;
           const double bound = step_bound(plan, cluster.spec).bound_s;
-          const std::string where = cluster.name + " | " + topology.name + " | " + strategy +
-                                    " | overlap " + overlap;
+          const std::string where =
+              cluster.name + " | " + topology.name + " | " + strategy + " | overlap " + overlap;
           INFO(where << ": analytic " << analytic.average_step_s << " s, sim " << sim
                      << " s, bound " << bound << " s");
           REQUIRE(sim > 0);

@@ -232,6 +232,19 @@ StepBound step_bound(const StepPlan& plan, const ClusterSpec& cluster) {
     }
     consider(b.ns_total_s, union_ranks, g, s);
   }
+  // A training step (core/plan/training.hpp) cannot end before any rank has run its forward and
+  // backward passes: the sum of their compute times on the busiest rank (compute shares a GPU,
+  // it never runs faster beside other work).
+  std::vector<double> training(static_cast<std::size_t>(mesh.world_size()), 0.0);
+  for (const Op& op : plan.ops) {
+    if (op.kind != OpKind::forward && op.kind != OpKind::backward) continue;
+    for (int r : op.ranks.ranks(mesh)) training[r] += compute_time(plan, op, r, cluster);
+  }
+  for (double t : training) b.training_compute_s = std::max(b.training_compute_s, t);
+  if (b.training_compute_s > b.bound_s) {
+    b.bound_s = b.training_compute_s;
+    b.binding = "training compute";
+  }
   return b;
 }
 

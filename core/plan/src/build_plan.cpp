@@ -103,12 +103,24 @@ std::vector<int> emit_grad_sync(PlanBuilder& b, const StrategyOptions& o, bool f
     };
     const std::string what = "level " + std::to_string(std::get<0>(key)) +
                              (training ? " layer " + std::to_string(std::get<2>(key)) : "") +
-                             " gradients (" +
-                             std::to_string(ps.size()) + " params from " + b.param(ps[0]).name +
-                             ")";
+                             " gradients (" + std::to_string(ps.size()) + " params from " +
+                             b.param(ps[0]).name + ")";
     std::vector<int> last;
-    if (full_gradients || layout.shard_dims().empty()) {
-      const DimSet group = layout.shard_dims() | layout.replicate_dims();
+    // The dims a gradient is summed over. The optimizer step alone models every rank's gradient
+    // as a contribution to the whole tensor (what the executors seed and the reference sums). In
+    // a training step the backward computes each TP rank's own slice, which no other rank
+    // contributes to: the sync spans the data-parallel dims only.
+    // Weights TP replicates (norms) see the same activations on every TP rank, so their
+    // gradients agree there too (no sequence parallelism).
+    DimSet shard_dims = layout.shard_dims();
+    DimSet replicate_dims = layout.replicate_dims();
+    if (training)
+      for (int d : b.mesh().dims_with_role(DimRole::tp)) {
+        shard_dims = shard_dims.without(d);
+        replicate_dims = replicate_dims.without(d);
+      }
+    if (full_gradients || shard_dims.empty()) {
+      const DimSet group = shard_dims | replicate_dims;
       if (group.empty()) {  // nothing to sync: the gradient is ready after its backward
         for (int r : ready) record(r);
         continue;
@@ -119,7 +131,7 @@ std::vector<int> emit_grad_sync(PlanBuilder& b, const StrategyOptions& o, bool f
       op.ranks = b.holders_box(ps[0]);
       op.group = group;
       op.params = ps;
-      op.gathered = layout.shard_dims();
+      op.gathered = shard_dims;
       op.period = period;
       op.deps = ready;
       op.label = "all_reduce " + what;
@@ -131,18 +143,18 @@ std::vector<int> emit_grad_sync(PlanBuilder& b, const StrategyOptions& o, bool f
     rs.kind = OpKind::reduce_scatter;
     rs.stream = stream;
     rs.ranks = b.holders_box(ps[0]);
-    rs.group = layout.shard_dims();
+    rs.group = shard_dims;
     rs.params = ps;
     rs.period = period;
     rs.deps = ready;
     rs.label = "reduce_scatter " + what;
     int id = b.emit(std::move(rs));
-    if (!layout.replicate_dims().empty()) {
+    if (!replicate_dims.empty()) {
       Op ar;
       ar.kind = OpKind::all_reduce;
       ar.stream = stream;
       ar.ranks = b.holders_box(ps[0]);
-      ar.group = layout.replicate_dims();
+      ar.group = replicate_dims;
       ar.params = ps;
       ar.period = period;
       ar.deps = {id};
@@ -293,6 +305,8 @@ StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
   if (training) {
     const TrainingEmission emitted = emit_training(b, settings.training);
     start = emit_grad_sync(b, options, main.owner_holds_full_state, &emitted, &synced);
+    // Also after the backward itself: gradients with nothing to sync (TP only) are ready then.
+    start.insert(start.end(), emitted.last_ops.begin(), emitted.last_ops.end());
   } else if (options.grad_sync.enabled) {
     start = emit_grad_sync(b, options, main.owner_holds_full_state);
   }

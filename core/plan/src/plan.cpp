@@ -122,12 +122,9 @@ OpKind op_kind_from_string(std::string_view text) {
 }
 
 constexpr std::pair<TensorRole, std::string_view> kRoleNames[] = {
-    {TensorRole::none, "none"},
-    {TensorRole::gradient, "gradient"},
-    {TensorRole::update, "update"},
-    {TensorRole::result, "result"},
-    {TensorRole::parameter, "parameter"},
-    {TensorRole::activation, "activation"},
+    {TensorRole::none, "none"},           {TensorRole::gradient, "gradient"},
+    {TensorRole::update, "update"},       {TensorRole::result, "result"},
+    {TensorRole::parameter, "parameter"}, {TensorRole::activation, "activation"},
 };
 
 std::string_view to_string(TensorRole role) {
@@ -596,16 +593,28 @@ StaticMemory static_memory(const StepPlan& plan, int rank) {
     }
   }
   const MasterWeights master = plan.settings.training_memory.master_weights;
+  // In a training step each layer's gradient is synced as its backward ends (FSDP2's per-layer
+  // reduce-scatter): the slot keeps the synced piece, and one layer's unsynced gradient is held
+  // at a time (the largest layer's, counted once on top).
+  const bool per_layer = plan.settings.training.enabled;
+  std::map<int, std::int64_t> unsynced_by_layer;
   for (const auto& dp : params) {
     if (!dp.layout.holds(mesh, rank)) continue;
     const std::int64_t shard = dp.layout.shard_numel(mesh, rank);
     // The gradient slot also holds Muon's update and result outside transient buffers.
-    const std::int64_t slot = std::max({shard, gradient[dp.index], momentum[dp.index]});
+    const std::int64_t slot = per_layer ? std::max(shard, momentum[dp.index])
+                                        : std::max({shard, gradient[dp.index], momentum[dp.index]});
+    if (per_layer && gradient[dp.index] > slot)
+      unsynced_by_layer[dp.layer] += (gradient[dp.index] - slot) * gradient_width(dp, comm);
     memory.parameters += shard * bytes_of(dp.dtype);
     memory.gradients += slot * gradient_width(dp, comm);
     memory.optimizer_state += (momentum[dp.index] + 2 * moments[dp.index]) * state;
     memory.master_weights += master_weight_bytes(dp, shard, master);
   }
+  std::int64_t largest_unsynced = 0;
+  for (const auto& [layer, bytes] : unsynced_by_layer)
+    largest_unsynced = std::max(largest_unsynced, bytes);
+  memory.gradients += largest_unsynced;
   std::int64_t live = 0;
   for (const auto& op : plan.ops) {
     if (!is_memory(op.kind) || !op.ranks.contains(mesh, rank)) continue;

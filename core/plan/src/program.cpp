@@ -233,7 +233,7 @@ PieceRole piece_role(TensorRole role) {
     case TensorRole::result:
       return PieceRole::result;
     case TensorRole::none:
-    case TensorRole::parameter:   // training ops: refused before lowering
+    case TensorRole::parameter:  // training ops: refused before lowering
     case TensorRole::activation:
       break;
   }

@@ -158,7 +158,8 @@ double training_op_flops(const StepPlan& plan, const Op& op, int rank) {
     }
     forward += 2.0 * t * local;
     if (is_query(dp.role))  // scores (Q K^T) and values (P V): 2 x 2 x seq_len per query row
-      forward += 4.0 * t * static_cast<double>(o.seq_len) * (local / static_cast<double>(dp.cols()));
+      forward +=
+          4.0 * t * static_cast<double>(o.seq_len) * (local / static_cast<double>(dp.cols()));
   }
   return op.kind == OpKind::forward ? forward : 2.0 * forward;
 }
@@ -220,10 +221,10 @@ TrainingEmission emit_training(PlanBuilder& b, const TrainingOptions& o) {
       continue;
     }
     const bool experts = is_expert(dp.role);
-    const bool mlp = is_mlp(dp.role) || (dp.role == ParamRole::bias && dp.name.find("mlp") !=
-                                                                             std::string::npos);
-    add_to_part(experts ? "experts" : (mlp ? "mlp" : "attention"), dp.layer, experts, mlp && !experts,
-                dp.index);
+    const bool mlp =
+        is_mlp(dp.role) || (dp.role == ParamRole::bias && dp.name.find("mlp") != std::string::npos);
+    add_to_part(experts ? "experts" : (mlp ? "mlp" : "attention"), dp.layer, experts,
+                mlp && !experts, dp.index);
   }
   // Forward order: by layer (embedding first, head last), attention before the MLP and experts.
   std::stable_sort(parts.begin(), parts.end(), [](const Part& x, const Part& y) {
@@ -318,11 +319,10 @@ TrainingEmission emit_training(PlanBuilder& b, const TrainingOptions& o) {
   // One pass (forward or backward) of one part over one group's tokens; returns the op whose
   // completion means the part's pass is done.
   const auto pass = [&](const Part& part, bool forward, std::vector<int> deps, int group) {
-    const std::string what = std::string(forward ? "forward " : "backward ") + part.name +
-                             (part.layer >= 0 && part.layer < (1 << 30)
-                                  ? " layer " + std::to_string(part.layer)
-                                  : "") +
-                             ", micro-batch group " + std::to_string(group);
+    const std::string what =
+        std::string(forward ? "forward " : "backward ") + part.name +
+        (part.layer >= 0 && part.layer < (1 << 30) ? " layer " + std::to_string(part.layer) : "") +
+        ", micro-batch group " + std::to_string(group);
     const auto [gathered, buffer] = gather_part(part, {});
     deps.insert(deps.end(), gathered.begin(), gathered.end());
     const std::int64_t tokens_bytes = group_tokens * hidden_bytes;
