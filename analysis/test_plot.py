@@ -764,6 +764,51 @@ class PlotTest(unittest.TestCase):
             self.assertEqual(labels, ["owner ≠", "all_to_all"])
 
     @unittest.skipUnless(HAVE_MPL, "matplotlib is not importable by this interpreter")
+    def test_training_step_in_percent_of_adamw(self):
+        """Issue 24's figure: each point's training step in % of its AdamW step, split into
+        compute, exposed communication and the exposed optimizer, which add up to the step; a
+        point without a training section is not a bar there."""
+        def training(step, adamw, forward, backward, exposed):
+            def edit(doc):
+                doc["training"] = {
+                    "tokens_per_step": 4194304, "seq_len": 4096, "micro_batches": 8,
+                    "micro_batch_groups": 8, "overlap": "none", "step_s": step,
+                    "forward_s": forward, "backward_s": backward, "parameter_gather_s": 0.1,
+                    "activation_comm_s": 0.1, "gradient_sync_s": 0.1, "optimizer_s": 0.2,
+                    "exposed_optimizer_s": exposed, "model_tflops": 1000.0, "mfu": 0.4,
+                    "adamw_step_s": adamw, "muon_overhead": step / adamw - 1}
+            return edit
+        points = [("mesh.dp_shard=8", "analytic", "owner", 8, 10.0,
+                   training(10.0, 9.0, 3.0, 6.0, 0.5)),
+                  ("mesh.dp_shard=16", "analytic", "owner", 16, 5.0,
+                   training(5.0, 4.0, 1.0, 2.0, 1.0)),
+                  ("mesh.dp_shard=32", "analytic", "owner", 32, 2.0, None)]
+        with tempfile.TemporaryDirectory() as d:
+            make_points(d, "tr", points)
+            p, _ = self.drawn(d)
+            self.assertIn("tr-training", p.figures)
+            ax = p.figures["tr-training"].axes[0]
+            labels = [t.get_text() for t in ax.get_yticklabels()]
+            self.assertEqual(len(labels), 2)  # the point without training is left out
+            for i, (step, adamw, parts) in enumerate(((10.0, 9.0, (9.0, 0.5, 0.5)),
+                                                      (5.0, 4.0, (3.0, 1.0, 1.0)))):
+                bars = sorted((b for b in ax.patches
+                               if abs(b.get_y() + b.get_height() / 2 - i) < 0.3),
+                              key=lambda b: b.get_x())
+                widths = [b.get_width() for b in bars]
+                # compute = forward + backward (capped by the step before the exposed tail),
+                # communication = the rest of it, then the exposed optimizer; in % of AdamW.
+                expected = [100 * v / adamw for v in (min(parts[0], step - parts[2]),
+                                                      step - parts[2] - min(parts[0],
+                                                                            step - parts[2]),
+                                                      parts[2])]
+                for got, want in zip(widths, expected):
+                    self.assertAlmostEqual(got, want, places=6)
+                self.assertAlmostEqual(sum(widths), 100 * step / adamw, places=6)
+            texts = [t.get_text() for t in ax.texts]
+            self.assertTrue(any("Muon +11.1 %" in t for t in texts), texts)
+            self.assertTrue(any("Muon +25.0 %" in t for t in texts), texts)
+
     def test_infeasible_points_are_marked_or_skipped(self):
         from muonbed_plots import marks
         limit = 80e9

@@ -51,7 +51,14 @@ def plot_training(p, sweep, name):
     nb = len(backends)
     height = min(30.0, max(4.5, 1.9 + 0.30 * len(labels)))
     fig = p.new_figure(min(19.0, 8.5 + 6.0 * nb), height)
-    axes = fig.subplots(1, nb, sharey=True, squeeze=False)[0]
+    # A thin row under the panels holds the legend (the text beside the bars runs to the right
+    # edge, where a legend would cover it).
+    grid = fig.add_gridspec(2, nb, height_ratios=[height - 0.9, 0.9])
+    axes = [fig.add_subplot(grid[0, 0])]
+    for b in range(1, nb):
+        axes.append(fig.add_subplot(grid[0, b], sharey=axes[0]))
+    legend_ax = fig.add_subplot(grid[1, :])
+    legend_ax.axis("off")
     widest = 100.0
     for ax, backend in zip(axes, backends):
         for i, label in enumerate(labels):
@@ -91,7 +98,7 @@ def plot_training(p, sweep, name):
         ax.grid(axis="x", color="#e0e0e0", linewidth=0.6)
         ax.set_axisbelow(True)
     for ax in axes:
-        ax.set_xlim(0, widest * 1.75)
+        ax.set_xlim(0, widest * 2.1)
     first = axes[0]
     first.set_yticks(range(len(labels)))
     first.set_yticklabels([sweep.display(lab) for lab in labels], fontsize=7.5)
@@ -110,8 +117,7 @@ def plot_training(p, sweep, name):
     if sweep.disagree:
         handles.append(Patch(facecolor="none", edgecolor="none",
                              label=f"{DISAGREE_MARK} backends disagree by > 10 %"))
-    axes[-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7.5,
-                    frameon=False)
+    legend_ax.legend(handles=handles, loc="center", ncol=2, fontsize=7.5, frameon=False)
     fig.suptitle(f"{name}: the training step with Muon, in % of the AdamW step "
                  f"(compute, exposed communication, exposed optimizer)", fontsize=11.5)
     p.footer(fig, sweep)
