@@ -15,6 +15,7 @@ void add_run_command(CLI::App& app, int& exit_code);
 void add_bench_command(CLI::App& app, int& exit_code);
 void add_calibrate_command(CLI::App& app, int& exit_code);
 void add_compare_command(CLI::App& app, int& exit_code);
+void add_keys_command(CLI::App& app, int& exit_code);
 // Hidden: the process mpirun starts for each rank of an mpi point (backends/mpi/mpi_backend.hpp).
 void add_mpi_worker_command(CLI::App& app, int& exit_code);
 

@@ -22,6 +22,7 @@ namespace {
 
 constexpr const char* kFooter = R"(Start here:
   muonbed presets                               models, clusters, strategies you can name
+  muonbed keys [strategy]                       every key of an experiment file (docs/KEYS.md)
   muonbed validate experiments/quickstart.yaml  check an experiment file (every sweep point)
   muonbed plan experiments/quickstart.yaml      per-rank work, traffic, memory and step time
   muonbed run experiments/quickstart.yaml       simulate every sweep point, write results, plot
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
     muonbed::cli::add_bench_command(app, exit_code);
     muonbed::cli::add_calibrate_command(app, exit_code);
     muonbed::cli::add_compare_command(app, exit_code);
+    muonbed::cli::add_keys_command(app, exit_code);
     muonbed::cli::add_mpi_worker_command(app, exit_code);
     // An unknown first word would otherwise read "A subcommand is required".
     const std::vector<CLI::App*> commands = app.get_subcommands({});

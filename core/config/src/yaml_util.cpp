@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cmath>
 #include <sstream>
+#include <stdexcept>
 #include <system_error>
 #include <unordered_map>
 
@@ -399,6 +400,7 @@ MapReader::MapReader(const Context& ctx, const YAML::Node& node, std::string pat
       }
     fields_.push_back(Field{key, entry.second, sub});
   }
+  allowed_ = std::move(allowed);
 }
 
 MapReader::MapReader(const Context& ctx, const Field& field, std::vector<std::string> allowed)
@@ -410,6 +412,10 @@ MapReader::MapReader(const Context& ctx, const Field& field, std::vector<std::st
 }
 
 const Field* MapReader::find(std::string_view key) const {
+  if (std::find(allowed_.begin(), allowed_.end(), key) == allowed_.end())
+    throw std::logic_error("MapReader of '" + path_ + "' asked for key '" + std::string(key) +
+                           "', which its table of keys does not list (valid: " + join(allowed_) +
+                           ")");
   for (const Field& field : fields_)
     if (field.key.Scalar() == key) return &field;
   return nullptr;

@@ -102,6 +102,9 @@ class MapReader {
   YAML::Node node_;
   std::string path_;
   std::vector<Field> fields_;
+  // The keys this map allows: find() of any other key is a programming error (a key read but
+  // missing from its table, so no file could ever set it), thrown as std::logic_error.
+  std::vector<std::string> allowed_;
 };
 
 // Strict conversions of one field.

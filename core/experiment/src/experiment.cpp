@@ -5,6 +5,7 @@
 // (its model lays out on its mesh) and carries its resolved configuration as YAML.
 #include "core/experiment/experiment.hpp"
 #include "core/experiment/backends.hpp"
+#include "core/experiment/keys.hpp"
 #include "core/results/results.hpp"
 
 #include <algorithm>
@@ -73,35 +74,31 @@ constexpr std::size_t kMaxNameBytes = 200;
 constexpr std::size_t kMaxPathBytes = 4000;
 constexpr std::size_t kMaxPathComponentBytes = 255;
 
-const std::vector<std::string> kTopKeys = {"name",      "cluster",  "mesh",    "model", "parallel",
-                                           "optimizer", "strategy", "backend", "sim",   "steps",
-                                           "repeats",   "seed",     "output",  "sweep", "memory", "training"};
-const std::vector<std::string> kMeshKeys = {"dims", "gpus_per_node", "world_size"};
-const std::vector<std::string> kDimKeys = {"name", "size", "role"};
-const std::vector<std::string> kDimValueKeys = {"size", "role"};
+// The keys each map allows come from the key table (core/experiment/keys.hpp), which the key
+// reference (`muonbed keys`, docs/KEYS.md) prints: a key is known here exactly when it is
+// documented there.
+const std::vector<std::string> kTopKeys = experiment_keys_in("");
+const std::vector<std::string> kMeshKeys = experiment_keys_in("mesh");
+const std::vector<std::string> kDimKeys = experiment_keys_in("mesh.dims[]");
+// The map form {NAME: {size, role}}: the list form's keys less the name.
+const std::vector<std::string> kDimValueKeys = [] {
+  std::vector<std::string> keys = kDimKeys;
+  std::erase(keys, "name");
+  return keys;
+}();
 const std::vector<std::string> kRoleNames = {"replicate", "fsdp", "tp", "ep", "pp"};
 const std::vector<std::string> kKnownDimNames = {"dp_shard", "dp_replicate", "dp", "cp",
                                                  "tp",       "ep",           "pp"};
-const std::vector<std::string> kModelKeys = {"preset", "hf_config", "name",  "layers",
-                                             "dtype",  "experts",   "dense", "moe",
-                                             "params", "placements"};
-const std::vector<std::string> kDenseKeys = {
-    "name",        "hidden",        "layers",    "heads",    "kv_heads",        "ffn",
-    "vocab",       "head_dim",      "gated_mlp", "qkv_bias", "tied_embeddings", "layernorm_bias",
-    "linear_bias", "max_positions", "dtype"};
-const std::vector<std::string> kMoeExtraKeys = {"experts", "expert_ffn", "shared_experts",
-                                                "dense_layers"};
-const std::vector<std::string> kParamKeys = {"name",  "shape", "role",
-                                             "dtype", "layer", "placements"};
-const std::vector<std::string> kParallelKeys = {"fsdp_tensor_dim", "tp_dim_per_param",
-                                                "tp_shard_embeddings", "dense_over_ep"};
+const std::vector<std::string> kModelKeys = experiment_keys_in("model");
+const std::vector<std::string> kDenseKeys = experiment_keys_in("model.dense");
+const std::vector<std::string> kMoeExtraKeys = experiment_keys_in("model.moe");
+const std::vector<std::string> kParamKeys = experiment_keys_in("model.params[]");
+const std::vector<std::string> kParallelKeys = experiment_keys_in("parallel");
 const std::vector<std::string> kDenseOverEp = {"replicate", "shard"};
 // torch.optim.Muon's names (core/model/optimizer.hpp), plus muonbed's additions.
-const std::vector<std::string> kOptimizerKeys = {
-    "lr",  "weight_decay", "momentum", "nesterov", "momentum_form", "ns_coefficients", "ns_steps",
-    "eps", "adjust_lr_fn", "adamw",    "qk_clip",  "comm_dtype",    "routing"};
-const std::vector<std::string> kAdamWKeys = {"lr", "betas", "eps", "weight_decay"};
-const std::vector<std::string> kQkClipKeys = {"enabled", "tau", "head_dim"};
+const std::vector<std::string> kOptimizerKeys = experiment_keys_in("optimizer");
+const std::vector<std::string> kAdamWKeys = experiment_keys_in("optimizer.adamw");
+const std::vector<std::string> kQkClipKeys = experiment_keys_in("optimizer.qk_clip");
 // Keys of earlier muonbed versions and what they are called now.
 const std::vector<std::pair<std::string, std::string>> kRenamedOptimizerKeys = {
     {"coefficients", "ns_coefficients: keller | polar_express | [[a, b, c], ...]"},
@@ -112,32 +109,13 @@ const std::vector<std::pair<std::string, std::string>> kRenamedOptimizerKeys = {
     {"adamw_beta1", "adamw: {betas: [beta1, beta2]}"},
     {"adamw_beta2", "adamw: {betas: [beta1, beta2]}"},
     {"adamw_eps", "adamw: {eps: ...}"}};
-const std::vector<std::string> kRoutingKeys = {"embeddings_to_adamw", "lm_head_to_adamw",
-                                               "router_to_adamw", "force_adamw"};
-const std::vector<std::string> kStrategyKeys = {"name",
-                                                "assign",
-                                                "explicit_owners",
-                                                "async_gpu_parallelism",
-                                                "prefetch_count",
-                                                "gather",
-                                                "chunk_size",
-                                                "max_chunks_in_flight",
-                                                "small_param_threshold",
-                                                "grad_sync",
-                                                "preset",
-                                                "comm_lanes",
-                                                "order",
-                                                "chunk_by_shape",
-                                                "chunk_sizing",
-                                                "split_ns"};
-const std::vector<std::string> kGradSyncKeys = {"enabled", "level_periods"};
-const std::vector<std::string> kSplitNsKeys = {"enabled", "max_members", "threshold"};
-const std::vector<std::string> kSimKeys = {"fidelity"};
-const std::vector<std::string> kMemoryKeys = {"master_weights", "activations_GiB", "reserved_GiB"};
-const std::vector<std::string> kTrainingKeys = {"tokens_per_step",   "seq_len",
-                                                "micro_batch_size",  "overlap",
-                                                "experts_per_token", "max_micro_batch_groups",
-                                                "flash_attention"};
+const std::vector<std::string> kRoutingKeys = experiment_keys_in("optimizer.routing");
+const std::vector<std::string> kStrategyKeys = experiment_keys_in("strategy");
+const std::vector<std::string> kGradSyncKeys = experiment_keys_in("strategy.grad_sync");
+const std::vector<std::string> kSplitNsKeys = experiment_keys_in("strategy.split_ns");
+const std::vector<std::string> kSimKeys = experiment_keys_in("sim");
+const std::vector<std::string> kMemoryKeys = experiment_keys_in("memory");
+const std::vector<std::string> kTrainingKeys = experiment_keys_in("training");
 const std::vector<std::string> kMasterWeights = {"auto", "fp32", "none"};
 // Per-rank memory an experiment may add (activations, reserved): at most 64 TiB, beyond any device.
 constexpr double kMaxMemoryGiB = 65536;
@@ -149,28 +127,15 @@ std::vector<std::string> concat(std::vector<std::string> a, const std::vector<st
   return a;
 }
 
-// Every dotted key a sweep may override (mesh.<dim> is added per file).
+// Every dotted key a sweep may override (mesh.<dim> is added per file): every key of the table
+// outside lists, and model.moe's share model.dense's.
 std::vector<std::string> schema_paths() {
   std::vector<std::string> paths;
-  for (const std::string& k : kTopKeys)
-    if (k != "sweep") paths.push_back(k);
+  for (const ExperimentKey& k : experiment_keys())
+    if (k.path() != "sweep" && k.section.find('[') == std::string::npos) paths.push_back(k.path());
+  for (const std::string& k : kDenseKeys) paths.push_back("model.moe." + k);
   paths.push_back("cluster.preset");
   for (const std::string& k : cluster_schema_paths()) paths.push_back("cluster." + k);
-  for (const std::string& k : kMeshKeys) paths.push_back("mesh." + k);
-  for (const std::string& k : kModelKeys) paths.push_back("model." + k);
-  for (const std::string& k : kDenseKeys) paths.push_back("model.dense." + k);
-  for (const std::string& k : concat(kDenseKeys, kMoeExtraKeys)) paths.push_back("model.moe." + k);
-  for (const std::string& k : kParallelKeys) paths.push_back("parallel." + k);
-  for (const std::string& k : kOptimizerKeys) paths.push_back("optimizer." + k);
-  for (const std::string& k : kRoutingKeys) paths.push_back("optimizer.routing." + k);
-  for (const std::string& k : kAdamWKeys) paths.push_back("optimizer.adamw." + k);
-  for (const std::string& k : kQkClipKeys) paths.push_back("optimizer.qk_clip." + k);
-  for (const std::string& k : kStrategyKeys) paths.push_back("strategy." + k);
-  for (const std::string& k : kGradSyncKeys) paths.push_back("strategy.grad_sync." + k);
-  for (const std::string& k : kSplitNsKeys) paths.push_back("strategy.split_ns." + k);
-  for (const std::string& k : kSimKeys) paths.push_back("sim." + k);
-  for (const std::string& k : kMemoryKeys) paths.push_back("memory." + k);
-  for (const std::string& k : kTrainingKeys) paths.push_back("training." + k);
   return paths;
 }
 
@@ -1459,6 +1424,13 @@ std::string resolved_yaml(const Experiment& e, const MeshSection& ms, const Mode
   if (s.chunk_by_shape) out << YAML::Key << "chunk_by_shape" << YAML::Value << true;
   if (s.chunk_sizing != "count")
     out << YAML::Key << "chunk_sizing" << YAML::Value << s.chunk_sizing;
+  // Only when on, so points resolved before it was written keep their identity.
+  if (s.split_ns.enabled) {
+    out << YAML::Key << "split_ns" << YAML::Value << YAML::Flow << YAML::BeginMap;
+    out << YAML::Key << "max_members" << YAML::Value << s.split_ns.max_members;
+    emit_number(out, "threshold", s.split_ns.threshold);
+    out << YAML::EndMap;
+  }
   out << YAML::Key << "grad_sync" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "enabled" << YAML::Value << s.grad_sync.enabled;
   out << YAML::Key << "level_periods" << YAML::Value << YAML::Flow << s.grad_sync.level_periods;
