@@ -122,3 +122,15 @@ def trust_text(sweep):
         parts.append(f"{sweep.skipped_infeasible} point(s) exceeding {sweep.device} memory "
                      f"left out (--skip-infeasible)")
     return " · ".join(parts)
+
+
+def label_points(ax, sweep, labels, fontsize=8.5):
+    """The sweep points as the y axis of a horizontal-bar figure, first on top: each point's
+    short label with its marks, in the infeasible colour when it exceeds memory."""
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels([sweep.display(lab) for lab in labels], fontsize=fontsize)
+    for tick, label in zip(ax.get_yticklabels(), labels):
+        if label in sweep.infeasible:
+            tick.set_color(INFEASIBLE_EDGE)
+    ax.invert_yaxis()
+    ax.set_ylabel("sweep point")

@@ -11,7 +11,7 @@ points whose backends disagree by more than 10 % carry ≠."""
 
 from .common import COMPONENTS, aw, differ, num, time_unit
 from .marks import (DISAGREE_MARK, INFEASIBLE_COLOR, INFEASIBLE_EDGE, INFEASIBLE_HATCH,
-                    mixed_fidelity)
+                    label_points, mixed_fidelity)
 
 SPREAD_FOR_FACETS = 10.0
 STEP_COLOR = "#5A5A5A"  # the log facet's bars: the whole step, none of the four parts
@@ -153,13 +153,7 @@ def plot_strategies(p, sweep, name):
             ax.set_xlabel(f"step time ({unit}); parts are means over {sweep.device}s")
             ax.set_xlim(0, tmax * scale * 1.32)
     first = panels[0][0]
-    first.set_yticks(range(len(labels)))
-    first.set_yticklabels([sweep.display(l) for l in labels], fontsize=8.5)
-    for tick, label in zip(first.get_yticklabels(), labels):
-        if label in sweep.infeasible:
-            tick.set_color(INFEASIBLE_EDGE)
-    first.invert_yaxis()
-    first.set_ylabel("sweep point")
+    label_points(first, sweep, labels)
     handles = [Patch(facecolor=c, label=t) for _, t, c in COMPONENTS]
     if facets:
         handles.insert(0, Patch(facecolor=STEP_COLOR, label="step time (log scale)"))

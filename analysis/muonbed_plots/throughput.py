@@ -5,7 +5,7 @@ when the records carry it: replicated strategies repeat NS on every GPU, and cou
 repeats would reward the waste. Older records have only the executed rate, and say so."""
 
 from .common import BACKEND_COLORS, aw, count_unit, differ, get, num
-from .marks import INFEASIBLE_COLOR, INFEASIBLE_EDGE, INFEASIBLE_HATCH
+from .marks import INFEASIBLE_COLOR, INFEASIBLE_EDGE, INFEASIBLE_HATCH, label_points
 
 USEFUL = "throughput.computation.useful_tflops_per_gpu"
 EXECUTED = "throughput.computation.tflops_per_gpu"
@@ -75,13 +75,7 @@ def plot_throughput(p, sweep, name):
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         elif vmax > 0:
             ax.set_xlim(0, vmax / scale * 1.08)
-    axes[0].set_yticks(range(len(labels)))
-    axes[0].set_yticklabels([sweep.display(l) for l in labels], fontsize=8.5)
-    for tick, label in zip(axes[0].get_yticklabels(), labels):
-        if label in sweep.infeasible:
-            tick.set_color(INFEASIBLE_EDGE)
-    axes[0].invert_yaxis()
-    axes[0].set_ylabel("sweep point")
+    label_points(axes[0], sweep, labels)
     handles = []
     for b, backend in enumerate(sweep.backends):
         color = BACKEND_COLORS[b % len(BACKEND_COLORS)]

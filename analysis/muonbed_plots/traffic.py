@@ -8,7 +8,7 @@ over it marked ⊘. Older records have only the optimizer's own memory per rank 
 transient buffers), drawn as before with the emptiest rank as a black tick."""
 
 from .common import aw, bytes_unit, differ, fmt_bytes, get, num
-from .marks import INFEASIBLE_EDGE
+from .marks import INFEASIBLE_EDGE, label_points
 
 MEMORY_PARTS = [("parameters", "parameters", "#4C72B0"),
                 ("master_weights", "master weights", "#8172B3"),
@@ -96,13 +96,7 @@ def plot_traffic(p, sweep, name):
         # Room on the right of the memory panel for the "ranks over" notes.
         room = 1.3 if ax is ax_m and sweep.infeasible else 1.04
         ax.set_xlim(0, ax.get_xlim()[1] * room)
-    ax_t.set_yticks(range(len(labels)))
-    ax_t.set_yticklabels([sweep.display(l) for l in labels], fontsize=8.5)
-    for tick, label in zip(ax_t.get_yticklabels(), labels):
-        if label in sweep.infeasible:
-            tick.set_color(INFEASIBLE_EDGE)
-    ax_t.invert_yaxis()
-    ax_t.set_ylabel("sweep point")
+    label_points(ax_t, sweep, labels)
     handles = [Patch(facecolor="#55A868", label="intra-node (NVLink / PCIe)"),
                Patch(facecolor="#C44E52", label="network (NICs)")]
     if any_worst:

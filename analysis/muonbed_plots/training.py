@@ -15,7 +15,8 @@ grey and hatched; points whose backends disagree by more than 10 % carry ≠. Re
 training section are not drawn here."""
 
 from .common import fmt_time, get, num
-from .marks import DISAGREE_MARK, INFEASIBLE_COLOR, INFEASIBLE_EDGE, INFEASIBLE_HATCH
+from .marks import (DISAGREE_MARK, INFEASIBLE_COLOR, INFEASIBLE_EDGE, INFEASIBLE_HATCH,
+                    label_points)
 
 PARTS = [
     ("compute", "forward + backward compute", "#4C72B0"),
@@ -100,13 +101,7 @@ def plot_training(p, sweep, name):
     for ax in axes:
         ax.set_xlim(0, widest * 2.1)
     first = axes[0]
-    first.set_yticks(range(len(labels)))
-    first.set_yticklabels([sweep.display(lab) for lab in labels], fontsize=7.5)
-    for tick, label in zip(first.get_yticklabels(), labels):
-        if label in sweep.infeasible:
-            tick.set_color(INFEASIBLE_EDGE)
-    first.invert_yaxis()
-    first.set_ylabel("sweep point")
+    label_points(first, sweep, labels, fontsize=7.5)
     handles = [Patch(facecolor=c, label=t) for _, t, c in PARTS]
     handles.append(Line2D([0], [0], color="black", linestyle="--",
                           label="the AdamW step (same point, AdamW for every parameter)"))

@@ -373,6 +373,30 @@ TrainingEmission emit_training(PlanBuilder& b, const TrainingOptions& o) {
     return done;
   };
 
+  // The pipeline's point-to-point message of one micro-batch group from stage `from` to the
+  // next (activations, forward) or the previous one (their gradients, backward), on its own
+  // stream per stage and direction.
+  const auto pp_send = [&](int from, int to, int group, int after) {
+    const bool forward = to > from;
+    RankBox box = stage_box(from);
+    box.coord[pp] = RankBox::kAll;
+    Op send;
+    send.kind = OpKind::send;
+    send.stream =
+        b.stream(std::string(forward ? "pp.forward." : "pp.backward.") + std::to_string(from));
+    send.ranks = box;
+    send.group = DimSet::of({pp});
+    send.root = from;
+    send.peer = to;
+    send.tensor = TensorRole::activation;
+    send.bytes = group_tokens * hidden_bytes;
+    send.deps = {after};
+    send.label = std::string(forward ? "PP send activations" : "PP send gradients") + ", stage " +
+                 std::to_string(from) + " to " + std::to_string(to) + ", group " +
+                 std::to_string(group);
+    return b.emit(std::move(send));
+  };
+
   // Forward: stage by stage, group by group; a stage's first part waits for the activations the
   // stage before sent.
   const int stages = shape.stages;
@@ -388,23 +412,7 @@ TrainingEmission emit_training(PlanBuilder& b, const TrainingOptions& o) {
         last = pass(part, true, deps, g);
         deps = {last};
       }
-      if (s + 1 < stages && last >= 0) {
-        RankBox box = stage_box(s);
-        box.coord[pp] = RankBox::kAll;
-        Op send;
-        send.kind = OpKind::send;
-        send.stream = b.stream("pp.forward." + std::to_string(s));
-        send.ranks = box;
-        send.group = DimSet::of({pp});
-        send.root = s;
-        send.peer = s + 1;
-        send.tensor = TensorRole::activation;
-        send.bytes = group_tokens * hidden_bytes;
-        send.deps = {last};
-        send.label = "PP send activations, stage " + std::to_string(s) + " to " +
-                     std::to_string(s + 1) + ", group " + std::to_string(g);
-        arrived[s + 1][g] = b.emit(std::move(send));
-      }
+      if (s + 1 < stages && last >= 0) arrived[s + 1][g] = pp_send(s, s + 1, g, last);
     }
   }
   // Backward: the last stage first, groups in reverse; a stage waits for the gradients the stage
@@ -424,29 +432,12 @@ TrainingEmission emit_training(PlanBuilder& b, const TrainingOptions& o) {
         if (g == 0)  // the last group: the part's gradients are complete
           for (int p : part.params) out.gradient_ready[p].push_back(last);
       }
-      if (s > 0 && last >= 0) {
-        RankBox box = stage_box(s);
-        box.coord[pp] = RankBox::kAll;
-        Op send;
-        send.kind = OpKind::send;
-        send.stream = b.stream("pp.backward." + std::to_string(s));
-        send.ranks = box;
-        send.group = DimSet::of({pp});
-        send.root = s;
-        send.peer = s - 1;
-        send.tensor = TensorRole::activation;
-        send.bytes = group_tokens * hidden_bytes;
-        send.deps = {last};
-        send.label = "PP send gradients, stage " + std::to_string(s) + " to " +
-                     std::to_string(s - 1) + ", group " + std::to_string(g);
-        returned[s - 1][g] = b.emit(std::move(send));
-      }
+      if (s > 0 && last >= 0) returned[s - 1][g] = pp_send(s, s - 1, g, last);
       if (g == 0 && last >= 0) last_backward[s] = last;
     }
   }
   for (int id : last_backward)
     if (id >= 0) out.last_ops.push_back(id);
-  (void)stage_box;
   return out;
 }
 
