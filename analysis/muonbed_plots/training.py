@@ -42,66 +42,63 @@ def parts_of(doc):
 
 
 def plot_training(p, sweep, name):
-    from matplotlib.patches import Patch
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
     labels = [lab for lab in sweep.labels
-              if any(isinstance(get(sweep.record(lab, b).doc if sweep.record(lab, b) else {},
-                                    "training"), dict) for b in sweep.backends)]
+              if any(sweep.record(lab, b) is not None and
+                     isinstance(sweep.record(lab, b).doc.get("training"), dict)
+                     for b in sweep.backends)]
     backends = [b for b in sweep.backends
                 if any(sweep.record(lab, b) is not None for lab in labels)]
     nb = len(backends)
-    height = min(30.0, max(4.5, 1.9 + 0.30 * len(labels)))
-    fig = p.new_figure(min(19.0, 8.5 + 6.0 * nb), height)
-    # A thin row under the panels holds the legend (the text beside the bars runs to the right
-    # edge, where a legend would cover it).
-    grid = fig.add_gridspec(2, nb, height_ratios=[height - 0.9, 0.9])
-    axes = [fig.add_subplot(grid[0, 0])]
-    for b in range(1, nb):
-        axes.append(fig.add_subplot(grid[0, b], sharey=axes[0]))
-    legend_ax = fig.add_subplot(grid[1, :])
+    # One row per point, one thin bar per backend inside it (the first backend on top).
+    slot = 0.8 / nb
+    height = min(40.0, max(4.5, 2.6 + 0.22 * len(labels) * max(1, nb)))
+    fig = p.new_figure(17.0, height)
+    grid = fig.add_gridspec(2, 1, height_ratios=[height - 1.0, 1.0])
+    ax = fig.add_subplot(grid[0, 0])
+    legend_ax = fig.add_subplot(grid[1, 0])
     legend_ax.axis("off")
     widest = 100.0
-    for ax, backend in zip(axes, backends):
-        for i, label in enumerate(labels):
+    for i, label in enumerate(labels):
+        for k, backend in enumerate(backends):
+            y = i - 0.4 + slot * (k + 0.5)
             r = sweep.record(label, backend)
-            if r is None or not isinstance(r.doc.get("training"), dict):
-                ax.text(2, i, "no training result for this backend", va="center", fontsize=7,
-                        color="#888888", style="italic")
-                continue
-            adamw = num(r.doc, "training.adamw_step_s")
-            step, parts = parts_of(r.doc)
-            if adamw <= 0 or step <= 0:
-                ax.text(2, i, "no AdamW reference in this result", va="center", fontsize=7,
-                        color="#888888", style="italic")
+            adamw = num(r.doc, "training.adamw_step_s") if r is not None else 0.0
+            step, parts = parts_of(r.doc) if r is not None else (0.0, {})
+            if r is None or not isinstance(r.doc.get("training"), dict) or adamw <= 0 \
+                    or step <= 0:
+                ax.text(1, y, f"{backend}: no training result with an AdamW reference",
+                        va="center", fontsize=6.5, color="#888888", style="italic")
                 continue
             bad = label in sweep.infeasible
             left = 0.0
             for key, _, color in PARTS:
                 w = 100.0 * parts[key] / adamw
                 style = ({"color": INFEASIBLE_COLOR, "hatch": INFEASIBLE_HATCH,
-                          "edgecolor": INFEASIBLE_EDGE, "linewidth": 0.4} if bad else
-                         {"color": color, "edgecolor": "white", "linewidth": 0.4})
-                ax.barh(i, w, left=left, height=0.7, **style)
+                          "edgecolor": INFEASIBLE_EDGE, "linewidth": 0.3} if bad else
+                         {"color": color, "edgecolor": "white", "linewidth": 0.3})
+                ax.barh(y, w, left=left, height=slot * 0.9, **style)
                 left += w
             widest = max(widest, left)
             overhead = 100.0 * (step / adamw - 1)
-            text = (f"{fmt_time(step)}  (AdamW {fmt_time(adamw)}, Muon {overhead:+.1f} %, "
-                    f"MFU {100 * num(r.doc, 'training.mfu'):.0f} %)")
-            if label in sweep.disagree:
+            text = (f"{ORIGIN.get(backend, backend)}: {fmt_time(step)}  (AdamW "
+                    f"{fmt_time(adamw)}, Muon {overhead:+.1f} %, MFU "
+                    f"{100 * num(r.doc, 'training.mfu'):.0f} %)")
+            if k == 0 and label in sweep.disagree:
                 text += f"  {DISAGREE_MARK} {sweep.disagree[label]}"
-            if bad:
+            if k == 0 and bad:
                 text += f"  ⊘ exceeds {sweep.device} memory"
-            ax.text(left + 1.0, i, text, va="center", fontsize=6.8,
+            ax.text(left + 1.0, y, text, va="center", fontsize=6.3,
                     color=INFEASIBLE_EDGE if bad else "black")
-        ax.axvline(100.0, color="black", linewidth=1.0, linestyle="--")
-        ax.set_title(f"{backend}: {ORIGIN.get(backend, backend)}", fontsize=10)
-        ax.set_xlabel("% of the same point's AdamW step (dashed: the AdamW step)")
-        ax.grid(axis="x", color="#e0e0e0", linewidth=0.6)
-        ax.set_axisbelow(True)
-    for ax in axes:
-        ax.set_xlim(0, widest * 2.1)
-    first = axes[0]
-    label_points(first, sweep, labels, fontsize=7.5)
+    ax.axvline(100.0, color="black", linewidth=1.0, linestyle="--")
+    ax.set_xlim(0, widest * 2.4)
+    ax.set_xlabel("% of the same point's AdamW step (dashed: the AdamW step)")
+    ax.grid(axis="x", color="#e0e0e0", linewidth=0.6)
+    ax.set_axisbelow(True)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    label_points(ax, sweep, labels, fontsize=7.0)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
     handles = [Patch(facecolor=c, label=t) for _, t, c in PARTS]
     handles.append(Line2D([0], [0], color="black", linestyle="--",
                           label="the AdamW step (same point, AdamW for every parameter)"))
@@ -113,7 +110,8 @@ def plot_training(p, sweep, name):
         handles.append(Patch(facecolor="none", edgecolor="none",
                              label=f"{DISAGREE_MARK} backends disagree by > 10 %"))
     legend_ax.legend(handles=handles, loc="center", ncol=2, fontsize=7.5, frameon=False)
-    fig.suptitle(f"{name}: the training step with Muon, in % of the AdamW step "
-                 f"(compute, exposed communication, exposed optimizer)", fontsize=11.5)
+    order = ", ".join(f"{ORIGIN.get(b, b)}" for b in backends)
+    fig.suptitle(f"{name}: the training step with Muon in % of the AdamW step (compute, exposed "
+                 f"communication, exposed optimizer); bars per point: {order}", fontsize=11)
     p.footer(fig, sweep)
     p.save(fig, f"{name}-training")
