@@ -243,6 +243,18 @@ struct StepPlan {
 // The vectors are indexed by group-local member index of `rank`'s group instance.
 std::vector<std::int64_t> bytes_sent(const StepPlan& plan, const Op& op, int rank);
 std::vector<std::int64_t> bytes_received(const StepPlan& plan, const Op& op, int rank);
+// all_to_all: every transfer of the instance whose group (in group order) is `members`, as
+// (from, to) indices into it and bytes: one entry per param and member it moves between its owner
+// and that member (none of 0 bytes). Summed per (from, to) they are
+// bytes_sent(plan, op, members[from])[to], found in O(params x members) instead of the
+// O(params x members^2) of asking every member (an all-to-all over 2,048 members).
+struct PairBytes {
+  int from = 0;
+  int to = 0;
+  std::int64_t bytes = 0;
+};
+std::vector<PairBytes> all_to_all_transfers(const StepPlan& plan, const Op& op,
+                                            const std::vector<int>& members);
 // What member `rank` contributes to / ends with in a collective; with them the simulator lowers
 // collectives to algorithms without materializing per-peer tables:
 //   gather/scatter: the piece of this member; broadcast: the root's piece;
@@ -376,6 +388,9 @@ struct RankSummary {
   RankMemory memory;
 };
 RankSummary summarize_rank(const StepPlan& plan, int rank);
+// Every rank's summary (index = rank), equal to summarize_rank's for each, with each collective
+// instance's traffic computed once for all its members (muonbed plan of 16,384 ranks).
+std::vector<RankSummary> summarize_ranks(const StepPlan& plan);
 
 // Checks the structural invariants and throws PlanError naming the op and the rule broken:
 // ids are positions, deps point backwards, streams/buffers/params/roots in range, boxes fit the

@@ -74,8 +74,7 @@ void print_point(const Experiment& e, std::size_t index, std::size_t count, int 
                            plan.hyper_period());
 
   const int world = e.mesh.world_size();
-  std::vector<RankSummary> ranks(world);
-  for (int r = 0; r < world; ++r) ranks[r] = summarize_rank(plan, r);
+  const std::vector<RankSummary> ranks = summarize_ranks(plan);
 
   Table table({"rank", "node", "matrices", "NS GFLOP", "sent MiB", "recv MiB", "peak GiB"});
   auto row = [&](const RankSummary& s) {

@@ -527,3 +527,59 @@ TEST_CASE("broadcasts of results come after the receiving rank's momentum", "[st
     }
   }
 }
+
+TEST_CASE("every rank's summary at once equals each rank's own", "[strategy][summary]") {
+  // summarize_ranks computes each collective instance's traffic once for all its members
+  // (muonbed plan of 16,384 ranks); summarize_rank, the reference, sums bytes_sent and
+  // bytes_received peer by peer. Every topology x every strategy variant and preset.
+  int plans = 0;
+  for (const auto& topology : topologies()) {
+    const ShardedModel model = make_model(topology);
+    std::vector<StrategyOptions> variants = strategies();
+    for (const std::string& preset : strategy_preset_names())
+      variants.push_back(strategy_preset(preset, model.mesh.world_size()));
+    for (const StrategyOptions& options : variants) {
+      const StepPlan plan = build_plan(model, options, PlanSettings{});
+      const std::vector<RankSummary> all = summarize_ranks(plan);
+      REQUIRE(static_cast<int>(all.size()) == model.mesh.world_size());
+      std::int64_t moved = 0;
+      for (int r = 0; r < model.mesh.world_size(); ++r) {
+        INFO(topology.name << " | " << options.preset << " " << options.to_json_text() << " | rank "
+                           << r);
+        const RankSummary one = summarize_rank(plan, r);
+        CHECK(all[r].rank == r);
+        CHECK(all[r].matrices_owned == one.matrices_owned);
+        CHECK(all[r].ns_flops == one.ns_flops);
+        CHECK(all[r].bytes_sent == one.bytes_sent);
+        CHECK(all[r].bytes_received == one.bytes_received);
+        CHECK(all[r].memory.static_bytes == one.memory.static_bytes);
+        CHECK(all[r].memory.peak_transient_bytes == one.memory.peak_transient_bytes);
+        moved += one.bytes_sent;
+      }
+      if (model.mesh.world_size() > 1 && options.name != "replicated") CHECK(moved > 0);
+      // all_to_all_transfers, summed per pair, is bytes_sent of every member of every instance.
+      for (const Op& op : plan.ops) {
+        if (op.kind != OpKind::all_to_all) continue;
+        for (int r : op.ranks.ranks(model.mesh)) {
+          if (model.mesh.group_leader(r, op.group) != r) continue;
+          const std::vector<int> members = model.mesh.group_members(r, op.group);
+          const int n = static_cast<int>(members.size());
+          std::vector<std::vector<std::int64_t>> pairs(n, std::vector<std::int64_t>(n, 0));
+          for (const PairBytes& t : all_to_all_transfers(plan, op, members)) {
+            CHECK(t.bytes > 0);
+            CHECK(t.from != t.to);
+            pairs[t.from][t.to] += t.bytes;
+          }
+          for (int i = 0; i < n; ++i) {
+            INFO(topology.name << " | " << options.to_json_text() << " | op " << op.id
+                               << ", member " << i);
+            CHECK(pairs[i] == bytes_sent(plan, op, members[i]));
+          }
+        }
+      }
+      ++plans;
+    }
+  }
+  CHECK(plans == static_cast<int>(topologies().size() *
+                                  (strategies().size() + strategy_preset_names().size())));
+}

@@ -329,6 +329,32 @@ std::vector<std::int64_t> bytes_sent(const StepPlan& plan, const Op& op, int ran
   return out;
 }
 
+std::vector<PairBytes> all_to_all_transfers(const StepPlan& plan, const Op& op,
+                                            const std::vector<int>& members) {
+  std::vector<PairBytes> out;
+  if (op.kind != OpKind::all_to_all || members.empty()) return out;
+  const DeviceMesh& mesh = plan.mesh();
+  const int n = static_cast<int>(members.size());
+  const int leader = mesh.group_leader(members.front(), op.group);
+  const std::int64_t width = comm_bytes(plan);
+  for (int p : op.params) {
+    const int owner = plan.assignment.owner[p];
+    if (owner < 0 || owner >= mesh.world_size() || mesh.group_leader(owner, op.group) != leader)
+      continue;
+    const int o = mesh.group_index(owner, op.group);
+    for (int i = 0; i < n; ++i) {
+      if (i == o) continue;
+      const std::int64_t b = piece_numel(plan, p, members[i], op.gathered) * width;
+      if (b <= 0) continue;
+      if (op.direction == AllToAllDirection::to_owners)
+        out.push_back({i, o, b});
+      else
+        out.push_back({o, i, b});
+    }
+  }
+  return out;
+}
+
 std::vector<std::int64_t> bytes_received(const StepPlan& plan, const Op& op, int rank) {
   const auto& mesh = plan.mesh();
   const int n = mesh.group_size(op.group);
@@ -774,6 +800,133 @@ RankSummary summarize_rank(const StepPlan& plan, int rank) {
   }
   s.memory = rank_memory(plan, rank);
   return s;
+}
+
+namespace {
+
+// One collective instance's bytes sent and received per member, summed over its peers: the totals
+// of bytes_sent and bytes_received, computed once per instance instead of once per member and
+// peer (all_to_all over n members was O(n^2 x params) per instance that way).
+void add_instance_traffic(const StepPlan& plan, const Op& op, const std::vector<int>& members,
+                          std::vector<RankSummary>& out) {
+  const int n = static_cast<int>(members.size());
+  const std::int64_t width = comm_bytes(plan);
+  const auto sent = [&](int i, std::int64_t b) { out[members[i]].bytes_sent += b; };
+  const auto received = [&](int i, std::int64_t b) { out[members[i]].bytes_received += b; };
+  const auto pieces = [&](int i) { return pieces_bytes(plan, op, members[i], op.gathered); };
+  switch (op.kind) {
+    case OpKind::gather:
+    case OpKind::scatter: {
+      // Every member but the root moves its own piece to (gather) or from (scatter) the root.
+      std::int64_t total = 0;
+      for (int i = 0; i < n; ++i) {
+        if (i == op.root) continue;
+        const std::int64_t b = pieces(i);
+        total += b;
+        op.kind == OpKind::gather ? sent(i, b) : received(i, b);
+      }
+      op.kind == OpKind::gather ? received(op.root, total) : sent(op.root, total);
+      break;
+    }
+    case OpKind::broadcast: {
+      const std::int64_t b = pieces(op.root);
+      sent(op.root, (n - 1) * b);
+      for (int i = 0; i < n; ++i)
+        if (i != op.root) received(i, b);
+      break;
+    }
+    case OpKind::all_gather:
+    case OpKind::reduce_scatter: {
+      // all_gather: each member sends its piece to every other and receives theirs.
+      // reduce_scatter: each member sends every other that member's part, and receives its own
+      // part from each.
+      std::vector<std::int64_t> piece(n);
+      std::int64_t total = 0;
+      for (int i = 0; i < n; ++i) {
+        piece[i] = op.kind == OpKind::all_gather ? piece_bytes(plan, op, members[i]) : pieces(i);
+        total += piece[i];
+      }
+      for (int i = 0; i < n; ++i) {
+        const std::int64_t own = (n - 1) * piece[i], others = total - piece[i];
+        op.kind == OpKind::all_gather ? sent(i, own) : sent(i, others);
+        op.kind == OpKind::all_gather ? received(i, others) : received(i, own);
+      }
+      break;
+    }
+    case OpKind::all_reduce: {
+      // Member `me` of total T_me sends each other member i chunk_share(T_me, i) +
+      // chunk_share(T_me, me) (bytes_sent), and the chunk shares of one total sum to it.
+      std::vector<std::int64_t> total(n);
+      std::map<std::int64_t, int> totals;  // distinct totals and how many members hold each
+      std::int64_t own_shares = 0;         // sum over i of chunk_share(T_i, n, i)
+      for (int i = 0; i < n; ++i) {
+        total[i] = pieces(i) / width;
+        ++totals[total[i]];
+        own_shares += chunk_share(total[i], n, i);
+      }
+      for (int me = 0; me < n; ++me) {
+        const std::int64_t mine = chunk_share(total[me], n, me);
+        sent(me, (total[me] - mine + (n - 1) * mine) * width);
+        std::int64_t from_others = -mine + (own_shares - mine);
+        for (const auto& [t, count] : totals) from_others += count * chunk_share(t, n, me);
+        received(me, from_others * width);
+      }
+      break;
+    }
+    case OpKind::all_to_all:
+      for (const PairBytes& t : all_to_all_transfers(plan, op, members)) {
+        sent(t.from, t.bytes);
+        received(t.to, t.bytes);
+      }
+      break;
+    case OpKind::send:
+    case OpKind::recv: {
+      const std::int64_t b = pieces(op.root);
+      sent(op.root, b);
+      received(op.peer, b);
+      break;
+    }
+    case OpKind::split_newton_schulz:
+      // Symmetric: each member exchanges with every other its part and theirs of each all-reduce.
+      for (int me = 0; me < n; ++me) {
+        const SplitNsExchange x = split_ns_exchange(plan, op, members[me]);
+        const auto pairs = [&](std::int64_t t) {
+          const std::int64_t mine = chunk_share(t, n, me);
+          return t - mine + (n - 1) * mine;
+        };
+        const std::int64_t b = pairs(x.norm_elements) * bytes_of(DType::fp32) +
+                               x.steps * pairs(x.gram_elements) * width;
+        sent(me, b);
+        received(me, b);
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+std::vector<RankSummary> summarize_ranks(const StepPlan& plan) {
+  const DeviceMesh& mesh = plan.mesh();
+  const int world = mesh.world_size();
+  std::vector<RankSummary> out(world);
+  for (int r = 0; r < world; ++r) out[r].rank = r;
+  for (int owner : plan.assignment.owner)
+    if (owner >= 0 && owner < world) ++out[owner].matrices_owned;
+  std::vector<int> members;
+  for (const Op& op : plan.ops) {
+    if (op.kind == OpKind::newton_schulz || op.kind == OpKind::split_newton_schulz)
+      for (int r : op.ranks.ranks(mesh)) out[r].ns_flops += op_flops(plan, op, r);
+    if (!is_collective(op.kind) || op.kind == OpKind::barrier) continue;
+    for (int r : op.ranks.ranks(mesh)) {
+      if (mesh.group_leader(r, op.group) != r) continue;
+      members = mesh.group_members(r, op.group);
+      add_instance_traffic(plan, op, members, out);
+    }
+  }
+  for (int r = 0; r < world; ++r) out[r].memory = rank_memory(plan, r);
+  return out;
 }
 
 void validate_plan(const StepPlan& plan) {
