@@ -44,6 +44,9 @@ struct SimOptions {
   int auto_step_max_ranks = 256;
   bool isolate = true;       // run in a fork()ed child (see above)
   int trace_max_ranks = 64;  // ranks (lowest first) in the Chrome trace; 0 = no trace
+  // Not empty: while a simulation runs long, a progress line named so on stderr: redrawn in
+  // place on a terminal, else a line every 30 s (core/base/progress.hpp); never in results.
+  std::string progress_label;
   // Collective lowering.
   double broadcast_chunk_bytes = kBroadcastChunkBytes;  // pipelined chain: chunk size ...
   int broadcast_max_chunks = kBroadcastMaxChunks;       // ... and at most this many chunks

@@ -43,6 +43,9 @@ struct RunSettings {
   // shape of the profile's ns_table: core/results/calibration.hpp speed_probe). `muonbed bench
   // collective` sets it for its first and last sizes.
   bool speed_probe_from_profile = false;
+  // Not empty: a backend whose run takes long (the simulator) shows a progress line named so on
+  // stderr while it runs (core/base/progress.hpp).
+  std::string progress_label;
 };
 
 // What a run cost, for progress lines; not part of the results file (it is not deterministic).

@@ -122,6 +122,8 @@ PointOutcome run_one(const Experiment& point, const StepPlan& plan, const std::s
   const auto start = Clock::now();
   RunSettings settings;
   settings.trace_max_ranks = options.trace_ranks;
+  settings.progress_label =
+      (point.point_label.empty() ? point.name : point.point_label) + " [" + backend + "]";
   PointRun run = run_plan(point, plan, backend, settings);
   outcome.path = write_point(point, run);
   outcome.detail = fmt::format("{} {}", backend, human_seconds(seconds_since(start)));

@@ -11,6 +11,7 @@ PointRun run_sim(const Experiment& experiment, const StepPlan& plan, const RunSe
   SimOptions options;
   options.fidelity = experiment.sim_fidelity;
   options.trace_max_ranks = settings.trace_max_ranks;
+  options.progress_label = settings.progress_label;
   SimulationResult result = simulate(plan, experiment.cluster, options);
   PointRun run;
   run.record = std::move(result.record);

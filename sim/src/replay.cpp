@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -13,6 +14,7 @@
 #include <simgrid/s4u/Engine.hpp>
 
 #include "core/base/errors.hpp"
+#include "core/base/progress.hpp"
 #include "core/engine/cost_model.hpp"
 #include "core/engine/engine.hpp"
 #include "core/engine/timeline.hpp"
@@ -88,11 +90,19 @@ class Replay final : public OpHandler, public CompletionSink {
         engine_(index_, *this, index_.all_ranks()),
         timeline_(index_.world_size(), index_.num_ops(), options.trace_max_ranks),
         patterns_(step_patterns(plan)),
-        host_comm_(plan, cluster) {
+        host_comm_(plan, cluster),
+        progress_(options.progress_label, "the plan's rank-ops simulated",
+                  options.progress_label.empty() ? nullptr : &std::cerr,
+                  options.progress_in_place ? ProgressLine::Options{} : ProgressLine::for_log()) {
     traced_ = std::min(index_.world_size(), std::max(0, options.trace_max_ranks));
     compute_started_.assign(static_cast<std::size_t>(traced_) * index_.num_streams(), 0.0);
     if (has_training_ops(plan)) timeline_.track_phases(plan);
     options_.lowering.pooled_rooted = network_.can_pool();
+    // The progress line's measure: every (rank, op) the engine reaches over the patterns.
+    if (!options.progress_label.empty())
+      for (const StepPatternSpec& pattern : patterns_)
+        for (const Op& op : plan.ops)
+          if (index_.active(op.id, pattern.step)) rank_ops_ += op.ranks.count(plan.mesh());
   }
 
   void begin() { begin_pattern(0); }
@@ -121,7 +131,12 @@ class Replay final : public OpHandler, public CompletionSink {
   }
 
   // OpHandler
-  void reached(int rank, int /*op*/) override { timeline_.touch_finish(rank, rel_now()); }
+  void reached(int rank, int /*op*/) override {
+    timeline_.touch_finish(rank, rel_now());
+    progress_.update(++reached_, rank_ops_);
+  }
+
+  void end_progress() { progress_.finish(); }
 
   void start_compute(int rank, int op) override {
     const Op& o = plan_.ops[op];
@@ -374,6 +389,9 @@ class Replay final : public OpHandler, public CompletionSink {
 
   std::vector<StepPatternSpec> patterns_;
   HostCommCharge host_comm_;  // CPU ranks' message handling on their compute (cost_model.hpp)
+  ProgressLine progress_;
+  std::int64_t rank_ops_ = 0;  // what the progress line counts ...
+  std::int64_t reached_ = 0;   // ... and how many the engine reached so far
   int pattern_ = 0;
   int step_ = 0;
   bool pattern_active_ = false;
@@ -422,6 +440,7 @@ ReplayOutput replay_plan(const StepPlan& plan, const ClusterSpec& cluster, const
   auto replay = std::make_unique<Replay>(plan, cluster, topology, hosts, options);
   replay->begin();
   sg4::Engine::get_instance()->run();
+  replay->end_progress();
   replay->check_finished();
   stats.simgrid_transfers = replay->network().simgrid_transfers();
   stats.node_flows = replay->network().node_flows();

@@ -12,6 +12,7 @@
 // first ranks.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -35,6 +36,9 @@ struct ReplayOptions {
   bool net_fabric = true;         // SimOptions::flow_net_fabric
   int trace_max_ranks = 64;
   LoweringOptions lowering;
+  // A progress line on stderr while the replay runs long (core/base/progress.hpp); empty: none.
+  std::string progress_label;
+  bool progress_in_place = true;  // stderr is a terminal: redraw one line (else: a log's lines)
 };
 
 struct ReplayOutput {

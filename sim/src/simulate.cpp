@@ -3,6 +3,7 @@
 #include "sim/simulate.hpp"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -102,6 +103,8 @@ SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
   replay.latency_in_links = options.latency_weighted_sharing;
   replay.net_fabric = options.flow_net_fabric;
   replay.trace_max_ranks = options.trace_max_ranks;
+  replay.progress_label = options.progress_label;
+  replay.progress_in_place = isatty(STDERR_FILENO) != 0;
   replay.lowering.step_fidelity = replay.step_fidelity;
   replay.lowering.broadcast_chunk_bytes = options.broadcast_chunk_bytes;
   replay.lowering.broadcast_max_chunks = options.broadcast_max_chunks;
