@@ -18,8 +18,10 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -54,6 +56,7 @@ struct RunOptions {
   std::vector<std::string> points;
   std::string output;
   std::string fidelity;
+  std::string shard;  // --shard I/N
   int trace_ranks = 64;
   bool force = false;
   bool force_replace = false;
@@ -402,13 +405,14 @@ void cross_check_records(const Experiment& point, std::vector<ResultRecord>& rec
 
 // A run killed while writing leaves "<file>.muonbed-tmp-<pid>" (write_output_file). Remove those
 // whose writer is no live muonbed process, and only where muonbed writes and for the names it
-// writes: the manifest in each output folder and the result and trace files in each point's
-// folder. Nothing else is touched, however it is named; a live writer (a concurrent run) keeps
-// its own.
-int remove_stale_temp_files(const std::vector<Experiment>& points) {
+// writes: the manifest in each output folder (unless `manifests` is false) and the result and
+// trace files in each point's folder. Nothing else is touched, however it is named; a live writer
+// (a concurrent run) keeps its own. A shard passes only its own points and no manifests: a
+// writer on another host sharing the folder is no process here, yet alive.
+int remove_stale_temp_files(const std::vector<Experiment>& points, bool manifests) {
   std::map<fs::path, std::vector<std::string>> names;  // folder -> file names muonbed writes
   for (const Experiment& point : points) {
-    names[fs::path(point.output_dir)].push_back("muonbed-run.json");
+    if (manifests) names[fs::path(point.output_dir)].push_back("muonbed-run.json");
     const fs::path folder = fs::path(result_path(point, "x")).parent_path();
     for (const std::string& backend : known_backend_names()) {
       names[folder].push_back(backend + ".json");
@@ -442,8 +446,15 @@ int remove_stale_temp_files(const std::vector<Experiment>& points) {
 // identity (point_id), which analysis/plot.py matches against the file: a file replaced later
 // by another configuration's result is flagged, never plotted as this sweep's. Written before a
 // run starts (so a killed rerun of an edited experiment never leaves the old list behind) and
-// after it ends.
-void write_manifests(const std::vector<Experiment>& points, const Provenance& build) {
+// after it ends. build_manifests makes them (folder -> text) from the files present, with the
+// (point label, backend) of every result they list; write_manifests writes them.
+struct Manifests {
+  std::map<std::string, std::string> text;
+  std::set<std::pair<std::string, std::string>> listed;
+};
+
+Manifests build_manifests(const std::vector<Experiment>& points, const Provenance& build) {
+  Manifests out;
   std::map<std::string, nlohmann::json> manifests;
   std::map<std::string, std::vector<ResultRecord>> listed;  // output folder -> its records
   for (const Experiment& point : points) {
@@ -466,6 +477,7 @@ void write_manifests(const std::vector<Experiment>& points, const Provenance& bu
                               {"point", point.point_label},
                               {"point_id", record->provenance.point_id}});
       listed[point.output_dir].push_back(*record);
+      out.listed.emplace(point.point_label, backend);
       const fs::path trace = fs::path(path).replace_filename(std::string(backend) + ".trace.json");
       std::error_code ec;
       if (fs::exists(trace, ec))
@@ -489,7 +501,32 @@ void write_manifests(const std::vector<Experiment>& points, const Provenance& bu
             row.baseline_record ? row.baseline_record->provenance.point_id : ""},
            {"target_point_id", row.target_record ? row.target_record->provenance.point_id : ""}});
     manifest["seed_claims"] = std::move(rows);
-    write_file_atomically((fs::path(dir) / "muonbed-run.json").string(), manifest.dump(1) + "\n");
+    out.text[dir] = manifest.dump(1) + "\n";
+  }
+  return out;
+}
+
+// Shards of one sweep (--shard) write the manifest too, at the same time and maybe from several
+// hosts. Each rebuilds it from the files present, and after replacing it reads the files again,
+// writing again until what it wrote is what it finds: a writer that replaced a newer manifest
+// with its older view sees the results it missed and corrects it, so the last manifest written
+// lists every result finished before it. (On NFS a host may see another's new files late: after
+// the shards, one plain `muonbed run` rebuilds the manifest from every file; README "Splitting a
+// sweep".) Returns the (point label, backend) pairs the manifests list. `pause_ms` (tests only)
+// waits between reading the folder and replacing the manifest.
+std::set<std::pair<std::string, std::string>> write_manifests(const std::vector<Experiment>& points,
+                                                              const Provenance& build,
+                                                              double pause_ms = 0) {
+  constexpr int kMaxRounds = 100;  // each round needs another writer's new result: never reached
+  Manifests written = build_manifests(points, build);
+  for (int round = 0;; ++round) {
+    if (pause_ms > 0)
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(pause_ms));
+    for (const auto& [dir, text] : written.text)
+      write_file_atomically((fs::path(dir) / "muonbed-run.json").string(), text);
+    Manifests found = build_manifests(points, build);
+    if (found.text == written.text || round == kMaxRounds) return found.listed;
+    written = std::move(found);
   }
 }
 
@@ -528,10 +565,24 @@ int run_command(RunOptions& o) {
 #endif
   std::vector<Experiment> all = load_experiment(o.file);
   for (Experiment& point : all) apply_overrides(point, o);
-  std::vector<Experiment> points;
-  for (std::size_t i : select_points(all, o.points, o.file)) {
+  std::optional<Shard> shard;
+  if (!o.shard.empty()) shard = parse_shard(o.shard);
+  // The selection (--point), and the points this run runs: all of them, or its shard's.
+  const std::vector<std::size_t> selected = select_points(all, o.points, o.file);
+  std::vector<Experiment> selection, points;
+  for (std::size_t i : selected) {
+    selection.push_back(all[i]);
+    if (!o.backends.empty()) selection.back().backends = o.backends;
+  }
+  for (std::size_t i : shard ? shard_points(selected, *shard) : selected) {
     points.push_back(all[i]);
     if (!o.backends.empty()) points.back().backends = o.backends;
+  }
+  if (points.empty()) {
+    std::cout << fmt::format(
+        "{}: shard {}/{} has no points (the selection has {}; shards past it have none)\n",
+        all.front().name, shard->index, shard->count, selection.size());
+    return 0;
   }
   check_backends(points, o);
   check_output_folders(all, points, o.force_replace);
@@ -539,15 +590,18 @@ int run_command(RunOptions& o) {
   std::size_t total = 0;
   for (const Experiment& point : points) total += point.backends.size();
   const Experiment& first = points.front();
-  std::cout << fmt::format("{}: {} point{} x backends = {} run{}; results in {}\n", first.name,
-                           points.size(), points.size() == 1 ? "" : "s", total,
-                           total == 1 ? "" : "s", first.output_dir);
+  std::cout << fmt::format("{}: {}{} point{} x backends = {} run{}; results in {}\n", first.name,
+                           shard ? fmt::format("shard {}/{}: ", shard->index, shard->count) : "",
+                           shard ? fmt::format("{} of {}", points.size(), selection.size())
+                                 : std::to_string(points.size()),
+                           selection.size() == 1 ? "" : "s", total, total == 1 ? "" : "s",
+                           first.output_dir);
 
   std::vector<std::string> output_dirs;
   for (const Experiment& point : points)
     if (std::find(output_dirs.begin(), output_dirs.end(), point.output_dir) == output_dirs.end())
       output_dirs.push_back(point.output_dir);
-  if (const int removed = remove_stale_temp_files(all); removed > 0)
+  if (const int removed = remove_stale_temp_files(shard ? points : all, !shard); removed > 0)
     std::cout << fmt::format("removed {} unfinished temporary file{} of an interrupted run\n",
                              removed, removed == 1 ? "" : "s");
   const Provenance build = make_provenance(nullptr, "");
@@ -645,13 +699,34 @@ int run_command(RunOptions& o) {
   const std::string claims = seed_claims_table(records);
   if (!claims.empty()) std::cout << "\n" << claims;
 
-  write_manifests(all, build);
+  // Tests only: a pause before the last manifest replaces the one in the folder, so that other
+  // shards' results land in between (tests/experiments/shard_cli_test.sh).
+  const double pause_ms =
+      env_number("MUONBED_TEST_MANIFEST_DELAY_MS", 0, 10000, true, "200").value_or(0);
+  const auto listed = write_manifests(all, build, pause_ms);
   if (failures > 0) {
     std::cerr << fmt::format("muonbed: error: {} of {} runs failed (messages above)\n", failures,
                              total);
     return 1;
   }
-  if (!o.no_plots) make_plots(output_dirs, o.timelines);
+  if (o.no_plots) return 0;
+  // A shard plots when the manifest it wrote lists every run of the sweep (it finished last);
+  // before that the figures would show part of it.
+  std::size_t runs = 0, present = 0;
+  for (const Experiment& point : selection)
+    for (const std::string& backend : point.backends) {
+      ++runs;
+      present += listed.count({point.point_label, backend});
+    }
+  if (shard && present < runs) {
+    std::cout << fmt::format(
+        "\nplots: not yet: the results folder has {} of the sweep's {} runs; the shard that "
+        "finishes the sweep draws them, or run the same command without --shard once every "
+        "shard has ended (it runs what is missing, merges the manifest and plots)\n",
+        present, runs);
+    return 0;
+  }
+  make_plots(output_dirs, o.timelines);
   return 0;
 }
 
@@ -674,6 +749,12 @@ void add_run_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--fidelity", options->fidelity,
                   "simulator fidelity instead of the file's sim.fidelity")
       ->check(CLI::IsMember({"step", "flow", "auto"}));
+  cmd->add_option("--shard", options->shard,
+                  "run only shard I of N: the selected points at positions I, I+N, I+2N, ... "
+                  "(1-based), into the same results folder as the other shards (Slurm job "
+                  "arrays, GNU parallel, hosts sharing a file system; README \"Splitting a "
+                  "sweep\")")
+      ->type_name("I/N");
   cmd->add_option("--trace-ranks", options->trace_ranks,
                   "ranks in the Chrome trace of the sim and mpi backends (0: no trace)")
       ->check(CLI::Range(0, 1 << 20));
@@ -690,6 +771,8 @@ void add_run_command(CLI::App& app, int& exit_code) {
   cmd->footer(R"(Examples:
   muonbed run experiments/quickstart.yaml            simulate every strategy on one DGX H100 node
   muonbed run experiments/scaling.yaml --point mesh.dp_shard=128   one point of a sweep
+  muonbed run experiments/scaling.yaml --shard 2/4   every 4th point from the 2nd (job arrays);
+                                                     then without --shard: merge and plot
   muonbed run experiments/quickstart.yaml --backend analytic --output results/qs-analytic
   muonbed run experiments/mpi_quickstart.yaml        measure real steps, one MPI process per rank
   mpirun -np 2 muonbed run experiments/mpi_quickstart.yaml   the same in a world you started

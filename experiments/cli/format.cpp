@@ -164,4 +164,43 @@ std::vector<std::size_t> select_points(const std::vector<Experiment>& points,
   return selected;
 }
 
+Shard parse_shard(const std::string& text) {
+  constexpr int kMaxShards = 10000;  // as many as a sweep has points at most
+  const std::string fix =
+      "write --shard I/N with 1 <= I <= N <= " + std::to_string(kMaxShards) +
+      ": shards count from 1 (--shard 1/4 .. --shard 4/4; with 0-based job array ids use "
+      "$((SLURM_ARRAY_TASK_ID + 1)))";
+  const std::size_t slash = text.find('/');
+  const auto number = [&](const std::string& part, int& out) {
+    if (part.empty() || part.size() > 5 ||
+        part.find_first_not_of("0123456789") != std::string::npos)
+      return false;
+    out = std::stoi(part);
+    return true;
+  };
+  Shard shard;
+  if (slash == std::string::npos || !number(text.substr(0, slash), shard.index) ||
+      !number(text.substr(slash + 1), shard.count))
+    throw ConfigError(SourceLocation{}, "--shard '" + text + "' is not I/N", fix);
+  if (shard.count < 1 || shard.count > kMaxShards)
+    throw ConfigError(SourceLocation{},
+                      "--shard '" + text + "': N = " + std::to_string(shard.count) +
+                          " shards is outside 1.." + std::to_string(kMaxShards),
+                      fix);
+  if (shard.index < 1 || shard.index > shard.count)
+    throw ConfigError(SourceLocation{},
+                      "--shard '" + text + "': shard " + std::to_string(shard.index) +
+                          " does not exist (shards are 1.." + std::to_string(shard.count) + ")",
+                      fix);
+  return shard;
+}
+
+std::vector<std::size_t> shard_points(const std::vector<std::size_t>& selected, Shard shard) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = static_cast<std::size_t>(shard.index - 1); i < selected.size();
+       i += static_cast<std::size_t>(shard.count))
+    out.push_back(selected[i]);
+  return out;
+}
+
 }  // namespace muonbed::cli

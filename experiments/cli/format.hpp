@@ -48,4 +48,15 @@ std::vector<std::size_t> select_points(const std::vector<Experiment>& points,
                                        const std::vector<std::string>& filters,
                                        const std::string& file);
 
+// `--shard I/N` of `muonbed run`: shard I (1-based) of N runs the selected points whose position
+// in the selection is I-1, I-1+N, I-1+2N, ... (for job arrays, GNU parallel, several hosts).
+struct Shard {
+  int index = 1;  // 1..count
+  int count = 1;
+};
+// Parses "I/N" (1 <= I <= N <= 10,000); a ConfigError naming the text and the fix otherwise.
+Shard parse_shard(const std::string& text);
+// The positions in `selected` that shard `shard` runs, in order.
+std::vector<std::size_t> shard_points(const std::vector<std::size_t>& selected, Shard shard);
+
 }  // namespace muonbed::cli
