@@ -389,8 +389,11 @@ struct RankSummary {
 };
 RankSummary summarize_rank(const StepPlan& plan, int rank);
 // Every rank's summary (index = rank), equal to summarize_rank's for each, with each collective
-// instance's traffic computed once for all its members (muonbed plan of 16,384 ranks).
-std::vector<RankSummary> summarize_ranks(const StepPlan& plan);
+// instance's traffic computed once for all its members (muonbed plan of 16,384 ranks). With
+// `training` (every rank's training_memory, computed already) the memory comes from it:
+// optimizer_step() is rank_memory.
+std::vector<RankSummary> summarize_ranks(const StepPlan& plan,
+                                         const std::vector<TrainingMemory>* training = nullptr);
 
 // Checks the structural invariants and throws PlanError naming the op and the rule broken:
 // ids are positions, deps point backwards, streams/buffers/params/roots in range, boxes fit the

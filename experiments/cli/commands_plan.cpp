@@ -74,7 +74,11 @@ void print_point(const Experiment& e, std::size_t index, std::size_t count, int 
                            plan.hyper_period());
 
   const int world = e.mesh.world_size();
-  const std::vector<RankSummary> ranks = summarize_ranks(plan);
+  // Every rank's training state once: the feasibility below and the table's peak column.
+  std::vector<TrainingMemory> training;
+  training.reserve(world);
+  for (int r = 0; r < world; ++r) training.push_back(training_memory(plan, r));
+  const std::vector<RankSummary> ranks = summarize_ranks(plan, &training);
 
   Table table({"rank", "node", "matrices", "NS GFLOP", "sent MiB", "recv MiB", "peak GiB"});
   auto row = [&](const RankSummary& s) {
@@ -120,7 +124,7 @@ void print_point(const Experiment& e, std::size_t index, std::size_t count, int 
   // The training state around the step (parameters, fp32 master weights, gradients, state,
   // transients, activations) against the device's memory, on every rank.
   const auto limit = static_cast<std::int64_t>(e.cluster.gpu.memory_GiB * 1024.0 * 1024.0 * 1024.0);
-  const MemoryFeasibility feasibility = memory_feasibility(plan, limit);
+  const MemoryFeasibility feasibility = memory_feasibility(training, limit);
   std::cout << fmt::format(
       "{}  training memory {}{}\n", feasibility.feasible() ? "memory   " : "INFEASIBLE",
       memory_feasibility_text(feasibility, e.cluster.gpu.name, world),

@@ -210,11 +210,11 @@ class Replay final : public OpHandler, public CompletionSink {
         break;
       }
       case OpKind::all_to_all: {
-        spec.a2a.resize(n);
-        for (int i = 0; i < n; ++i) {
-          const auto sent = bytes_sent(plan_, o, spec.members[i]);
-          spec.a2a[i].assign(sent.begin(), sent.end());
-        }
+        // bytes_sent of every member, built from the instance's transfers at once (whole
+        // numbers of bytes: the same sums in any order).
+        spec.a2a.assign(n, std::vector<double>(n, 0.0));
+        for (const PairBytes& t : all_to_all_transfers(plan_, o, spec.members))
+          spec.a2a[t.from][t.to] += static_cast<double>(t.bytes);
         bytes = static_cast<double>(collective_bytes(plan_, o, instance.leader));
         break;
       }

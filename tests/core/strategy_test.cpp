@@ -542,6 +542,10 @@ TEST_CASE("every rank's summary at once equals each rank's own", "[strategy][sum
       const StepPlan plan = build_plan(model, options, PlanSettings{});
       const std::vector<RankSummary> all = summarize_ranks(plan);
       REQUIRE(static_cast<int>(all.size()) == model.mesh.world_size());
+      std::vector<TrainingMemory> training;
+      for (int r = 0; r < model.mesh.world_size(); ++r)
+        training.push_back(training_memory(plan, r));
+      const std::vector<RankSummary> with_training = summarize_ranks(plan, &training);
       std::int64_t moved = 0;
       for (int r = 0; r < model.mesh.world_size(); ++r) {
         INFO(topology.name << " | " << options.preset << " " << options.to_json_text() << " | rank "
@@ -554,6 +558,8 @@ TEST_CASE("every rank's summary at once equals each rank's own", "[strategy][sum
         CHECK(all[r].bytes_received == one.bytes_received);
         CHECK(all[r].memory.static_bytes == one.memory.static_bytes);
         CHECK(all[r].memory.peak_transient_bytes == one.memory.peak_transient_bytes);
+        CHECK(with_training[r].memory.static_bytes == one.memory.static_bytes);
+        CHECK(with_training[r].memory.peak_transient_bytes == one.memory.peak_transient_bytes);
         moved += one.bytes_sent;
       }
       if (model.mesh.world_size() > 1 && options.name != "replicated") CHECK(moved > 0);

@@ -907,7 +907,8 @@ void add_instance_traffic(const StepPlan& plan, const Op& op, const std::vector<
 
 }  // namespace
 
-std::vector<RankSummary> summarize_ranks(const StepPlan& plan) {
+std::vector<RankSummary> summarize_ranks(const StepPlan& plan,
+                                         const std::vector<TrainingMemory>* training) {
   const DeviceMesh& mesh = plan.mesh();
   const int world = mesh.world_size();
   std::vector<RankSummary> out(world);
@@ -925,7 +926,8 @@ std::vector<RankSummary> summarize_ranks(const StepPlan& plan) {
       add_instance_traffic(plan, op, members, out);
     }
   }
-  for (int r = 0; r < world; ++r) out[r].memory = rank_memory(plan, r);
+  for (int r = 0; r < world; ++r)
+    out[r].memory = training ? training->at(r).optimizer_step() : rank_memory(plan, r);
   return out;
 }
 
