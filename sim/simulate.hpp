@@ -13,7 +13,10 @@
 //         traffic), and so are the links between nodes (sim/src/net_fabric.hpp, with
 //         flow_net_fabric), where a gather or scatter with more than flow_pooled_members remote
 //         members is one pooled flow. For scale.
-//   auto  step up to `auto_step_max_ranks` ranks (256), flow above.
+//   auto  flow where tests/sim/fidelity_test.cpp shows flow within 1 % of step for plans like
+//         this one, else step up to `auto_step_max_ranks` ranks (64), else flow with a warning
+//         (sim/src/fidelity.hpp: the rule, and what keeps a plan out of the proven class); the
+//         record's note says which it picked and why.
 // Step and flow agree within 3% on tests/sim's matrix of collectives, group sizes and layouts
 // (PCIe nodes included), except a smaller (64 MB) ring all-reduce mixing NVLink and NIC edges
 // (flow up to 7% slower: the step model's own jumps of a few percent under sub-microsecond
@@ -41,7 +44,10 @@ namespace muonbed {
 
 struct SimOptions {
   std::string fidelity = "auto";  // step | flow | auto
-  int auto_step_max_ranks = 256;
+  // auto: the most ranks it simulates at step fidelity a plan whose flow fidelity is not proven
+  // (larger ones run at flow with a warning): step took 5 s at 64 GPUs and 57 s at 256 on
+  // llama-70B keller_jordan on the 2-core VM (experiments/BENCHMARKS.md, "Fidelity auto").
+  int auto_step_max_ranks = 64;
   bool isolate = true;       // run in a fork()ed child (see above)
   int trace_max_ranks = 64;  // ranks (lowest first) in the Chrome trace; 0 = no trace
   // Not empty: while a simulation runs long, a progress line named so on stderr: redrawn in
@@ -101,8 +107,10 @@ struct SimulationResult {
   SimulationStats stats;
 };
 
-// "step" or "flow" for this plan size; throws ConfigError-like Error for an unknown name.
-std::string resolve_fidelity(const SimOptions& options, int world_size);
+// "step" or "flow" for this plan (auto: sim/src/fidelity.hpp's rule; `why`, when given, gets
+// its reason); throws Error for an unknown name or step fidelity above kMaxStepFidelityRanks.
+std::string resolve_fidelity(const SimOptions& options, const StepPlan& plan,
+                             const ClusterSpec& cluster, std::string* why = nullptr);
 // Throws PlanError with the fix when the plan cannot run on the cluster (too few GPUs, missing
 // bandwidths), before any simulation work.
 void check_simulable(const StepPlan& plan, const ClusterSpec& cluster);

@@ -25,6 +25,9 @@ namespace muonbed {
 // The note deterministic backends (analytic, sim) add to their records: the experiment's steps,
 // repeats and seed are for measured backends.
 extern const char* const kDeterministicNote;
+// The start of the note a simulated record carries when its experiment left the fidelity to
+// `auto`: which fidelity the rule picked and why (sim/src/fidelity.hpp); `muonbed run` prints it.
+inline constexpr const char* kAutoFidelityNote = "sim.fidelity auto picked ";
 
 // Settings of a run that are not part of the experiment.
 struct RunSettings {

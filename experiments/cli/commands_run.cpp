@@ -648,7 +648,8 @@ int run_command(RunOptions& o) {
             human_seconds(outcome.record.step.average_s),
             human_seconds(outcome.record.step.worst_s), human_seconds(plan_s), outcome.detail);
         for (const std::string& note : outcome.record.notes)
-          if (note.rfind("warning:", 0) == 0) std::cout << "    " << note << "\n";
+          if (note.rfind("warning:", 0) == 0 || note.rfind(kAutoFidelityNote, 0) == 0)
+            std::cout << "    " << note << "\n";
         std::cout << std::flush;
         records.push_back(std::move(outcome.record));
       } catch (const ConfigError&) {

@@ -68,8 +68,9 @@ std::string simgrid_version() {
   return module().simgrid_version();
 }
 
-std::string resolve_fidelity(const SimOptions& options, int world_size) {
-  return module().resolve_fidelity(options, world_size);
+std::string resolve_fidelity(const SimOptions& options, const StepPlan& plan,
+                             const ClusterSpec& cluster, std::string* why) {
+  return module().resolve_fidelity(options, plan, cluster, why);
 }
 
 void check_simulable(const StepPlan& plan, const ClusterSpec& cluster) {

@@ -9,12 +9,13 @@
 
 namespace muonbed {
 
-inline constexpr int kSimgridModuleAbi = 1;
+inline constexpr int kSimgridModuleAbi = 2;
 
 struct SimgridModuleEntry {
   int abi = kSimgridModuleAbi;
   std::string (*simgrid_version)() = nullptr;
-  std::string (*resolve_fidelity)(const SimOptions& options, int world_size) = nullptr;
+  std::string (*resolve_fidelity)(const SimOptions& options, const StepPlan& plan,
+                                  const ClusterSpec& cluster, std::string* why) = nullptr;
   void (*check_simulable)(const StepPlan& plan, const ClusterSpec& cluster) = nullptr;
   SimulationResult (*simulate)(const StepPlan& plan, const ClusterSpec& cluster,
                                const SimOptions& options) = nullptr;

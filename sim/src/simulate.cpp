@@ -16,6 +16,8 @@
 
 #include "core/base/errors.hpp"
 #include "core/experiment/experiment.hpp"
+#include "core/results/run_point.hpp"
+#include "sim/src/fidelity.hpp"
 #include "sim/src/isolate.hpp"
 #include "sim/src/platform.hpp"
 #include "sim/src/replay.hpp"
@@ -72,7 +74,8 @@ SimulationStats stats_from_text(const std::string& text) {
 // One simulation in this process. SimGrid's engine is never destroyed: 3.32 cannot be
 // re-initialized anyway, and the isolated child exits right after.
 SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
-                               const SimOptions& options, const std::string& fidelity) {
+                               const SimOptions& options, const std::string& fidelity,
+                               const std::string& auto_note) {
   static bool used = false;
   if (used)
     throw Error(
@@ -145,6 +148,7 @@ SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
                                         "remote members as one pooled flow")
                           : std::string()));
   record.notes.push_back(note.str());
+  if (!auto_note.empty()) record.notes.push_back(auto_note);
   if (fidelity == "flow") {
     int largest_merged = 0, rounds = 0;
     for (const CollectiveResult& c : record.collectives) {
@@ -179,16 +183,20 @@ std::string simgrid_version() {
          std::to_string(SIMGRID_VERSION_PATCH);
 }
 
-std::string resolve_fidelity(const SimOptions& options, int world_size) {
+std::string resolve_fidelity(const SimOptions& options, const StepPlan& plan,
+                             const ClusterSpec& cluster, std::string* why) {
+  const int world_size = plan.mesh().world_size();
   if (options.fidelity == "step" && world_size > kMaxStepFidelityRanks)
     throw Error("sim: step fidelity models every transfer, and " + std::to_string(world_size) +
                 " ranks would take hours (the limit is " + std::to_string(kMaxStepFidelityRanks) +
                 "); fix: use flow or auto");
-  if (options.fidelity == "step" || options.fidelity == "flow") return options.fidelity;
-  if (options.fidelity == "auto")
-    return world_size <= options.auto_step_max_ranks ? "step" : "flow";
-  throw Error("sim: unknown fidelity '" + options.fidelity +
-              "'; fix: use step, flow or auto (sim.fidelity in the experiment)");
+  if (options.fidelity != "step" && options.fidelity != "flow" && options.fidelity != "auto")
+    throw Error("sim: unknown fidelity '" + options.fidelity +
+                "'; fix: use step, flow or auto (sim.fidelity in the experiment)");
+  const sim::FidelityChoice choice =
+      sim::choose_fidelity(sim::fidelity_case(plan, cluster, options), options);
+  if (why) *why = choice.reason;
+  return choice.fidelity;
 }
 
 void check_simulable(const StepPlan& plan, const ClusterSpec& cluster) {
@@ -207,11 +215,15 @@ void check_simulable(const StepPlan& plan, const ClusterSpec& cluster) {
 SimulationResult simulate(const StepPlan& plan, const ClusterSpec& cluster,
                           const SimOptions& options) {
   check_simulable(plan, cluster);
-  const std::string fidelity = resolve_fidelity(options, plan.mesh().world_size());
-  if (!options.isolate) return simulate_here(plan, cluster, options, fidelity);
+  std::string why;
+  const std::string fidelity = resolve_fidelity(options, plan, cluster, &why);
+  // auto says what it picked and why, in the record and (muonbed run) under the run line.
+  const std::string auto_note =
+      options.fidelity == "auto" ? std::string(kAutoFidelityNote) + fidelity + ": " + why : "";
+  if (!options.isolate) return simulate_here(plan, cluster, options, fidelity, auto_note);
 
   const sim::IsolatedRun run = sim::run_isolated([&]() {
-    SimulationResult r = simulate_here(plan, cluster, options, fidelity);
+    SimulationResult r = simulate_here(plan, cluster, options, fidelity, auto_note);
     std::string out;
     put_segment(out, result_to_json(r.record));
     put_segment(out, r.trace.is_null() ? std::string() : r.trace.dump());

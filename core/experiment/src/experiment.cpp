@@ -1755,7 +1755,7 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* c
            "sim.fidelity step models every transfer, and this mesh has " +
                std::to_string(e.mesh.world_size()) + " ranks (step fidelity takes hours above " +
                std::to_string(kMaxStepFidelityRanks) + ")",
-           "use fidelity: flow (or auto, which picks step only up to 256 ranks and where flow "
+           "use fidelity: flow (or auto, which picks step only up to 64 ranks and where flow "
            "is not proven within 1 % of it)");
   }
   if (const Field* f = top.find("memory")) read_memory(ctx, *f, e.memory);
