@@ -76,6 +76,9 @@ class RankStore {
     }
   };
   void check_range(int tensor, std::int64_t offset, std::int64_t count) const;
+  // Elements [at, at + n) widened to fp32 / rounded to the storage's dtype, unchecked.
+  static void widen(const Storage& s, std::int64_t at, std::int64_t n, float* out);
+  static void narrow(Storage& s, std::int64_t at, std::int64_t n, const float* in);
   template <typename Fn>
   void walk(const View& view, Fn&& fn) const;
   bool scratch(int tensor) const;

@@ -34,6 +34,22 @@ void check_dtype(int rank, const ProgramTensor& t) {
 
 }  // namespace
 
+void RankStore::widen(const Storage& s, std::int64_t at, std::int64_t n, float* out) {
+  if (!s.fp32.empty()) {
+    std::copy_n(s.fp32.data() + at, n, out);
+  } else {
+    bf16_bits_to_floats(s.bf16.data() + at, out, n);
+  }
+}
+
+void RankStore::narrow(Storage& s, std::int64_t at, std::int64_t n, const float* in) {
+  if (!s.fp32.empty()) {
+    std::copy_n(in, n, s.fp32.data() + at);
+  } else {
+    floats_to_bf16_bits(in, s.bf16.data() + at, n);
+  }
+}
+
 RankStore::RankStore(const RankProgram& program)
     : program_(&program), storage_(program.tensors.size()), live_(program.tensors.size(), 0) {
   try {
@@ -112,24 +128,12 @@ void RankStore::check_range(int tensor, std::int64_t offset, std::int64_t count)
 
 void RankStore::read(int tensor, std::int64_t offset, std::int64_t count, float* out) const {
   check_range(tensor, offset, count);
-  const Storage& s = storage_[tensor];
-  if (!s.fp32.empty()) {
-    std::copy_n(s.fp32.data() + offset, count, out);
-  } else {
-    const std::uint16_t* in = s.bf16.data() + offset;
-    for (std::int64_t i = 0; i < count; ++i) out[i] = bf16_bits_to_float(in[i]);
-  }
+  widen(storage_[tensor], offset, count, out);
 }
 
 void RankStore::write(int tensor, std::int64_t offset, std::int64_t count, const float* in) {
   check_range(tensor, offset, count);
-  Storage& s = storage_[tensor];
-  if (!s.fp32.empty()) {
-    std::copy_n(in, count, s.fp32.data() + offset);
-  } else {
-    std::uint16_t* out = s.bf16.data() + offset;
-    for (std::int64_t i = 0; i < count; ++i) out[i] = float_to_bf16_bits(in[i]);
-  }
+  narrow(storage_[tensor], offset, count, in);
 }
 
 std::vector<float> RankStore::read(int tensor, std::int64_t offset, std::int64_t count) const {
@@ -160,14 +164,19 @@ const std::byte* RankStore::bytes(int tensor) const {
 
 template <typename Fn>
 void RankStore::walk(const View& view, Fn&& fn) const {
+  // Checked once per segment (the tensor is live) and per run (bounds), so that the element loops
+  // of views with many short runs (strided pieces, all_to_all staging) stay cheap.
   for (const Segment& s : view.segments) {
+    check_range(s.tensor, 0, 0);
+    const std::int64_t numel = program_->tensors[s.tensor].numel;
     for (const Run& r : s.runs) {
-      check_range(s.tensor, r.tensor, r.length);
-      if (r.sequence < 0 || r.sequence + r.length > view.count)
+      if (r.tensor < 0 || r.length < 0 || r.tensor + r.length > numel || r.sequence < 0 ||
+          r.sequence + r.length > view.count)
         throw ExecutionError("rank " + std::to_string(rank()) + ": a run of " +
-                             std::to_string(r.length) + " elements at sequence offset " +
-                             std::to_string(r.sequence) + " lies outside its view of " +
-                             std::to_string(view.count));
+                             std::to_string(r.length) + " elements at " + std::to_string(r.tensor) +
+                             " (sequence offset " + std::to_string(r.sequence) + ") lies outside " +
+                             program_->tensors[s.tensor].name + " (" + std::to_string(numel) +
+                             " elements) or its view of " + std::to_string(view.count));
       fn(s.tensor, r.tensor, r.sequence, r.length);
     }
   }
@@ -175,13 +184,13 @@ void RankStore::walk(const View& view, Fn&& fn) const {
 
 void RankStore::read(const View& view, float* out) const {
   walk(view, [&](int tensor, std::int64_t at, std::int64_t seq, std::int64_t n) {
-    read(tensor, at, n, out + seq);
+    widen(storage_[tensor], at, n, out + seq);
   });
 }
 
 void RankStore::write(const View& view, const float* in) {
   walk(view, [&](int tensor, std::int64_t at, std::int64_t seq, std::int64_t n) {
-    write(tensor, at, n, in + seq);
+    narrow(storage_[tensor], at, n, in + seq);
   });
 }
 
