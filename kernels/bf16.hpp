@@ -40,4 +40,24 @@ inline void round_to_bf16(float* values, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) values[i] = round_to_bf16(values[i]);
 }
 
+// Bulk conversions for CPU storage in bf16 (backends/cpu's RankStore, message encoding): the same
+// bits as float_to_bf16_bits / bf16_bits_to_float, written without branches so that the compiler
+// vectorizes them (NaN chosen by a select, not a jump).
+inline void floats_to_bf16_bits(const float* in, std::uint16_t* out, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, in + i, sizeof bits);
+    const std::uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const std::uint32_t quiet_nan = (bits >> 16) | 0x0040u;
+    out[i] = static_cast<std::uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  }
+}
+
+inline void bf16_bits_to_floats(const std::uint16_t* in, float* out, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint32_t wide = static_cast<std::uint32_t>(in[i]) << 16;
+    std::memcpy(out + i, &wide, sizeof wide);
+  }
+}
+
 }  // namespace muonbed

@@ -150,6 +150,9 @@ void adamw_update_cuda(CudaContext& ctx, const AdamWConfig& params, std::int64_t
 // out[i] = float(scale * counter_uniform(seed, stream, first_index + i)): the CPU's fill_uniform.
 void fill_uniform_cuda(CudaContext& ctx, float* out, std::int64_t n, std::uint64_t seed,
                        std::uint64_t stream, double scale, std::int64_t first_index = 0);
+// The same values rounded to bf16 (round to nearest even), stored as bf16.
+void fill_uniform_bf16_cuda(CudaContext& ctx, void* out, std::int64_t n, std::uint64_t seed,
+                            std::uint64_t stream, double scale, std::int64_t first_index = 0);
 
 // --- Shard pack / unpack
 // --------------------------------------------------------------------------
@@ -178,23 +181,27 @@ void unpack_shard_cuda(CudaContext& ctx, const DeviceShardTable& table, const vo
 
 // --- Rank-program element maps and small step kernels (the GPU executors, backends/gpu) -------
 
-// A run table on the device: `num_runs` triples (sequence, pool, length) of int64, sorted by
-// sequence and covering sequence elements [0, elements) without gaps: sequence element s of a run
-// is element pool + (s - sequence) of a rank's fp32 pool. Built on the host by backends/gpu.
+// A run table on the device: `num_runs` runs of kRunFields int64 (sequence, pool byte offset,
+// length, element bytes), sorted by sequence and covering sequence elements [0, elements) without
+// gaps: sequence element s of a run is the element at byte pool + (s - sequence) * element_bytes
+// of a rank's pool, an fp32 value (element bytes 4) or a bf16 one (2). Built on the host by
+// backends/gpu.
+inline constexpr int kRunFields = 4;
 struct DeviceRuns {
   const std::int64_t* runs = nullptr;
   std::int64_t num_runs = 0;
   std::int64_t elements = 0;
 };
 
-// out[s] = pool[map(s)] for s < runs.elements, written as fp32 (out_element_bytes 4) or as bf16
-// (2: round to nearest even, kernels/bf16.hpp's float_to_bf16_bits, so the bits equal the CPU's
-// encode). Asynchronous on `stream`.
-void gather_runs_cuda(CUstream_st* stream, const float* pool, const DeviceRuns& runs, void* out,
+// out[s] = pool element map(s), widened to fp32, for s < runs.elements, written as fp32
+// (out_element_bytes 4) or as bf16 (2: round to nearest even, kernels/bf16.hpp's
+// float_to_bf16_bits, so the bits equal the CPU's encode). Asynchronous on `stream`.
+void gather_runs_cuda(CUstream_st* stream, const void* pool, const DeviceRuns& runs, void* out,
                       int out_element_bytes);
-// pool[map(s)] = in[s] (or += in[s] in fp32 when `accumulate`), `in` fp32 or bf16 (widened
-// exactly). Asynchronous on `stream`.
-void scatter_runs_cuda(CUstream_st* stream, float* pool, const DeviceRuns& runs, const void* in,
+// pool element map(s) = in[s] (or, when `accumulate`, the element plus in[s] in fp32), `in` fp32
+// or bf16 (widened exactly), stored rounded to nearest even to the element's dtype: the CPU
+// store's write and accumulate (backends/cpu/store.hpp). Asynchronous on `stream`.
+void scatter_runs_cuda(CUstream_st* stream, void* pool, const DeviceRuns& runs, const void* in,
                        int in_element_bytes, bool accumulate);
 // data[i] = round_to_bf16(data[i]) (the value a bf16 buffer holds), i < n.
 void round_to_bf16_cuda(CUstream_st* stream, float* data, std::int64_t n);

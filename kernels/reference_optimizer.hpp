@@ -30,6 +30,14 @@ struct ReferenceOptions {
   // as a distributed step does when it moves updates in that dtype: then a distributed step that
   // only moves data agrees with the reference bit for bit.
   bool round_to_comm_dtype = false;
+  // Store parameters in their dtype (Parameter::dtype) and the optimizer state (momentum, AdamW's
+  // moments) in `state_dtype`, as a plan's executors store them (the plan's rank_memory counts
+  // them so; there are no fp32 master copies): each value is computed in T from the stored values
+  // and rounded to nearest even to its storage dtype when stored: a parameter at the end of its
+  // step (after its update and QK-clip), the state after its update. A parameter's initial values
+  // are rounded by round_to_storage. Off: everything stays in T. fp32 and bf16 are emulated.
+  bool round_to_storage_dtypes = false;
+  DType state_dtype = DType::fp32;
 };
 
 // The largest attention logit each query head produced in the step's forward pass:
@@ -51,6 +59,10 @@ class ReferenceOptimizer {
             const QkLogits* logits = nullptr);
 
   const Model& model() const { return model_; }
+  // Rounds parameters to their storage dtypes (round_to_storage_dtypes; nothing otherwise): what
+  // initial values become when stored, before the first step.
+  void round_to_storage(ModelTensors<T>& params) const;
+
   const OptimizerConfig& config() const { return config_; }
   const ReferenceOptions& options() const { return options_; }
   std::int64_t steps_taken() const { return steps_; }

@@ -4,7 +4,8 @@
 // along the ep dim), so every rank, every executor and the single-device reference see the same
 // values.
 //
-//   initial parameters   random_params<float>(model, seed) of kernels/reference_optimizer.hpp.
+//   initial parameters   random_params<float>(model, seed) of kernels/reference_optimizer.hpp,
+//                        stored in the parameter's dtype (rounded, as the reference stores them).
 //   gradients            step k (from 0) of source s, full index i: the sum over the members
 //                        m < N of the gradient's sync group of
 //                            contribution = n * 2^-14,  n = an integer in [-K, K],  K = 256 / N,

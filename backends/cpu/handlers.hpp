@@ -11,8 +11,11 @@
 // A phase's messages must all be read (step 1 on every member) before any is written (step 3),
 // since outputs may overlap inputs (an in-place reduce-scatter into the gradient slot).
 //
-// Numerics follow the single-device reference (kernels/reference_optimizer.hpp with NS in fp32
-// and rounding to the comm dtype): momentum in fp32, the update rounded to the comm dtype,
+// Numerics follow the single-device reference (kernels/reference_optimizer.hpp with NS in fp32,
+// rounding to the comm dtype and storage in the plan's dtypes): every op reads its operands from
+// the store (widened to fp32), computes in fp32 and stores its outputs rounded to their tensors'
+// dtypes (parameters in theirs, momentum and moments in the state dtype, backends/cpu/store.hpp);
+// momentum in fp32, the update rounded to the comm dtype,
 // Newton-Schulz in fp32 on the whole matrix (stacks matrix by matrix), its result rounded to the
 // comm dtype, the update applied with decoupled weight decay and Muon's per-shape learning-rate
 // scale, AdamW with step count k + 1, QK-clip after the op that updates an attn_q / attn_k
@@ -38,7 +41,8 @@ struct StepContext {
 };
 StepContext make_step_context(const StepPlan& plan, std::uint64_t seed, int step);
 
-// Throws ExecutionError when the CPU cannot run the plan (an fp16 comm dtype is not emulated).
+// Throws ExecutionError when the CPU cannot run the plan (fp16 is not emulated: not as the comm
+// dtype, the state dtype or a parameter's dtype).
 void check_can_run(const StepPlan& plan);
 
 // Runs compute op `op` (momentum, newton_schulz, apply_update, adamw, pack, unpack) and its keep

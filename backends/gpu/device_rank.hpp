@@ -5,8 +5,9 @@
 // stream.
 //
 //   memory      one device pool allocated once (backends/gpu/layout.hpp's plan_pool: static
-//               tensors, transient buffers at fixed offsets, per-stream scratch and staging), one
-//               NS workspace per stream, the run tables of every view, uploaded once.
+//               tensors and transient buffers at fixed offsets, each in its plan dtype, then
+//               per-stream fp32 scratch and staging), one NS workspace per stream, the run tables
+//               of every view, uploaded once.
 //   ordering    one CUDA stream per plan stream (with a cuBLAS handle where it computes); every
 //               issued op records an event when its work is queued, and an op first waits for
 //               the events of its deps on other streams. Ops that are not issued follow the
@@ -18,8 +19,10 @@
 //               of kernels/gpu.hpp, the update rounded to the comm dtype; Newton-Schulz through
 //               the kernel registry (v2 by default), the op's same-shape matrices as one batch,
 //               the result rounded to the comm dtype; pack, unpack and keep copies through the
-//               run tables. A view that is one stretch of the pool is used in place; otherwise it
-//               is gathered into the stream's scratch and scattered back.
+//               run tables. Kernels compute in fp32: a view that is one stretch of an fp32 tensor
+//               is used in place; otherwise it is gathered (widened) into the stream's scratch
+//               and scattered back, rounded to each tensor's dtype (bf16 parameters, say), as
+//               backends/cpu's RankStore reads and writes.
 //   collectives begin_phase gathers each message, in the wire dtype, into the stream's send
 //               staging at its displacement (and the own part); the transport moves the bytes
 //               (cudaMemcpyAsync, or grouped ncclSend/ncclRecv); finish_phase writes the own part
@@ -84,7 +87,10 @@ class DeviceRank {
   int rank() const { return program_->rank; }
   const RankProgram& program() const { return *program_; }
   const PoolLayout& layout() const { return layout_; }
-  std::int64_t device_bytes() const;  // pool + workspaces + tables
+  // The plan's tensors in the pool (static and transient regions, layout().bytes()): what
+  // rank_memory counts, plus alignment and first-fit gaps (tests/backends/memory_test.cpp).
+  std::int64_t pool_bytes() const { return layout_.bytes(); }
+  std::int64_t device_bytes() const;  // pool (with scratch) + workspaces + tables
   CUstream_st* stream(int plan_stream) const;
   int num_streams() const;
 

@@ -4,11 +4,15 @@
 // byte layout of each exchange phase's messages (what grouped ncclSend/ncclRecv or
 // cudaMemcpyAsync move), and the communicator splits every rank issues in one order.
 //
-// Pool. Every element is an fp32 value, as in backends/cpu's RankStore (bf16 pieces hold values
-// rounded to bf16; messages travel in the wire dtype). Static tensors sit at their element offsets;
-// transient buffers get offsets once, from the plan: walking the rank's ops in plan order, a
-// buffer may reuse the space of a buffer released earlier in plan order (first fit), so the
-// region is about the plan's peak of live buffers (rank_memory's, in fp32). Plan order is not an
+// Pool. Every tensor is stored in its plan dtype (ProgramTensor::dtype, fp32 or bf16), as in
+// backends/cpu's RankStore: the pool holds the bytes the plan's rank_memory counts. Kernels compute
+// in fp32, in place where a view is one stretch of an fp32 tensor, else on a contiguous fp32 copy
+// in the stream's scratch (gathered, widened exactly; scattered back, rounded to nearest even to
+// each run's dtype). Every tensor starts on a kPoolAlignBytes boundary. Static tensors come first,
+// in program order; transient buffers get offsets once, from the plan: walking the rank's ops in
+// plan order, a buffer may reuse the space of a buffer released earlier in plan order (first fit),
+// so the region is about the plan's peak of live buffers (rank_memory's peak_transient_bytes).
+// Plan order is not an
 // execution order: two streams may run a later alloc before an earlier release. So the alloc
 // *waits* for the releases whose space it reuses (reuse_waits, event waits on the GPU). Every
 // wait points backwards in plan order, as stream order and deps do, and the executors issue each
@@ -24,28 +28,36 @@
 
 namespace muonbed::gpu {
 
-inline constexpr std::int64_t kAlignElements = 64;  // 256 bytes of fp32
+// Where tensors start in the pool (bytes): cudaMalloc's alignment, enough for any vector access.
+inline constexpr std::int64_t kPoolAlignBytes = 256;
+inline constexpr std::int64_t kAlignElements = kPoolAlignBytes / 4;  // of fp32 scratch
 
 struct PoolLayout {
-  std::vector<std::int64_t> tensor_offset;  // per program tensor: element offset in the pool
-  std::int64_t static_elements = 0;         // static tensors: [0, static_elements)
-  std::int64_t transient_begin = 0;         // transient region: [begin, begin + elements)
-  std::int64_t transient_elements = 0;
-  std::int64_t peak_live_elements = 0;  // of transient buffers along plan order (the plan's peak)
+  std::vector<std::int64_t> tensor_offset;  // per program tensor: byte offset in the pool
+  std::vector<int> element_bytes;           // per program tensor: 4 (fp32) or 2 (bf16)
+  std::int64_t static_bytes = 0;            // static tensors: [0, static_bytes), each aligned
+  std::int64_t transient_begin = 0;         // transient region: [begin, begin + bytes)
+  std::int64_t transient_bytes = 0;
+  // Of the plan's buffers along plan order: rank_memory's peak_transient_bytes.
+  std::int64_t peak_live_bytes = 0;
   // Per program op index (allocs only): plan op ids of the releases whose space the buffer
   // reuses.
   std::vector<std::vector<int>> reuse_waits;
-  std::int64_t elements() const { return transient_begin + transient_elements; }
+  std::int64_t bytes() const { return transient_begin + transient_bytes; }  // without scratch
 };
 
-// Throws ExecutionError when a transient buffer is allocated twice or released unallocated.
+// Throws ExecutionError when a transient buffer is allocated twice or released unallocated, or a
+// tensor's dtype is neither fp32 nor bf16.
 PoolLayout plan_pool(const StepPlan& plan, const RankProgram& program);
 
-// A view of the pool: runs (sequence, pool, length), sorted by sequence, covering [0, count).
+// A view of the pool: runs (sequence, pool byte offset, length, element bytes), sorted by
+// sequence, covering [0, count): sequence element s of a run is the element at byte pool +
+// (s - sequence) * element_bytes, of the run's tensor's dtype.
 struct PoolRun {
   std::int64_t sequence = 0;
   std::int64_t pool = 0;
   std::int64_t length = 0;
+  int element_bytes = 4;
   bool operator==(const PoolRun&) const = default;
 };
 // Throws ExecutionError when the view's runs do not cover [0, count) exactly once.
@@ -53,14 +65,18 @@ std::vector<PoolRun> pool_runs(const View& view, const PoolLayout& layout);
 
 // Where a view's runs are in a RunTable, and whether it is one contiguous stretch of the pool.
 struct RunRef {
-  std::int64_t first = 0;     // index of its first run (triples) in the table
+  std::int64_t first = 0;     // index of its first run (kRunFields values each) in the table
   std::int64_t num_runs = 0;  // 0: an empty view
   std::int64_t elements = 0;
-  bool contiguous = false;  // one run: elements [pool_begin, pool_begin + elements) of the pool
+  bool contiguous = false;  // one run: `elements` elements of one dtype from byte pool_begin
   std::int64_t pool_begin = 0;
+  int element_bytes = 4;  // of the first run
+  // The view is one stretch of fp32 elements, which a kernel may read and write in place.
+  bool fp32_in_place() const { return contiguous && element_bytes == 4; }
 };
 
-// Every view of a program, as one int64 array of triples uploaded once.
+// Every view of a program, as one int64 array of runs (sequence, pool byte offset, length,
+// element bytes: kernels/gpu.hpp's DeviceRuns) uploaded once.
 class RunTable {
  public:
   explicit RunTable(const PoolLayout& layout) : layout_(&layout) {}

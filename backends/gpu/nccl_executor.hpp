@@ -68,6 +68,8 @@ class NcclExecutor final : public mpi::MeasuredRank {
   const std::vector<int>& host_of() const override;
   const std::vector<std::string>& hosts() const override;
   int compute_threads() const override { return 0; }
+  // The device pool's static and transient regions (DeviceRank::pool_bytes), allocated once.
+  std::int64_t pool_peak_bytes() const override;
 
   const RankProgram& program() const;
   const cpu::RankStore& store();  // the static tensors copied back from the GPU

@@ -8,7 +8,8 @@
 //   collective time    per instance, from the last member's arrival to completion: the shortest
 //                      of the members' (completion - arrival), each on its own clock, so clocks of
 //                      different hosts never need to agree. A rank's span before that is waiting.
-//   per rank           compute / communication / exposed / idle from those intervals.
+//   per rank           compute / communication / exposed / idle from those intervals, and the
+//                      peak bytes its pool held for the plan's tensors (beside rank_memory's).
 //   traffic            the bytes of the program's messages per rank, split by whether the peer
 //                      runs on the same host (not the MPI library's internal transfers).
 //   trace              the slowest timed step of the first ranks, in the simulator's Chrome
@@ -82,6 +83,9 @@ class MeasuredRank {
   // One untimed step whose messages carry a known pattern; timings().wrong_elements counts what
   // this rank received off it. Executors without it throw Error.
   virtual void run_check_step(int step) = 0;
+  // What the rank's pool held for the plan's tensors at its peak so far (the record's
+  // ranks[].memory.measured_peak_bytes, beside rank_memory), or -1 where it is not measured.
+  virtual std::int64_t pool_peak_bytes() const { return -1; }
 };
 
 // measure() with any executor: `settings.backend` names the record's backend.

@@ -106,8 +106,6 @@ struct ProgramTensor {
   std::int64_t bytes = 0;
   std::int64_t offset = 0;  // static: byte offset in the rank's static arena; transient: 0 (its
                             // own allocation)
-  std::int64_t element_offset = 0;  // static: elements of the static tensors before this one (an
-                                    // executor storing every element as fp32 lays out by these)
   bool operator==(const ProgramTensor&) const = default;
 };
 
@@ -274,7 +272,6 @@ struct RankProgram {
   std::vector<int> op_index;        // plan op id -> index in ops, -1 if the rank has no part
   std::vector<ParamPieces> params;  // per plan param
   std::int64_t static_bytes = 0;
-  std::int64_t static_numel = 0;          // elements of all static tensors
   std::int64_t peak_transient_bytes = 0;  // live buffers along plan order
 
   const RankOp* find(int plan_op) const {

@@ -75,7 +75,9 @@
 //                    compute, step time minus busy time, completion of the rank's last op;
 //                    average over the hyper-period, worst = in the worst step), bytes_sent and
 //                    bytes_received (per average step, by the algorithms), memory
-//                    {static_bytes, peak_transient_bytes, peak_bytes} from rank_memory(plan)
+//                    {static_bytes, peak_transient_bytes, peak_bytes} from rank_memory(plan),
+//                    and from measured backends measured_peak_bytes: the executor pool's peak of
+//                    the plan's tensors in their dtypes (absent in files written before it)
 //   execution        measured backends only (absent otherwise): what ran and where (library:
 //                    MPI_Get_library_version's first line, mpi_standard, launcher, hosts in
 //                    order of their first rank, ranks_per_host, oversubscribed, blas and
@@ -259,6 +261,10 @@ struct MemoryResult {
   std::int64_t static_bytes = 0;
   std::int64_t peak_transient_bytes = 0;
   std::int64_t peak_bytes = 0;
+  // Measured backends: what the executor's pool held for the plan's tensors at its peak (the CPU
+  // store's static bytes plus its peak of live buffers; the GPU pool's static and transient
+  // regions), beside rank_memory's figures above. -1: not measured (predicted backends).
+  std::int64_t measured_peak_bytes = -1;
 };
 
 // The training state's memory against the device's (core/plan/plan.hpp training_memory and

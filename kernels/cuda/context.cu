@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/bf16.hpp"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/gpu.hpp"
 #include "kernels/random.hpp"
@@ -149,6 +150,15 @@ __global__ void fill_uniform_kernel(float* out, long long n, unsigned long long 
   }
 }
 
+__global__ void fill_uniform_scaled_bf16_kernel(unsigned short* out, long long n,
+                                                unsigned long long key, long long first,
+                                                double scale) {
+  for (long long i = blockIdx.x * 256LL + threadIdx.x; i < n; i += 256LL * gridDim.x) {
+    out[i] = float_to_bf16_bits(
+        static_cast<float>(scale * keyed_uniform(key, static_cast<unsigned long long>(first + i))));
+  }
+}
+
 __global__ void fill_uniform_bf16_kernel(__nv_bfloat16* out, long long n, unsigned long long key) {
   for (long long i = blockIdx.x * 256LL + threadIdx.x; i < n; i += 256LL * gridDim.x) {
     out[i] = __float2bfloat16_rn(static_cast<float>(keyed_uniform(key, i)));
@@ -177,6 +187,14 @@ void fill_uniform_cuda(CudaContext& ctx, float* out, std::int64_t n, std::uint64
   if (n <= 0) return;
   fill_uniform_kernel<<<cuda_detail::grid_for(n), 256, 0, ctx.stream()>>>(
       out, n, counter_key(seed, stream), first_index, scale);
+  MUONBED_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_uniform_bf16_cuda(CudaContext& ctx, void* out, std::int64_t n, std::uint64_t seed,
+                            std::uint64_t stream, double scale, std::int64_t first_index) {
+  if (n <= 0) return;
+  fill_uniform_scaled_bf16_kernel<<<cuda_detail::grid_for(n), 256, 0, ctx.stream()>>>(
+      static_cast<unsigned short*>(out), n, counter_key(seed, stream), first_index, scale);
   MUONBED_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -94,6 +94,10 @@ void fill_uniform_cuda(CudaContext&, float*, std::int64_t, std::uint64_t, std::u
                        std::int64_t) {
   no_cuda("fill_uniform_cuda");
 }
+void fill_uniform_bf16_cuda(CudaContext&, void*, std::int64_t, std::uint64_t, std::uint64_t, double,
+                            std::int64_t) {
+  no_cuda("fill_uniform_bf16_cuda");
+}
 
 DeviceShardTable::DeviceShardTable(const ShardOffsetTable&) {
   no_cuda("DeviceShardTable");
@@ -105,10 +109,10 @@ void unpack_shard_cuda(CudaContext&, const DeviceShardTable&, const void*, void*
   no_cuda("unpack_shard_cuda");
 }
 
-void gather_runs_cuda(CUstream_st*, const float*, const DeviceRuns&, void*, int) {
+void gather_runs_cuda(CUstream_st*, const void*, const DeviceRuns&, void*, int) {
   no_cuda("gather_runs_cuda");
 }
-void scatter_runs_cuda(CUstream_st*, float*, const DeviceRuns&, const void*, int, bool) {
+void scatter_runs_cuda(CUstream_st*, void*, const DeviceRuns&, const void*, int, bool) {
   no_cuda("scatter_runs_cuda");
 }
 void round_to_bf16_cuda(CUstream_st*, float*, std::int64_t) {

@@ -19,6 +19,16 @@ std::vector<To> convert(const From* in, std::int64_t n) {
   return out;
 }
 
+// Values stored in `dtype` (fp32 or bf16): through fp32 first, as an fp32 executor holds them
+// before the cast.
+template <typename T>
+void round_to_dtype(DType dtype, std::vector<T>& values) {
+  if (dtype == DType::bf16)
+    for (T& v : values) v = static_cast<T>(round_to_bf16(static_cast<float>(v)));
+  else if (dtype == DType::fp32 && !std::is_same_v<T, float>)
+    for (T& v : values) v = static_cast<T>(static_cast<float>(v));
+}
+
 }  // namespace
 
 template <typename T>
@@ -63,6 +73,15 @@ ReferenceOptimizer<T>::ReferenceOptimizer(Model model, OptimizerConfig config, R
   if (options_.round_to_comm_dtype && config_.comm_dtype == DType::fp16)
     throw Error(
         "reference optimizer: rounding to fp16 is not emulated; use comm_dtype bf16 or fp32");
+  if (options_.round_to_storage_dtypes) {
+    if (options_.state_dtype == DType::fp16)
+      throw Error(
+          "reference optimizer: optimizer state stored in fp16 is not emulated; use bf16 or fp32");
+    for (const Parameter& p : model_.params)
+      if (p.dtype == DType::fp16)
+        throw Error("reference optimizer: parameter '" + p.name +
+                    "' is fp16, whose storage is not emulated; use bf16 or fp32");
+  }
   const std::size_t count = model_.params.size();
   kinds_.resize(count);
   momentum_.resize(count);
@@ -80,6 +99,15 @@ ReferenceOptimizer<T>::ReferenceOptimizer(Model model, OptimizerConfig config, R
       adam_v_[i].assign(n, T(0));
     }
   }
+}
+
+template <typename T>
+void ReferenceOptimizer<T>::round_to_storage(ModelTensors<T>& params) const {
+  if (!options_.round_to_storage_dtypes) return;
+  if (params.size() != model_.params.size())
+    throw Error("reference: the model has " + std::to_string(model_.params.size()) +
+                " parameters but " + std::to_string(params.size()) + " values were given");
+  for (std::size_t i = 0; i < params.size(); ++i) round_to_dtype(model_.params[i].dtype, params[i]);
 }
 
 template <typename T>
@@ -122,13 +150,21 @@ void ReferenceOptimizer<T>::step(ModelTensors<T>& params, const ModelTensors<T>&
       orthogonalize(update.data(), update.data(), ns_shape(p), ns_, options_.ns_precision);
       if (round) round_all(update);
       apply_update(apply_params(muon, p.rows(), p.cols()), params[i].data(), update.data(), n);
+      if (options_.round_to_storage_dtypes) round_to_dtype(options_.state_dtype, momentum_[i]);
     } else {
       adamw_update(config_.adamw, steps_, params[i].data(), grads[i].data(), adam_m_[i].data(),
                    adam_v_[i].data(), n);
+      if (options_.round_to_storage_dtypes) {
+        round_to_dtype(options_.state_dtype, adam_m_[i]);
+        round_to_dtype(options_.state_dtype, adam_v_[i]);
+      }
     }
   }
-
-  if (!config_.qk_clip.enabled) return;
+  // Parameters are stored once their step is done, QK-clip included.
+  if (!config_.qk_clip.enabled) {
+    round_to_storage(params);
+    return;
+  }
   // MuonClip: after the update, rescale the query and key rows of every head whose logit
   // exceeded tau in this step's forward pass.
   const std::int64_t head_dim = config_.qk_clip.head_dim;
@@ -156,6 +192,7 @@ void ReferenceOptimizer<T>::step(ModelTensors<T>& params, const ModelTensors<T>&
     }
     qk_clip_rows(params[i].data(), p.rows(), p.cols(), head_dim, scales);
   }
+  round_to_storage(params);
 }
 
 template class ReferenceOptimizer<float>;

@@ -75,7 +75,8 @@ std::string run_and_compare(const StepPlan& plan, const cpu::ReferenceRun& refer
     CHECK(executor.program(r).memory().static_bytes == planned.static_bytes);
     CHECK(executor.program(r).memory().peak_transient_bytes == planned.peak_transient_bytes);
     CHECK(executor.store(r).live_transient_bytes() == 0);
-    const double tolerance = testing::splits_ns(plan) ? testing::kSplitNsTolerance : 0;
+    const cpu::CheckTolerance tolerance =
+        testing::splits_ns(plan) ? testing::kSplitNsCheck : cpu::CheckTolerance{};
     const auto mismatch = cpu::first_mismatch(plan, executor.store(r), reference, tolerance);
     if (mismatch) return mismatch->message;
   }
@@ -412,28 +413,46 @@ TEST_CASE("QK-clip takes effect on the shards it clips", "[equivalence]") {
 
 namespace {
 
-// The largest |parameter - reference| over every rank's pieces after the steps, and the first
-// element beyond `tolerance` (first_mismatch's scan with a tolerance).
-double split_ns_error(const StepPlan& plan, const Model& model, LoopbackOptions options = {}) {
+// How far a run is from the reference: whether it equals it bit for bit, and the largest
+// |parameter - reference| over every rank's pieces after the steps beyond kSplitNsCheck's rounding
+// units (the smallest absolute tolerance that passes, with them, to within 1 %; 0 when the
+// rounding units alone cover every difference).
+struct SplitNsError {
+  bool bit_exact = false;
+  double beyond_rounding = 0;
+};
+
+SplitNsError split_ns_error(const StepPlan& plan, const Model& model,
+                            LoopbackOptions options = {}) {
   options.seed = kSeed;
   LoopbackExecutor executor(plan, options);
   executor.run(kSteps);
   cpu::ReferenceRun reference(plan, model, RoutingRules{}, kSeed);
   reference.run_to(kSteps);
-  // Bisect the smallest tolerance every rank passes (first_mismatch reports the first element
-  // beyond it): the run's largest deviation from the reference, to within 1 %.
-  double lo = 0, hi = 1;
-  auto passes = [&](double t) {
+  auto passes = [&](const cpu::CheckTolerance& t) {
     for (int r = 0; r < plan.model.mesh.world_size(); ++r)
       if (cpu::first_mismatch(plan, executor.store(r), reference, t)) return false;
     return true;
   };
-  if (!passes(hi)) return hi;
+  auto with = [](double absolute) {
+    cpu::CheckTolerance t = testing::kSplitNsCheck;
+    t.absolute = absolute;
+    return t;
+  };
+  SplitNsError out;
+  out.bit_exact = passes(cpu::CheckTolerance{});
+  double lo = 0, hi = 1;
+  if (!passes(with(hi))) {
+    out.beyond_rounding = hi;
+    return out;
+  }
+  if (passes(with(1e-9))) return out;  // the rounding units cover it all
   while (hi - lo > 0.01 * hi) {
     const double mid = 0.5 * (lo + hi);
-    (passes(mid) ? hi : lo) = mid;
+    (passes(with(mid)) ? hi : lo) = mid;
   }
-  return hi;
+  out.beyond_rounding = hi;
+  return out;
 }
 
 StepPlan split_plan(const ShardedModel& sharded, const Model& model, int variant) {
@@ -462,10 +481,10 @@ TEST_CASE("split Newton-Schulz: every split matrix's NS runs on its group, withi
       }
     INFO(kVariants[v].name << ": " << split << " split NS ops");
     CHECK(split >= 4);  // q, o, mlp up/gate of both layers can split over tp or dp_shard x tp
-    const double error = split_ns_error(plan, model);
-    INFO("largest deviation " << error);
-    CHECK(error > 0);  // not bit-exact: the Gram sums run in another order
-    CHECK(error <= testing::kSplitNsTolerance);
+    const SplitNsError error = split_ns_error(plan, model);
+    INFO("largest deviation beyond rounding " << error.beyond_rounding);
+    CHECK_FALSE(error.bit_exact);  // the Gram sums run in another order
+    CHECK(error.beyond_rounding <= testing::kSplitNsTolerance);
   }
 }
 
@@ -478,9 +497,9 @@ TEST_CASE("negative control: split Newton-Schulz with its Gram all-reduce skippe
   REQUIRE(testing::splits_ns(plan));
   LoopbackOptions broken;
   broken.edit_program = testing::drop_gram_all_reduce;
-  const double error = split_ns_error(plan, model, broken);
-  INFO("largest deviation with each member's own Gram: " << error);
-  CHECK(error > 4 * testing::kSplitNsTolerance);
+  const SplitNsError error = split_ns_error(plan, model, broken);
+  INFO("largest deviation with each member's own Gram: " << error.beyond_rounding);
+  CHECK(error.beyond_rounding > 4 * testing::kSplitNsTolerance);
   // The check names the first parameter that differs.
   broken.seed = kSeed;
   LoopbackExecutor executor(plan, broken);
@@ -488,7 +507,7 @@ TEST_CASE("negative control: split Newton-Schulz with its Gram all-reduce skippe
   cpu::ReferenceRun reference(plan, model, RoutingRules{}, kSeed);
   reference.run_to(kSteps);
   const auto mismatch =
-      cpu::first_mismatch(plan, executor.store(0), reference, testing::kSplitNsTolerance);
+      cpu::first_mismatch(plan, executor.store(0), reference, testing::kSplitNsCheck);
   REQUIRE(mismatch.has_value());
   CHECK_THAT(mismatch->message, Catch::StartsWith("rank 0: parameter of 'layers."));
 }
@@ -574,7 +593,12 @@ TEST_CASE("a rank that cannot allocate says which allocation, how large, and the
   // overcommit setting, and nothing is touched.
   RankProgram program;
   program.rank = 3;
-  program.static_numel = std::int64_t{1} << 56;
+  ProgramTensor huge;
+  huge.name = "parameter of 'x'";
+  huge.numel = std::int64_t{1} << 56;
+  huge.bytes = huge.numel * 4;
+  program.tensors.push_back(huge);
+  program.static_bytes = huge.bytes;
   CHECK_THROWS_WITH(cpu::RankStore(program),
                     Catch::Contains("rank 3: out of memory allocating its static tensors") &&
                         Catch::Contains("MiB") && Catch::Contains("fix:"));

@@ -8,12 +8,14 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <set>
 
 #include "backends/cpu/store.hpp"
 #include "backends/gpu/layout.hpp"
 #include "core/base/errors.hpp"
+#include "kernels/bf16.hpp"
 #include "tests/common/equivalence_cases.hpp"
 #include "tests/common/strategy_matrix.hpp"
 
@@ -135,8 +137,10 @@ std::int64_t check_plan(const StepPlan& plan) {
   for (const RankProgram& program : programs) {
     INFO("rank " << program.rank);
     const gpu::PoolLayout layout = gpu::plan_pool(plan, program);
-    CHECK(layout.transient_elements >= layout.peak_live_elements);
-    // Static tensors at their element offsets; transient ones after them.
+    CHECK(layout.transient_bytes >= layout.peak_live_bytes);
+    CHECK(layout.peak_live_bytes == program.memory().peak_transient_bytes);
+    // Static tensors one after another in program order, each aligned, each in its dtype;
+    // transient ones after them.
     std::map<int, int> alloc_at, release_at;  // tensor -> program op index
     for (std::size_t i = 0; i < program.ops.size(); ++i) {
       if (program.ops[i].kind == OpKind::alloc)
@@ -144,22 +148,27 @@ std::int64_t check_plan(const StepPlan& plan) {
       if (program.ops[i].kind == OpKind::release)
         release_at[program.ops[i].tensor] = static_cast<int>(i);
     }
+    std::int64_t static_end = 0;
     for (const ProgramTensor& a : program.tensors) {
       const std::int64_t at = layout.tensor_offset[static_cast<std::size_t>(a.id)];
+      CHECK(layout.element_bytes[static_cast<std::size_t>(a.id)] == bytes_of(a.dtype));
+      if (at >= 0) CHECK(at % gpu::kPoolAlignBytes == 0);
       if (!a.transient) {
-        CHECK(at == a.element_offset);
+        CHECK(at >= static_end);
+        static_end = at + a.bytes;
+        CHECK(static_end <= layout.static_bytes);
         continue;
       }
       if (!alloc_at.count(a.id)) continue;
       CHECK(at >= layout.transient_begin);
-      CHECK(at + a.numel <= layout.elements());
+      CHECK(at + a.bytes <= layout.bytes());
       for (const ProgramTensor& b : program.tensors) {
         if (!b.transient || b.id == a.id || !alloc_at.count(b.id)) continue;
         if (alloc_at[a.id] > alloc_at[b.id]) continue;  // each pair once: a allocated first
         const std::int64_t bt = layout.tensor_offset[static_cast<std::size_t>(b.id)];
-        const bool overlap = a.numel > 0 && b.numel > 0 && at < bt + b.numel && bt < at + a.numel;
+        const bool overlap = a.bytes > 0 && b.bytes > 0 && at < bt + b.bytes && bt < at + a.bytes;
         if (!overlap) continue;
-        INFO("'" << a.name << "' and '" << b.name << "' share pool elements");
+        INFO("'" << a.name << "' and '" << b.name << "' share pool bytes");
         REQUIRE(release_at.count(a.id));
         CHECK(release_at[a.id] < alloc_at[b.id]);
         // Ordered on the device: the alloc waits for the release.
@@ -168,17 +177,20 @@ std::int64_t check_plan(const StepPlan& plan) {
         CHECK(std::find(waits.begin(), waits.end(), release_op) != waits.end());
       }
     }
-    // Pool runs read what the store reads: a pool whose every element holds its own index.
+    // Pool runs read what the store reads: a byte pool whose 16-bit units count up (never a NaN
+    // or infinity pattern, in fp32 or bf16), copied into the store's storage tensor by tensor, so
+    // every run's byte offset and dtype must match where and how the store keeps the element.
     cpu::RankStore store(program);
     for (const ProgramTensor& t : program.tensors)
       if (t.transient && alloc_at.count(t.id)) store.allocate(t.id);
-    std::vector<float> pool(static_cast<std::size_t>(layout.elements()));
-    for (std::size_t i = 0; i < pool.size(); ++i) pool[i] = static_cast<float>(i % 16777216);
+    std::vector<std::uint16_t> units(static_cast<std::size_t>(layout.bytes() / 2 + 1));
+    for (std::size_t i = 0; i < units.size(); ++i)
+      units[i] = static_cast<std::uint16_t>(0x0100 + i % 0x3e00);
+    const auto* pool = reinterpret_cast<const std::byte*>(units.data());
     for (const ProgramTensor& t : program.tensors) {
       if (t.transient && !alloc_at.count(t.id)) continue;
-      float* data = store.data(t.id);
       const std::int64_t at = layout.tensor_offset[static_cast<std::size_t>(t.id)];
-      for (std::int64_t i = 0; i < t.numel; ++i) data[i] = pool[static_cast<std::size_t>(at + i)];
+      if (t.bytes > 0) std::memcpy(store.bytes(t.id), pool + at, static_cast<std::size_t>(t.bytes));
     }
     for (const RankOp& op : program.ops) {
       for_each_view(op, [&](const View& view) {
@@ -187,9 +199,17 @@ std::int64_t check_plan(const StepPlan& plan) {
         const std::vector<gpu::PoolRun> runs = gpu::pool_runs(view, layout);
         std::vector<float> through_runs(static_cast<std::size_t>(view.count));
         for (const auto& r : runs)
-          for (std::int64_t i = 0; i < r.length; ++i)
-            through_runs[static_cast<std::size_t>(r.sequence + i)] =
-                pool[static_cast<std::size_t>(r.pool + i)];
+          for (std::int64_t i = 0; i < r.length; ++i) {
+            const std::byte* at = pool + r.pool + i * r.element_bytes;
+            float& out = through_runs[static_cast<std::size_t>(r.sequence + i)];
+            if (r.element_bytes == 4) {
+              std::memcpy(&out, at, 4);
+            } else {
+              std::uint16_t bits = 0;
+              std::memcpy(&bits, at, 2);
+              out = bf16_bits_to_float(bits);
+            }
+          }
         CHECK(store.read(view) == through_runs);
         ++views;
       });
@@ -310,17 +330,20 @@ TEST_CASE("GPU layout: a released buffer is reused only after its release", "[gp
     std::int64_t sum = 0;
     for (const ProgramTensor& t : program.tensors)
       if (t.transient)
-        sum += (t.numel + gpu::kAlignElements - 1) / gpu::kAlignElements * gpu::kAlignElements;
-    CHECK(layout.transient_elements <= sum);
-    CHECK(layout.transient_elements <= 2 * layout.peak_live_elements + 64 * 64);
-    reused = reused || layout.transient_elements < sum;
+        sum += (t.bytes + gpu::kPoolAlignBytes - 1) / gpu::kPoolAlignBytes * gpu::kPoolAlignBytes;
+    CHECK(layout.transient_bytes <= sum);
+    CHECK(layout.transient_bytes <= 2 * layout.peak_live_bytes + 64 * gpu::kPoolAlignBytes);
+    reused = reused || layout.transient_bytes < sum;
   }
   CHECK(reused);
 }
 
 TEST_CASE("GPU layout: broken views and phases are refused", "[gpu-layout]") {
+  // Tensor 0: fp32 at byte 0; tensor 1: bf16 at byte 400; tensor 2: fp32 right after tensor 1's
+  // first four elements (bytes 408 on).
   gpu::PoolLayout layout;
-  layout.tensor_offset = {0, 100};
+  layout.tensor_offset = {0, 400, 408};
+  layout.element_bytes = {4, 2, 4};
   View gap;
   gap.count = 4;
   gap.segments = {{0, {{0, 0, 2}, {3, 10, 1}}}};
@@ -330,11 +353,16 @@ TEST_CASE("GPU layout: broken views and phases are refused", "[gpu-layout]") {
   merged.segments = {{0, {{2, 2, 2}}}, {0, {{0, 0, 2}}}};  // adjacent in the pool: one run
   const auto runs = gpu::pool_runs(merged, layout);
   REQUIRE(runs.size() == 1);
-  CHECK(runs[0] == gpu::PoolRun{0, 0, 4});
+  CHECK(runs[0] == gpu::PoolRun{0, 0, 4, 4});
   View other;
   other.count = 2;
-  other.segments = {{1, {{0, 5, 2}}}};
-  CHECK(gpu::pool_runs(other, layout) == std::vector<gpu::PoolRun>{{0, 105, 2}});
+  other.segments = {{1, {{0, 5, 2}}}};  // bf16 elements 5 and 6: bytes 410 and 412
+  CHECK(gpu::pool_runs(other, layout) == std::vector<gpu::PoolRun>{{0, 410, 2, 2}});
+  // Byte-adjacent runs of different dtypes stay two runs.
+  View mixed;
+  mixed.count = 6;
+  mixed.segments = {{1, {{0, 0, 4}}}, {2, {{4, 0, 2}}}};
+  CHECK(gpu::pool_runs(mixed, layout) == std::vector<gpu::PoolRun>{{0, 400, 4, 2}, {4, 408, 2, 4}});
 
   ExchangePhase phase;
   Transfer a;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/check.hpp"
 #include "core/model/parallelize.hpp"
 #include "core/plan/plan.hpp"
 #include "core/plan/program.hpp"
@@ -46,6 +47,10 @@ inline PlanSettings settings_of(const Variant& v, const Model& model) {
 // differs in its last bf16 bits, times lr 0.02 and Muon's shape scale per step. A Gram missing
 // the other members' parts (the negative controls) moves the update by O(1) instead.
 inline constexpr double kSplitNsTolerance = 2e-3;
+// The check of such plans: kSplitNsTolerance, plus one unit in the last place of the parameter's
+// dtype per step (bf16 parameters round at every step on both sides: a difference within the
+// tolerance before a rounding can be one unit more after it).
+inline constexpr cpu::CheckTolerance kSplitNsCheck{kSplitNsTolerance, 0, 1};
 
 inline bool splits_ns(const StepPlan& plan) {
   return std::any_of(plan.ops.begin(), plan.ops.end(),

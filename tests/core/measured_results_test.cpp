@@ -55,6 +55,9 @@ TEST_CASE("measured keys round-trip and stay out of other records", "[results]")
   const std::string plain = result_to_json(r);
   CHECK(plain.find("timed_steps") == std::string::npos);
   CHECK(plain.find("\"execution\"") == std::string::npos);
+  CHECK(plain.find("measured_peak_bytes") == std::string::npos);  // nothing measured
+  REQUIRE(r.ranks.size() == 2);
+  CHECK(result_from_json(plain).ranks[1].memory.measured_peak_bytes == -1);
   CHECK(result_to_json(result_from_json(plain)) == plain);
   // The deterministic backends say that the measured backends' settings do not apply to them.
   CHECK(std::find(r.notes.begin(), r.notes.end(), std::string(kDeterministicNote)) !=
@@ -75,6 +78,9 @@ TEST_CASE("measured keys round-trip and stay out of other records", "[results]")
   const std::string without_probe = result_to_json(r);
   CHECK(without_probe.find("speed_probe") == std::string::npos);  // not taken: absent
   CHECK_FALSE(result_from_json(without_probe).execution.has_speed_probe());
+  // The executor pool's peak per rank, beside rank_memory's figures.
+  r.ranks[0].memory.measured_peak_bytes = 123456789012;
+  r.ranks[1].memory.measured_peak_bytes = 0;
   r.execution.probe_shape = {1, 192, 688};
   r.execution.probe_predicted_s = 0.006;
   r.execution.probe_before_s = 0.0115;
@@ -91,5 +97,8 @@ TEST_CASE("measured keys round-trip and stay out of other records", "[results]")
   CHECK(back.step.measured.warmup_steps == 2);
   CHECK(back.execution.hosts == std::vector<std::string>{"a", "b"});
   CHECK(back.execution.ranks_per_host == std::vector<int>{1, 1});
+  CHECK(back.ranks[0].memory.measured_peak_bytes == 123456789012);
+  CHECK(back.ranks[1].memory.measured_peak_bytes == 0);
+  CHECK(back.ranks[1].memory.peak_bytes == r.ranks[1].memory.peak_bytes);
   CHECK(result_to_json(back) == text);
 }

@@ -52,11 +52,13 @@ std::string first_difference(const StepPlan& plan, gpu::CudaLoopbackExecutor& gp
     for (const ProgramTensor& t : a.program().tensors) {
       // The state a step leaves: parameters and optimizer state (the gradient slot is scratch).
       if (t.transient || t.role == PieceRole::gradient) continue;
-      const float* x = a.data(t.id);
-      const float* y = b.data(t.id);
+      // Both hold the tensor in its plan dtype; compared as values widened to fp32.
+      const std::vector<float> x = a.read(t.id, 0, t.numel);
+      const std::vector<float> y = b.read(t.id, 0, t.numel);
       for (std::int64_t i = 0; i < t.numel; ++i)
         if (std::memcmp(&x[i], &y[i], 4) != 0)
-          return "rank " + std::to_string(r) + ", " + t.name + "[" + std::to_string(i) + "]: GPU " +
+          return "rank " + std::to_string(r) + ", " + t.name + " (" +
+                 std::string(to_string(t.dtype)) + ")[" + std::to_string(i) + "]: GPU " +
                  std::to_string(x[i]) + ", other " + std::to_string(y[i]);
     }
   }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <set>
+#include <vector>
 
 #include "kernels/bf16.hpp"
 #include "kernels/random.hpp"
@@ -82,4 +83,27 @@ TEST_CASE("counter-based generator: pinned values and range", "[random]") {
   std::vector<float> v(4);
   fill_uniform(v.data(), 4, 1, 2, 0.5, 1);
   CHECK(v[2] == static_cast<float>(0.5 * counter_uniform(1, 2, 3)));
+}
+
+TEST_CASE("bulk bf16 conversions give the scalar conversions' bits", "[bf16]") {
+  // Every bf16 pattern (high half) with dropped halves that round down, tie, round up and carry,
+  // so NaNs (quieted, sign kept), infinities, overflow to infinity, zeros and subnormals are all
+  // in.
+  const std::uint32_t lows[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xc000, 0xffff};
+  std::vector<float> values;
+  for (std::uint32_t high = 0; high < 0x10000; ++high)
+    for (std::uint32_t low : lows) values.push_back(from_bits(high << 16 | low));
+  const auto n = static_cast<std::int64_t>(values.size());
+  std::vector<std::uint16_t> bulk(values.size());
+  floats_to_bf16_bits(values.data(), bulk.data(), n);
+  std::int64_t differ = 0;
+  for (std::int64_t i = 0; i < n; ++i) differ += bulk[i] != float_to_bf16_bits(values[i]) ? 1 : 0;
+  CHECK(differ == 0);
+  std::vector<float> back(values.size());
+  bf16_bits_to_floats(bulk.data(), back.data(), n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float scalar = bf16_bits_to_float(bulk[i]);
+    differ += std::memcmp(&back[i], &scalar, sizeof scalar) != 0 ? 1 : 0;
+  }
+  CHECK(differ == 0);
 }

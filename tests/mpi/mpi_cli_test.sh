@@ -88,6 +88,10 @@ run)
       fail "$r: collective times missing"
     [ "$(field "$r" "all(abs(x['average']['compute_s'] + x['average']['exposed_comm_s'] + x['average']['idle_s'] - r['step']['average_s']) < 1e-6 for x in r['ranks'])")" = "True" ] ||
       fail "$r: per-rank breakdown does not add up to the step"
+    # Each rank's store in the plan's dtypes (issue 25): at least its static tensors, and its peak
+    # of live buffers within tests/backends/memory_test.cpp's kExecutionPeakFactor (2) of the plan's.
+    [ "$(field "$r" "all(m['static_bytes'] <= m['measured_peak_bytes'] <= m['static_bytes'] + 2 * m['peak_transient_bytes'] for m in (x['memory'] for x in r['ranks']))")" = "True" ] ||
+      fail "$r: measured pool peak outside the plan's memory: $(field "$r" "[x['memory'] for x in r['ranks']]")"
     field "out/$point/mpi.trace.json" "sum(e.get('cat') == 'compute' for e in r['traceEvents']) > 0 and r['otherData']['note'].startswith('measured')" | grep -q True ||
       fail "trace of $point has no compute spans"
   done

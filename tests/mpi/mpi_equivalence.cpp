@@ -305,7 +305,8 @@ std::string check_rank(const Case& c, const StepPlan& plan, bool generic, int ra
     problem = "rank " + std::to_string(rank) + " holds buffers after the steps";
   cpu::ReferenceRun reference(plan, c.model, RoutingRules{}, kSeed);
   reference.run_to(c.steps);
-  const double tolerance = testing::splits_ns(plan) ? testing::kSplitNsTolerance : 0;
+  const cpu::CheckTolerance tolerance =
+      testing::splits_ns(plan) ? testing::kSplitNsCheck : cpu::CheckTolerance{};
   if (const auto m = cpu::first_mismatch(plan, executor.store(), reference, tolerance))
     return m->message;
   return problem;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 #include <string_view>
 
@@ -15,10 +16,12 @@ namespace muonbed::cpu {
 
 namespace {
 
-ReferenceOptions reference_options() {
+ReferenceOptions reference_options(const StepPlan& plan) {
   ReferenceOptions o;
   o.ns_precision = NsPrecision::fp32;
   o.round_to_comm_dtype = true;
+  o.round_to_storage_dtypes = true;  // parameters in their dtype, state in the plan's
+  o.state_dtype = plan.settings.state_dtype;
   return o;
 }
 
@@ -43,6 +46,15 @@ std::string value(float v) {
   return os.str();
 }
 
+// One unit in the last place of `dtype` at `magnitude` (its binade's spacing): how far two values
+// that were within a tolerance before rounding to the dtype may be after it.
+double storage_ulp(DType dtype, double magnitude) {
+  const int mantissa_bits = dtype == DType::bf16 ? 7 : 23;
+  int exponent = 0;
+  std::frexp(std::max(magnitude, double{std::numeric_limits<float>::min()}), &exponent);
+  return std::ldexp(1.0, exponent - 1 - mantissa_bits);
+}
+
 }  // namespace
 
 ReferenceRun::ReferenceRun(const StepPlan& plan, Model model, RoutingRules routing,
@@ -50,12 +62,19 @@ ReferenceRun::ReferenceRun(const StepPlan& plan, Model model, RoutingRules routi
     : plan_(plan),
       seed_(seed),
       optimizer_(std::move(model), plan.settings.optimizer, std::move(routing),
-                 reference_options()) {
+                 reference_options(plan)) {
   params_ = random_params<float>(optimizer_.model(), seed_);
+  optimizer_.round_to_storage(params_);
   initial_ = params_;
-  for (const auto& dp : plan.model.params)
-    if (optimizer_.kind(static_cast<std::size_t>(dp.source)) != dp.optimizer)
+  for (const auto& dp : plan.model.params) {
+    const auto s = static_cast<std::size_t>(dp.source);
+    if (optimizer_.kind(s) != dp.optimizer)
       throw PlanError("the reference routes '" + dp.name + "' to another optimizer than the plan");
+    if (optimizer_.model().params.at(s).dtype != dp.dtype)
+      throw PlanError("the reference stores '" + dp.name + "' in " +
+                      std::string(to_string(optimizer_.model().params.at(s).dtype)) +
+                      " but the plan in " + std::string(to_string(dp.dtype)));
+  }
 }
 
 ReferenceRun::ReferenceRun(const StepPlan& plan, std::uint64_t seed)
@@ -108,15 +127,20 @@ std::optional<Mismatch> first_mismatch(const StepPlan& plan, const RankStore& st
       if (!ref->present()) continue;
       const double allowed = std::max(tolerance.absolute,
                                       std::string_view(name) == "parameter" ? movement_bound : 0.0);
-      const float* got = store.data(ref->tensor) + ref->offset;
+      const std::vector<float> got = store.read(ref->tensor, ref->offset, ref->set.numel());
+      const DType dtype = store.dtype(ref->tensor);
       std::optional<Mismatch> found;
       for_each_element(ref->set, dp.shape, [&](std::int64_t f, std::int64_t p) {
         if (found) return;
         const float w = want->at(static_cast<std::size_t>(slice.offset + f));
         if (std::memcmp(&got[p], &w, sizeof w) == 0) return;
-        if (allowed > 0 && std::isfinite(got[p]) &&
-            std::abs(static_cast<double>(got[p]) - w) <= allowed)
-          return;
+        // Both sides are rounded to the tensor's dtype at the end of every step: values within
+        // `allowed` before a rounding are within `allowed` plus one unit in the last place after
+        // it, and the next step starts from those values, so S steps add S units.
+        const double difference = std::abs(static_cast<double>(got[p]) - w);
+        const double rounding = tolerance.rounding_units * reference.steps() *
+                                storage_ulp(dtype, std::max(std::abs(got[p]), std::abs(w)));
+        if (allowed > 0 && std::isfinite(got[p]) && difference <= allowed + rounding) return;
         Mismatch m;
         m.rank = store.rank();
         m.param = dp.index;
@@ -125,7 +149,13 @@ std::optional<Mismatch> first_mismatch(const StepPlan& plan, const RankStore& st
         m.got = got[p];
         m.want = w;
         std::ostringstream bound;
-        if (allowed > 0) bound << " (allowed difference " << std::setprecision(3) << allowed << ")";
+        if (allowed > 0) {
+          bound << " (allowed difference " << std::setprecision(3) << allowed;
+          if (tolerance.rounding_units > 0)
+            bound << " + " << tolerance.rounding_units * reference.steps() << " "
+                  << to_string(dtype) << " ulp";
+          bound << ")";
+        }
         m.message = "rank " + std::to_string(m.rank) + ": " + m.tensor +
                     " differs from the single-device reference after " +
                     std::to_string(reference.steps()) + " step" +

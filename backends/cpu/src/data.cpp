@@ -137,11 +137,14 @@ void fill_parameters(const StepPlan& plan, const RankProgram& program, RankStore
     const double scale = init_scale(source), offset = init_offset(source);
     const std::uint64_t key =
         counter_key(seed, param_stream(static_cast<std::size_t>(slice.source)));
-    float* out = store.data(pieces.parameter.tensor) + pieces.parameter.offset;
+    std::vector<float> out(static_cast<std::size_t>(pieces.parameter.set.numel()));
     for_each_element(pieces.parameter.set, dp.shape, [&](std::int64_t f, std::int64_t p) {
       out[p] = static_cast<float>(
           offset + scale * keyed_uniform(key, static_cast<std::uint64_t>(slice.offset + f)));
     });
+    // Stored in the parameter's dtype (rounded), as the reference's initial values are.
+    store.write(pieces.parameter.tensor, pieces.parameter.offset,
+                static_cast<std::int64_t>(out.size()), out.data());
   }
 }
 
@@ -154,9 +157,13 @@ void fill_gradients(const StepPlan& plan, const RankProgram& program, RankStore&
     if (!pieces.gradient.present()) continue;
     const SourceSlice slice = source_slice(model, dp.index);
     const bool active = step % pieces.gradient_period == 0;
-    float* out = store.data(pieces.gradient.tensor) + pieces.gradient.offset;
+    std::vector<float> out(static_cast<std::size_t>(pieces.gradient.set.numel()), 0.0f);
+    const auto store_piece = [&] {
+      store.write(pieces.gradient.tensor, pieces.gradient.offset,
+                  static_cast<std::int64_t>(out.size()), out.data());
+    };
     if (!active) {
-      std::fill(out, out + pieces.gradient.set.numel(), 0.0f);
+      store_piece();
       continue;
     }
     const bool summed = pieces.gradient_reduced_over.empty();
@@ -175,6 +182,7 @@ void fill_gradients(const StepPlan& plan, const RankProgram& program, RankStore&
         sum += gradient_contribution(seed, sources, slice.source, step, m, members, index);
       out[p] = sum;
     });
+    store_piece();  // exact in bf16 and fp32 (the header comment)
   }
 }
 

@@ -76,6 +76,15 @@ void check_can_run(const StepPlan& plan) {
   if (comm != DType::fp32 && comm != DType::bf16)
     throw ExecutionError("the CPU executors emulate comm_dtype fp32 and bf16, not " +
                          std::string(to_string(comm)) + "; fix: set optimizer.comm_dtype");
+  const DType state = plan.settings.state_dtype;
+  if (state != DType::fp32 && state != DType::bf16)
+    throw ExecutionError("the CPU executors store optimizer state in fp32 or bf16, not " +
+                         std::string(to_string(state)) + "; fix: set the plan's state_dtype");
+  for (const auto& dp : plan.model.params)
+    if (dp.dtype != DType::fp32 && dp.dtype != DType::bf16)
+      throw ExecutionError("parameter '" + dp.name + "' is " + std::string(to_string(dp.dtype)) +
+                           ", which the CPU executors do not store (fp32 and bf16 only); fix: "
+                           "give the model's parameters dtype fp32 or bf16");
 }
 
 void run_compute(const RankOp& op, RankStore& store, const StepContext& context) {
@@ -173,7 +182,7 @@ void transpose_into(const float* in, float* out, std::int64_t rows, std::int64_t
 }
 
 void write_partial_grams(const SplitNsState& state, const RankOp& op, RankStore& store) {
-  float* ws = store.data(op.tensor);
+  float* ws = store.fp32_data(op.tensor);
   for (std::size_t k = 0; k < op.split_ns.size(); ++k) {
     const SplitNsTask& t = op.split_ns[k];
     split_ns_gram(state.x[k].data(), t.gram, t.part, ws + t.gram_offset);
@@ -190,7 +199,7 @@ SplitNsState split_ns_begin(const RankOp& op, RankStore& store, const StepContex
          "the plan op runs " + std::to_string(context.plan->ops.at(op.op).ns_steps) +
              " NS steps but the optimizer " + std::to_string(context.ns.num_steps()));
   store.allocate(op.tensor);
-  float* ws = store.data(op.tensor);
+  float* ws = store.fp32_data(op.tensor);
   SplitNsState state;
   for (const SplitNsTask& t : op.split_ns) {
     const std::vector<float> slice = store.read(t.data);
@@ -213,7 +222,7 @@ SplitNsState split_ns_begin(const RankOp& op, RankStore& store, const StepContex
 
 void split_ns_after_round(SplitNsState& state, int round, const RankOp& op, RankStore& store,
                           const StepContext& context) {
-  float* ws = store.data(op.tensor);
+  float* ws = store.fp32_data(op.tensor);
   const int steps = context.ns.num_steps();
   if (round == 0) {
     for (std::size_t k = 0; k < op.split_ns.size(); ++k) {

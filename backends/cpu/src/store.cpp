@@ -1,11 +1,13 @@
 // Rank storage (see backends/cpu/store.hpp).
 #include "backends/cpu/store.hpp"
 
+#include <algorithm>
 #include <limits>
 #include <new>
 #include <string>
 
 #include "core/base/errors.hpp"
+#include "kernels/bf16.hpp"
 
 namespace muonbed::cpu {
 
@@ -13,32 +15,67 @@ namespace {
 
 // An allocation a rank could not make: which one, how large, and what to do (instead of a bare
 // std::bad_alloc from a rank that mpirun reports as a crash).
-[[noreturn]] void out_of_memory(int rank, const std::string& what, std::int64_t numel) {
+[[noreturn]] void out_of_memory(int rank, const std::string& what, std::int64_t bytes) {
   throw ExecutionError("rank " + std::to_string(rank) + ": out of memory allocating " + what +
-                       " (" + std::to_string(numel) + " fp32 elements, " +
-                       std::to_string((numel * 4 + (1 << 20) - 1) >> 20) +
-                       " MiB); fix: a smaller model or fewer ranks per machine, or a machine "
-                       "with more memory (the analytic and sim backends predict it without "
-                       "allocating)");
+                       " (" + std::to_string(bytes) + " bytes, " +
+                       std::to_string((bytes + (1 << 20) - 1) >> 20) +
+                       " MiB in the plan's dtypes); fix: a smaller model or fewer ranks per "
+                       "machine, or a machine with more memory (the analytic and sim backends "
+                       "predict it without allocating)");
 }
 
-std::vector<float> allocate_arena(const RankProgram& program) {
-  try {
-    return std::vector<float>(static_cast<std::size_t>(program.static_numel), 0.0f);
-  } catch (const std::bad_alloc&) {
-    out_of_memory(program.rank, "its static tensors (parameters, gradients, optimizer state)",
-                  program.static_numel);
-  }
+void check_dtype(int rank, const ProgramTensor& t) {
+  if (t.dtype != DType::fp32 && t.dtype != DType::bf16)
+    throw ExecutionError("rank " + std::to_string(rank) + ": " + t.name + " is " +
+                         std::string(to_string(t.dtype)) +
+                         ", which the CPU executors do not store (fp32 and bf16 only); fix: give "
+                         "the model's parameters and the optimizer state fp32 or bf16");
 }
 
 }  // namespace
 
+void RankStore::widen(const Storage& s, std::int64_t at, std::int64_t n, float* out) {
+  if (!s.fp32.empty()) {
+    std::copy_n(s.fp32.data() + at, n, out);
+  } else {
+    bf16_bits_to_floats(s.bf16.data() + at, out, n);
+  }
+}
+
+void RankStore::narrow(Storage& s, std::int64_t at, std::int64_t n, const float* in) {
+  if (!s.fp32.empty()) {
+    std::copy_n(in, n, s.fp32.data() + at);
+  } else {
+    floats_to_bf16_bits(in, s.bf16.data() + at, n);
+  }
+}
+
 RankStore::RankStore(const RankProgram& program)
-    : program_(&program),
-      arena_(allocate_arena(program)),
-      transient_(program.tensors.size()),
-      live_(program.tensors.size(), 0) {
-  for (const auto& t : program.tensors) live_[t.id] = t.transient ? 0 : 1;
+    : program_(&program), storage_(program.tensors.size()), live_(program.tensors.size(), 0) {
+  try {
+    for (const ProgramTensor& t : program.tensors) {
+      check_dtype(program.rank, t);
+      if (t.transient) continue;
+      Storage& s = storage_[t.id];
+      if (t.dtype == DType::fp32)
+        s.fp32.assign(static_cast<std::size_t>(t.numel), 0.0f);
+      else
+        s.bf16.assign(static_cast<std::size_t>(t.numel), 0);
+      live_[t.id] = 1;
+      static_bytes_ += s.bytes();
+    }
+  } catch (const std::bad_alloc&) {
+    out_of_memory(program.rank, "its static tensors (parameters, gradients, optimizer state)",
+                  program.static_bytes);
+  }
+}
+
+bool RankStore::scratch(int tensor) const {
+  return program_->tensors.at(tensor).buffer < 0;
+}
+
+DType RankStore::dtype(int tensor) const {
+  return program_->tensors.at(tensor).dtype;
 }
 
 void RankStore::allocate(int tensor) {
@@ -46,15 +83,25 @@ void RankStore::allocate(int tensor) {
   if (!t.transient || live_[tensor])
     throw ExecutionError("rank " + std::to_string(rank()) + ": allocating " + t.name +
                          (t.transient ? ", which is already allocated" : ", which is static"));
+  Storage& s = storage_[tensor];
   try {
-    transient_[tensor].assign(static_cast<std::size_t>(t.numel),
-                              std::numeric_limits<float>::quiet_NaN());
+    // NaN: a read of an element nothing wrote fails the reference check.
+    if (t.dtype == DType::fp32)
+      s.fp32.assign(static_cast<std::size_t>(t.numel), std::numeric_limits<float>::quiet_NaN());
+    else
+      s.bf16.assign(static_cast<std::size_t>(t.numel),
+                    float_to_bf16_bits(std::numeric_limits<float>::quiet_NaN()));
   } catch (const std::bad_alloc&) {
-    out_of_memory(rank(), "buffer " + t.name, t.numel);
+    out_of_memory(rank(), "buffer " + t.name, t.bytes);
   }
   live_[tensor] = 1;
-  live_bytes_ += t.bytes;
-  peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+  if (scratch(tensor)) {
+    live_scratch_bytes_ += s.bytes();
+    peak_scratch_bytes_ = std::max(peak_scratch_bytes_, live_scratch_bytes_);
+  } else {
+    live_bytes_ += s.bytes();
+    peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+  }
 }
 
 void RankStore::release(int tensor) {
@@ -62,53 +109,104 @@ void RankStore::release(int tensor) {
   if (!t.transient || !live_[tensor])
     throw ExecutionError("rank " + std::to_string(rank()) + ": releasing " + t.name +
                          ", which is not allocated");
-  transient_[tensor] = {};
+  Storage& s = storage_[tensor];
+  (scratch(tensor) ? live_scratch_bytes_ : live_bytes_) -= s.bytes();
+  s = Storage{};
   live_[tensor] = 0;
-  live_bytes_ -= t.bytes;
 }
 
-float* RankStore::data(int tensor) {
-  return const_cast<float*>(static_cast<const RankStore*>(this)->data(tensor));
-}
-
-const float* RankStore::data(int tensor) const {
+void RankStore::check_range(int tensor, std::int64_t offset, std::int64_t count) const {
   const auto& t = program_->tensors.at(tensor);
   if (!live_[tensor])
     throw ExecutionError("rank " + std::to_string(rank()) + ": " + t.name +
                          " is used while it is not allocated");
-  return t.transient ? transient_[tensor].data() : arena_.data() + t.element_offset;
+  if (offset < 0 || count < 0 || offset + count > t.numel)
+    throw ExecutionError("rank " + std::to_string(rank()) + ": a run of " + std::to_string(count) +
+                         " elements at " + std::to_string(offset) + " lies outside " + t.name +
+                         " (" + std::to_string(t.numel) + " elements)");
+}
+
+void RankStore::read(int tensor, std::int64_t offset, std::int64_t count, float* out) const {
+  check_range(tensor, offset, count);
+  widen(storage_[tensor], offset, count, out);
+}
+
+void RankStore::write(int tensor, std::int64_t offset, std::int64_t count, const float* in) {
+  check_range(tensor, offset, count);
+  narrow(storage_[tensor], offset, count, in);
+}
+
+std::vector<float> RankStore::read(int tensor, std::int64_t offset, std::int64_t count) const {
+  std::vector<float> out(static_cast<std::size_t>(std::max<std::int64_t>(count, 0)));
+  read(tensor, offset, count, out.data());
+  return out;
+}
+
+float* RankStore::fp32_data(int tensor) {
+  const auto& t = program_->tensors.at(tensor);
+  check_range(tensor, 0, 0);
+  if (t.dtype != DType::fp32)
+    throw ExecutionError("rank " + std::to_string(rank()) + ": " + t.name + " is " +
+                         std::string(to_string(t.dtype)) + ", not fp32");
+  return storage_[tensor].fp32.data();
+}
+
+std::byte* RankStore::bytes(int tensor) {
+  return const_cast<std::byte*>(static_cast<const RankStore*>(this)->bytes(tensor));
+}
+
+const std::byte* RankStore::bytes(int tensor) const {
+  check_range(tensor, 0, 0);
+  const Storage& s = storage_[tensor];
+  return !s.fp32.empty() ? reinterpret_cast<const std::byte*>(s.fp32.data())
+                         : reinterpret_cast<const std::byte*>(s.bf16.data());
 }
 
 template <typename Fn>
 void RankStore::walk(const View& view, Fn&& fn) const {
+  // Checked once per segment (the tensor is live) and per run (bounds), so that the element loops
+  // of views with many short runs (strided pieces, all_to_all staging) stay cheap.
   for (const Segment& s : view.segments) {
-    const auto& t = program_->tensors.at(s.tensor);
-    const float* base = data(s.tensor);
+    check_range(s.tensor, 0, 0);
+    const std::int64_t numel = program_->tensors[s.tensor].numel;
     for (const Run& r : s.runs) {
-      if (r.tensor < 0 || r.tensor + r.length > t.numel || r.sequence < 0 ||
+      if (r.tensor < 0 || r.length < 0 || r.tensor + r.length > numel || r.sequence < 0 ||
           r.sequence + r.length > view.count)
         throw ExecutionError("rank " + std::to_string(rank()) + ": a run of " +
                              std::to_string(r.length) + " elements at " + std::to_string(r.tensor) +
-                             " lies outside " + t.name + " (" + std::to_string(t.numel) +
-                             " elements)");
-      fn(const_cast<float*>(base) + r.tensor, r.sequence, r.length);
+                             " (sequence offset " + std::to_string(r.sequence) + ") lies outside " +
+                             program_->tensors[s.tensor].name + " (" + std::to_string(numel) +
+                             " elements) or its view of " + std::to_string(view.count));
+      fn(s.tensor, r.tensor, r.sequence, r.length);
     }
   }
 }
 
 void RankStore::read(const View& view, float* out) const {
-  walk(view,
-       [&](float* at, std::int64_t seq, std::int64_t n) { std::copy(at, at + n, out + seq); });
+  walk(view, [&](int tensor, std::int64_t at, std::int64_t seq, std::int64_t n) {
+    widen(storage_[tensor], at, n, out + seq);
+  });
 }
 
 void RankStore::write(const View& view, const float* in) {
-  walk(view,
-       [&](float* at, std::int64_t seq, std::int64_t n) { std::copy(in + seq, in + seq + n, at); });
+  walk(view, [&](int tensor, std::int64_t at, std::int64_t seq, std::int64_t n) {
+    narrow(storage_[tensor], at, n, in + seq);
+  });
 }
 
 void RankStore::accumulate(const View& view, const float* in) {
-  walk(view, [&](float* at, std::int64_t seq, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; ++i) at[i] += in[seq + i];
+  // Each message is added in fp32 to the stored value and the sum rounded to the destination's
+  // dtype: one rounding per message, as a reduction in the buffer's dtype rounds per hop.
+  walk(view, [&](int tensor, std::int64_t at, std::int64_t seq, std::int64_t n) {
+    Storage& s = storage_[tensor];
+    if (!s.fp32.empty()) {
+      float* out = s.fp32.data() + at;
+      for (std::int64_t i = 0; i < n; ++i) out[i] += in[seq + i];
+    } else {
+      std::uint16_t* out = s.bf16.data() + at;
+      for (std::int64_t i = 0; i < n; ++i)
+        out[i] = float_to_bf16_bits(bf16_bits_to_float(out[i]) + in[seq + i]);
+    }
   });
 }
 

@@ -68,8 +68,8 @@ struct DeviceRank::Impl {
   DeviceBuffer qk_table;                              // floats, rewritten by prepare_step
   DeviceBuffer adam_scalars;                          // 3 floats, rewritten by prepare_step
   std::vector<DeviceBuffer> workspaces;               // per plan stream (NS)
-  std::vector<std::int64_t> scratch_at;               // per plan stream: element offset in the pool
-  std::vector<std::int64_t> scratch_len;              // elements
+  std::vector<std::int64_t> scratch_at;               // per plan stream: byte offset in the pool
+  std::vector<std::int64_t> scratch_len;              // fp32 elements
   std::vector<OpRuns> runs;                           // per program op
   std::vector<cudaEvent_t> done, start;               // per program op
   std::vector<std::unique_ptr<NsKernel>> ns_kernels;  // per batch: by version
@@ -78,11 +78,15 @@ struct DeviceRank::Impl {
   NsConfig ns_config;
   std::vector<char> first_op_of_stream;
 
-  float* base() const { return pool.as<float>(); }
-  DeviceRuns device_runs(const RunRef& r) const {
-    return {tables.as<std::int64_t>() + 3 * r.first, r.num_runs, r.elements};
+  std::byte* base() const { return pool.as<std::byte>(); }
+  // The fp32 elements of a view that is one stretch of an fp32 tensor (RunRef::fp32_in_place).
+  float* fp32_at(std::int64_t byte_offset) const {
+    return reinterpret_cast<float*>(base() + byte_offset);
   }
-  float* scratch(int stream) const { return base() + scratch_at[static_cast<std::size_t>(stream)]; }
+  DeviceRuns device_runs(const RunRef& r) const {
+    return {tables.as<std::int64_t>() + kRunFields * r.first, r.num_runs, r.elements};
+  }
+  float* scratch(int stream) const { return fp32_at(scratch_at[static_cast<std::size_t>(stream)]); }
 };
 
 namespace {
@@ -188,17 +192,17 @@ DeviceRank::DeviceRank(const StepPlan& plan, const RankProgram& program,
     (void)version;
     m.ns_kernels.push_back(std::move(k));
   }
-  // Pool: static | transient | scratch per stream.
-  std::int64_t at = aligned(layout_.elements());
+  // Pool: static | transient (the plan's tensors in their dtypes) | fp32 scratch per stream.
+  std::int64_t at = layout_.bytes();
   m.scratch_at.assign(m.scratch_len.size(), 0);
   for (std::size_t s = 0; s < m.scratch_len.size(); ++s) {
     m.scratch_at[s] = at;
-    at += aligned(m.scratch_len[s]);
+    at += aligned(m.scratch_len[s]) * 4;
   }
   MUONBED_GPU_CHECK(cudaSetDevice(options.device));
   {
     // Check before allocating: the whole need against what the device has free now.
-    std::size_t need = static_cast<std::size_t>(std::max<std::int64_t>(at, 1)) * sizeof(float) +
+    std::size_t need = static_cast<std::size_t>(std::max<std::int64_t>(at, 1)) +
                        table.data().size() * sizeof(std::int64_t) +
                        static_cast<std::size_t>(m.qk_floats) * 4;
     for (std::size_t w : workspace) need += std::max<std::size_t>(w, 256);
@@ -208,16 +212,15 @@ DeviceRank::DeviceRank(const StepPlan& plan, const RankProgram& program,
       auto gib = [](double b) { return std::to_string(b / (1 << 30)).substr(0, 6) + " GiB"; };
       throw ExecutionError(
           "rank " + std::to_string(program.rank) + " needs " + gib(static_cast<double>(need)) +
-          " on GPU " + std::to_string(options.device) + " (every element as fp32: static " +
-          gib(4.0 * static_cast<double>(layout_.static_elements)) + ", buffers " +
-          gib(4.0 * static_cast<double>(layout_.transient_elements)) +
-          ", scratch and NS "
-          "workspaces the rest) but " +
-          gib(static_cast<double>(free)) + " of " + gib(static_cast<double>(total)) +
+          " on GPU " + std::to_string(options.device) + " (in the plan's dtypes: static " +
+          gib(static_cast<double>(layout_.static_bytes)) + ", buffers " +
+          gib(static_cast<double>(layout_.transient_bytes)) +
+          ", fp32 scratch and NS workspaces the rest) but " + gib(static_cast<double>(free)) +
+          " of " + gib(static_cast<double>(total)) +
           " are free; fix: a smaller model or more GPUs");
     }
   }
-  m.pool = DeviceBuffer(static_cast<std::size_t>(std::max<std::int64_t>(at, 1)) * sizeof(float));
+  m.pool = DeviceBuffer(static_cast<std::size_t>(std::max<std::int64_t>(at, 1)));
   MUONBED_GPU_CHECK(cudaMemset(m.pool.data(), 0, m.pool.bytes()));
   if (!table.data().empty()) m.tables = to_device(table.data());
   m.qk_table = DeviceBuffer(static_cast<std::size_t>(std::max<std::int64_t>(m.qk_floats, 1)) * 4);
@@ -273,11 +276,12 @@ int DeviceRank::num_streams() const {
 }
 
 void DeviceRank::upload_static(const cpu::RankStore& store) {
+  // Both sides hold each tensor in its plan dtype: its bytes travel as they are.
   for (const ProgramTensor& t : program_->tensors) {
     if (t.transient || t.numel == 0) continue;
-    MUONBED_GPU_CHECK(cudaMemcpy(
-        impl_->base() + layout_.tensor_offset[static_cast<std::size_t>(t.id)], store.data(t.id),
-        static_cast<std::size_t>(t.numel) * 4, cudaMemcpyHostToDevice));
+    MUONBED_GPU_CHECK(
+        cudaMemcpy(impl_->base() + layout_.tensor_offset[static_cast<std::size_t>(t.id)],
+                   store.bytes(t.id), static_cast<std::size_t>(t.bytes), cudaMemcpyHostToDevice));
   }
 }
 
@@ -289,9 +293,11 @@ void DeviceRank::upload_gradients(const cpu::RankStore& store) {
     if (!g.present()) continue;
     const std::int64_t n = g.set.numel();
     if (n == 0) continue;
-    const std::int64_t at = layout_.tensor_offset[static_cast<std::size_t>(g.tensor)] + g.offset;
-    MUONBED_GPU_CHECK(cudaMemcpy(impl_->base() + at, store.data(g.tensor) + g.offset,
-                                 static_cast<std::size_t>(n) * 4, cudaMemcpyHostToDevice));
+    const std::int64_t width = layout_.element_bytes[static_cast<std::size_t>(g.tensor)];
+    const std::int64_t at =
+        layout_.tensor_offset[static_cast<std::size_t>(g.tensor)] + g.offset * width;
+    MUONBED_GPU_CHECK(cudaMemcpy(impl_->base() + at, store.bytes(g.tensor) + g.offset * width,
+                                 static_cast<std::size_t>(n * width), cudaMemcpyHostToDevice));
   }
 }
 
@@ -300,8 +306,8 @@ void DeviceRank::download_static(cpu::RankStore& store) const {
   for (const ProgramTensor& t : program_->tensors) {
     if (t.transient || t.numel == 0) continue;
     MUONBED_GPU_CHECK(cudaMemcpy(
-        store.data(t.id), impl_->base() + layout_.tensor_offset[static_cast<std::size_t>(t.id)],
-        static_cast<std::size_t>(t.numel) * 4, cudaMemcpyDeviceToHost));
+        store.bytes(t.id), impl_->base() + layout_.tensor_offset[static_cast<std::size_t>(t.id)],
+        static_cast<std::size_t>(t.bytes), cudaMemcpyDeviceToHost));
   }
 }
 
@@ -327,14 +333,16 @@ void DeviceRank::fill_random_static(std::uint64_t seed) {
   with_context(m, [&](CudaContext& ctx) {
     for (const ProgramTensor& t : program_->tensors) {
       if (t.transient || t.numel == 0) continue;
-      float* at = m.base() + layout_.tensor_offset[static_cast<std::size_t>(t.id)];
-      if (t.role == PieceRole::parameter || t.role == PieceRole::gradient)
-        fill_uniform_cuda(ctx, at, t.numel, seed,
-                          (static_cast<std::uint64_t>(rank()) << 32) + static_cast<unsigned>(t.id),
-                          kRandomDataScale);
+      std::byte* at = m.base() + layout_.tensor_offset[static_cast<std::size_t>(t.id)];
+      const std::uint64_t stream =
+          (static_cast<std::uint64_t>(rank()) << 32) + static_cast<unsigned>(t.id);
+      if (t.role != PieceRole::parameter && t.role != PieceRole::gradient)
+        MUONBED_GPU_CHECK(cudaMemsetAsync(at, 0, static_cast<std::size_t>(t.bytes), ctx.stream()));
+      else if (t.dtype == DType::bf16)
+        fill_uniform_bf16_cuda(ctx, at, t.numel, seed, stream, kRandomDataScale);
       else
-        MUONBED_GPU_CHECK(
-            cudaMemsetAsync(at, 0, static_cast<std::size_t>(t.numel) * 4, ctx.stream()));
+        fill_uniform_cuda(ctx, reinterpret_cast<float*>(at), t.numel, seed, stream,
+                          kRandomDataScale);
     }
   });
 }
@@ -345,12 +353,18 @@ void DeviceRank::fill_random_gradients(std::uint64_t seed, int step) {
     for (const ParamPieces& pieces : program_->params) {
       const PieceRef& g = pieces.gradient;
       if (!g.present() || g.set.numel() == 0) continue;
-      const std::int64_t at = layout_.tensor_offset[static_cast<std::size_t>(g.tensor)] + g.offset;
+      const std::int64_t width = layout_.element_bytes[static_cast<std::size_t>(g.tensor)];
+      const std::int64_t at =
+          layout_.tensor_offset[static_cast<std::size_t>(g.tensor)] + g.offset * width;
       // A stream per (step, rank): each step's gradients are fresh, never a replay of the last.
-      fill_uniform_cuda(
-          ctx, m.base() + at, g.set.numel(), seed,
-          (static_cast<std::uint64_t>(step + 1) << 40) + (static_cast<std::uint64_t>(rank()) << 20),
-          kRandomDataScale, at);
+      const std::uint64_t stream =
+          (static_cast<std::uint64_t>(step + 1) << 40) + (static_cast<std::uint64_t>(rank()) << 20);
+      if (width == 2)
+        fill_uniform_bf16_cuda(ctx, m.base() + at, g.set.numel(), seed, stream, kRandomDataScale,
+                               at / width);
+      else
+        fill_uniform_cuda(ctx, reinterpret_cast<float*>(m.base() + at), g.set.numel(), seed, stream,
+                          kRandomDataScale, at / width);
     }
   });
 }
@@ -428,34 +442,36 @@ void DeviceRank::run_memory(const RankOp& op, int step) {
   if (!m.options.poison) return;
   const ProgramTensor& t = program_->tensors.at(static_cast<std::size_t>(op.tensor));
   if (t.numel == 0) return;
+  // 0xff bytes: NaN in fp32 and in bf16.
   MUONBED_GPU_CHECK(
       cudaMemsetAsync(impl_->base() + layout_.tensor_offset[static_cast<std::size_t>(t.id)], 0xff,
-                      static_cast<std::size_t>(t.numel) * 4, s));
+                      static_cast<std::size_t>(t.bytes), s));
 }
 
 namespace {
 
-// Copies of views through a stream's scratch.
+// Copies of views through a stream's scratch: kernels compute in fp32, the pool holds each tensor
+// in its plan dtype (layout.hpp).
 struct Views {
   const DeviceRank::Impl* m;
   cudaStream_t stream;
-  float* pool;
-  // The view's elements contiguous: in place when it is one stretch of the pool, else gathered
-  // into `scratch`.
+  // The view's elements contiguous in fp32: in place when it is one stretch of an fp32 tensor,
+  // else gathered (widened) into `scratch`.
   float* read(const RunRef& r, float* scratch) const {
     if (r.elements == 0) return scratch;
-    if (r.contiguous) return pool + r.pool_begin;
-    gather_runs_cuda(stream, pool, m->device_runs(r), scratch, 4);
+    if (r.fp32_in_place()) return m->fp32_at(r.pool_begin);
+    gather_runs_cuda(stream, m->base(), m->device_runs(r), scratch, 4);
     return scratch;
   }
-  // After a kernel wrote `data` (from read): back to the pool unless it was in place.
+  // After a kernel wrote `data` (from read): back to the pool (rounded to its dtypes) unless it
+  // was in place.
   void write_back(const RunRef& r, const float* data) const {
-    if (r.elements == 0 || (r.contiguous && data == pool + r.pool_begin)) return;
-    scatter_runs_cuda(stream, pool, m->device_runs(r), data, 4, false);
+    if (r.elements == 0 || (r.fp32_in_place() && data == m->fp32_at(r.pool_begin))) return;
+    scatter_runs_cuda(stream, m->base(), m->device_runs(r), data, 4, false);
   }
   void write(const RunRef& r, const float* data) const {
     if (r.elements == 0) return;
-    scatter_runs_cuda(stream, pool, m->device_runs(r), data, 4, false);
+    scatter_runs_cuda(stream, m->base(), m->device_runs(r), data, 4, false);
   }
 };
 
@@ -469,7 +485,7 @@ void DeviceRank::run_compute(const RankOp& op) {
   if (!m.contexts.at(static_cast<std::size_t>(s)))
     fail(*this, op, "internal: no CUDA context on its stream");
   CudaContext& ctx = *m.contexts[static_cast<std::size_t>(s)];
-  const Views v{&m, ctx.stream(), m.base()};
+  const Views v{&m, ctx.stream()};
   float* scratch = m.scratch(s);
   const OptimizerConfig& config = m.plan->settings.optimizer;
   const bool bf16 = config.comm_dtype == DType::bf16;
@@ -496,9 +512,9 @@ void DeviceRank::run_compute(const RankOp& op) {
         const MatrixShape shape{batch.batch, batch.rows, batch.cols};
         const RunRef& first = r.ns[static_cast<std::size_t>(batch.tasks.front())];
         float* x = nullptr;
-        const bool in_place = batch.tasks.size() == 1 && first.contiguous;
+        const bool in_place = batch.tasks.size() == 1 && first.fp32_in_place();
         if (in_place) {
-          x = m.base() + first.pool_begin;
+          x = m.fp32_at(first.pool_begin);
         } else {
           std::int64_t at = 0;
           for (int t : batch.tasks) {
@@ -591,7 +607,7 @@ void DeviceRank::run_keep(const RankOp& op) {
   if (r.keep.empty()) return;
   const int s = m.plan->ops.at(static_cast<std::size_t>(op.op)).stream;
   cudaStream_t stream = this->stream(s);
-  const Views v{&m, stream, m.base()};
+  const Views v{&m, stream};
   for (const auto& [source, target] : r.keep) {
     if (source.elements == 0) continue;
     gather_runs_cuda(stream, m.base(), m.device_runs(source), m.scratch(s), 4);

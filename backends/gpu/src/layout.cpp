@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/base/errors.hpp"
+#include "kernels/gpu.hpp"
 #include "kernels/optimizer_math.hpp"
 #include "kernels/reference_optimizer.hpp"
 
@@ -16,6 +17,10 @@ namespace {
 
 std::int64_t align(std::int64_t elements) {
   return (elements + kAlignElements - 1) / kAlignElements * kAlignElements;
+}
+
+std::int64_t align_bytes(std::int64_t bytes) {
+  return (bytes + kPoolAlignBytes - 1) / kPoolAlignBytes * kPoolAlignBytes;
 }
 
 }  // namespace
@@ -31,17 +36,24 @@ PoolLayout plan_pool(const StepPlan& plan, const RankProgram& program) {
                            "fix: remove strategy.split_ns, or run the plan on the mpi backend");
   PoolLayout layout;
   layout.tensor_offset.assign(program.tensors.size(), -1);
-  for (const ProgramTensor& t : program.tensors)
-    if (!t.transient) {
-      layout.tensor_offset[static_cast<std::size_t>(t.id)] = t.element_offset;
-      layout.static_elements = std::max(layout.static_elements, t.element_offset + t.numel);
-    }
-  layout.transient_begin = align(layout.static_elements);
+  layout.element_bytes.assign(program.tensors.size(), 4);
+  for (const ProgramTensor& t : program.tensors) {
+    if (t.dtype != DType::fp32 && t.dtype != DType::bf16)
+      throw ExecutionError("rank " + std::to_string(program.rank) + ": " + t.name + " is " +
+                           std::string(to_string(t.dtype)) +
+                           ", which the GPU executors do not store (fp32 and bf16 only); fix: "
+                           "give the model's parameters and the optimizer state fp32 or bf16");
+    layout.element_bytes[static_cast<std::size_t>(t.id)] = bytes_of(t.dtype);
+    if (t.transient) continue;
+    layout.tensor_offset[static_cast<std::size_t>(t.id)] = layout.static_bytes;
+    layout.static_bytes += align_bytes(t.bytes);
+  }
+  layout.transient_begin = layout.static_bytes;
 
   (void)plan;
   layout.reuse_waits.assign(program.ops.size(), {});
   struct Block {
-    std::int64_t begin = 0, end = 0;  // relative to transient_begin
+    std::int64_t begin = 0, end = 0;  // bytes, relative to transient_begin
     int release = -1;                 // program op index of its release, -1 while live
     int tensor = -1;
   };
@@ -59,31 +71,31 @@ PoolLayout plan_pool(const StepPlan& plan, const RankProgram& program) {
                              std::to_string(op.op) + " releases '" + t.name +
                              "', which is not allocated");
       blocks[static_cast<std::size_t>(b)].release = static_cast<int>(i);
-      live -= t.numel;
+      live -= t.bytes;
       continue;
     }
     if (block_of[static_cast<std::size_t>(t.id)] >= 0)
       throw ExecutionError("rank " + std::to_string(program.rank) + ": plan op " +
                            std::to_string(op.op) + " allocates '" + t.name + "' a second time");
-    live += t.numel;
-    layout.peak_live_elements = std::max(layout.peak_live_elements, live);
+    live += t.bytes;
+    layout.peak_live_bytes = std::max(layout.peak_live_bytes, live);
     // Occupied: every block not released yet in plan order.
     std::vector<std::pair<std::int64_t, std::int64_t>> busy;
     for (const Block& b : blocks)
       if (b.release < 0) busy.emplace_back(b.begin, b.end);
     std::sort(busy.begin(), busy.end());
-    const std::int64_t size = align(std::max<std::int64_t>(t.numel, 1));
+    const std::int64_t size = align_bytes(std::max<std::int64_t>(t.bytes, 1));
     std::int64_t at = 0;
     for (const auto& [begin, end] : busy) {
       if (begin >= at + size) break;  // the gap before this block fits
-      at = std::max(at, align(end));
+      at = std::max(at, align_bytes(end));
     }
     // Released blocks whose space this one reuses: their releases must be done on the device
     // first, so the alloc waits for each of them (an event wait; redundant where stream order or
     // deps already order them, which is cheaper to accept than to prove under periods and
     // pass-through ops).
     for (const Block& b : blocks) {
-      if (b.release < 0 || t.numel == 0 || b.end <= at || b.begin >= at + t.numel) continue;
+      if (b.release < 0 || t.bytes == 0 || b.end <= at || b.begin >= at + t.bytes) continue;
       layout.reuse_waits[i].push_back(program.ops[static_cast<std::size_t>(b.release)].op);
     }
     std::sort(layout.reuse_waits[i].begin(), layout.reuse_waits[i].end());
@@ -91,9 +103,9 @@ PoolLayout plan_pool(const StepPlan& plan, const RankProgram& program) {
         std::unique(layout.reuse_waits[i].begin(), layout.reuse_waits[i].end()),
         layout.reuse_waits[i].end());
     block_of[static_cast<std::size_t>(t.id)] = static_cast<int>(blocks.size());
-    blocks.push_back({at, at + t.numel, -1, t.id});
+    blocks.push_back({at, at + t.bytes, -1, t.id});
     layout.tensor_offset[static_cast<std::size_t>(t.id)] = layout.transient_begin + at;
-    layout.transient_elements = std::max(layout.transient_elements, align(at + t.numel));
+    layout.transient_bytes = std::max(layout.transient_bytes, align_bytes(at + t.bytes));
   }
   return layout;
 }
@@ -105,8 +117,9 @@ std::vector<PoolRun> pool_runs(const View& view, const PoolLayout& layout) {
     if (base < 0)
       throw ExecutionError("a view reads tensor " + std::to_string(s.tensor) +
                            ", which has no place in the pool");
+    const int width = layout.element_bytes.at(static_cast<std::size_t>(s.tensor));
     for (const Run& r : s.runs)
-      if (r.length > 0) runs.push_back({r.sequence, base + r.tensor, r.length});
+      if (r.length > 0) runs.push_back({r.sequence, base + r.tensor * width, r.length, width});
   }
   std::sort(runs.begin(), runs.end(),
             [](const PoolRun& a, const PoolRun& b) { return a.sequence < b.sequence; });
@@ -117,7 +130,9 @@ std::vector<PoolRun> pool_runs(const View& view, const PoolLayout& layout) {
       throw ExecutionError("a view's runs do not cover its " + std::to_string(view.count) +
                            " elements once (a run starts at " + std::to_string(r.sequence) +
                            ", expected " + std::to_string(next) + ")");
-    if (!merged.empty() && merged.back().pool + merged.back().length == r.pool)
+    const PoolRun* last = merged.empty() ? nullptr : &merged.back();
+    if (last != nullptr && last->element_bytes == r.element_bytes &&
+        last->pool + last->length * last->element_bytes == r.pool)
       merged.back().length += r.length;
     else
       merged.push_back(r);
@@ -132,12 +147,14 @@ std::vector<PoolRun> pool_runs(const View& view, const PoolLayout& layout) {
 RunRef RunTable::add(const View& view) {
   const std::vector<PoolRun> runs = pool_runs(view, *layout_);
   RunRef ref;
-  ref.first = static_cast<std::int64_t>(data_.size() / 3);
+  ref.first = static_cast<std::int64_t>(data_.size()) / kRunFields;
   ref.num_runs = static_cast<std::int64_t>(runs.size());
   ref.elements = view.count;
   ref.contiguous = runs.size() == 1;
   ref.pool_begin = runs.empty() ? 0 : runs.front().pool;
-  for (const PoolRun& r : runs) data_.insert(data_.end(), {r.sequence, r.pool, r.length});
+  ref.element_bytes = runs.empty() ? 4 : runs.front().element_bytes;
+  for (const PoolRun& r : runs)
+    data_.insert(data_.end(), {r.sequence, r.pool, r.length, std::int64_t{r.element_bytes}});
   return ref;
 }
 

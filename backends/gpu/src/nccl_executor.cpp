@@ -245,6 +245,7 @@ class NcclExecutor::Impl {
     return *store_;
   }
   int device() const { return options_.device.device; }
+  std::int64_t pool_bytes() const { return device_->pool_bytes(); }
 
  private:
   void find_hosts() {
@@ -506,6 +507,9 @@ const RankProgram& NcclExecutor::program() const {
 }
 const cpu::RankStore& NcclExecutor::store() {
   return impl_->store();
+}
+std::int64_t NcclExecutor::pool_peak_bytes() const {
+  return impl_->pool_bytes();
 }
 std::string NcclExecutor::device_description() const {
   return describe_device(impl_->device());

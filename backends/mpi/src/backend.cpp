@@ -544,36 +544,26 @@ PointRun launch(const Job& job, int ranks, const fs::path& log_copy, std::string
   return run;
 }
 
-// Before ranks start: the host memory the CPU executor's ranks of this plan hold at once (every
-// element stored as fp32, plus each process's own ~64 MiB) against what this machine has
-// available; a point that cannot fit is refused with the numbers instead of swapping or being
-// killed halfway. A plan with more ranks than this machine has cores still counts all of them.
+// Before ranks start: the host memory the CPU executor's ranks of this plan hold at once (each
+// rank's program in the plan's dtypes, as backends/cpu's RankStore holds it: its static tensors
+// and its peak of live buffers, which is rank_memory; plus each process's own ~64 MiB, which also
+// covers the handlers' fp32 working copies of small ops) against what this machine has available;
+// a point that cannot fit is refused with the numbers instead of swapping or being killed
+// halfway. A plan with more ranks than this machine has cores still counts all of them.
 void check_host_memory(const StepPlan& plan, const std::string& label) {
   const long long available = available_memory_bytes();
   if (available < 0) return;  // no /proc/meminfo: nothing to check against
   constexpr double kPerProcess = 64.0 * (1 << 20);
   double need = 0;
   const int ranks = plan.mesh().world_size();
-  for (int r = 0; r < ranks; ++r) {
-    const RankProgram program = lower_rank_program(plan, r);
-    double transient_numel = 0, transient_bytes = 0;
-    for (const ProgramTensor& t : program.tensors) {
-      if (!t.transient) {
-        need += 4.0 * static_cast<double>(t.numel);
-      } else {
-        transient_numel += static_cast<double>(t.numel);
-        transient_bytes += static_cast<double>(t.bytes);
-      }
-    }
-    const double widen = transient_bytes > 0 ? 4.0 * transient_numel / transient_bytes : 1.0;
-    need += widen * static_cast<double>(program.memory().peak_transient_bytes) + kPerProcess;
-  }
+  for (int r = 0; r < ranks; ++r)
+    need += static_cast<double>(rank_memory(plan, r).peak_bytes()) + kPerProcess;
   if (need <= static_cast<double>(available)) return;
   const double gib = 1024.0 * 1024 * 1024;
   char text[512];
   std::snprintf(text, sizeof text,
                 "point '%s' needs about %.2f GiB of host memory in its %d ranks (the plan's "
-                "tensors stored as fp32 by the CPU executor, plus ~64 MiB per process), but this "
+                "tensors in their dtypes, rank_memory, plus ~64 MiB per process), but this "
                 "machine has %.2f GiB available (MemAvailable)",
                 label.c_str(), need / gib, ranks, static_cast<double>(available) / gib);
   throw Error(std::string(text) +

@@ -308,6 +308,7 @@ class MpiRank final : public MeasuredRank {
     return inline_ ? "inline" : std::string(to_string(executor_.compute_mode()));
   }
   void run_check_step(int step) override { executor_.run_check_step(step); }
+  std::int64_t pool_peak_bytes() const override { return executor_.store().peak_bytes(); }
 
  private:
   Executor executor_;
@@ -350,10 +351,13 @@ std::optional<Measured> measure_rank(const StepPlan& plan, MPI_Comm world, Measu
     wait_for(reduce, timeout_s, where, "summing the check step's wrong elements");
   }
 
-  // Every rank's timings to rank 0, and the cores of each rank's host.
+  // Every rank's timings to rank 0, the cores of each rank's host and its pool's peak (bytes, exact
+  // in a double up to 2^53).
+  constexpr int kTrailing = 3;
   std::vector<double> mine = flatten(kept);
   mine.push_back(messages);
   mine.push_back(static_cast<double>(available_cores()));
+  mine.push_back(static_cast<double>(executor.pool_peak_bytes()));
   const int count = static_cast<int>(mine.size());
   std::vector<int> counts(rank == 0 ? size : 0), displs(rank == 0 ? size : 0);
   MPI_Request request = MPI_REQUEST_NULL;
@@ -375,16 +379,22 @@ std::optional<Measured> measure_rank(const StepPlan& plan, MPI_Comm world, Measu
 
   std::vector<std::vector<StepTimings>> ranks(size);
   std::vector<int> cores_of_host(executor.hosts().size(), 1 << 30);
+  std::vector<std::int64_t> pool_peak(static_cast<std::size_t>(size), -1);
   std::int64_t total_messages = 0;
   for (int r = 0; r < size; ++r) {
     const double* d = all.data() + displs[r];
-    ranks[r] = unflatten(d, static_cast<std::size_t>(counts[r] - 2));
-    total_messages += static_cast<std::int64_t>(d[counts[r] - 2]);
+    const double* trailing = d + counts[r] - kTrailing;
+    ranks[r] = unflatten(d, static_cast<std::size_t>(counts[r] - kTrailing));
+    total_messages += static_cast<std::int64_t>(trailing[0]);
     int& cores = cores_of_host[executor.host_of()[r]];
-    cores = std::min(cores, static_cast<int>(d[counts[r] - 1]));
+    cores = std::min(cores, static_cast<int>(trailing[1]));
+    pool_peak[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(trailing[2]);
   }
   Measured out = build_record(plan, ranks, executor.host_of(), executor.hosts(), cores_of_host,
                               executor.compute_threads(), executor.compute_mode(), settings);
+  for (RankResult& rr : out.record.ranks)
+    if (rr.rank >= 0 && rr.rank < size)
+      rr.memory.measured_peak_bytes = pool_peak[static_cast<std::size_t>(rr.rank)];
   out.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);

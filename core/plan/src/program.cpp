@@ -1113,7 +1113,7 @@ class Lowering {
 
   // ---- sizes, offsets, memory
   void finish() {
-    std::int64_t bytes = 0, numel = 0;
+    std::int64_t bytes = 0;
     for (ProgramTensor& t : prog_.tensors) {
       if (t.transient && t.numel < 0) {  // a staging buffer this rank never stages through
         const Buffer& b = plan_.buffers.at(t.buffer);
@@ -1125,12 +1125,9 @@ class Lowering {
       t.bytes = t.numel * bytes_of(t.dtype);
       if (t.transient) continue;
       t.offset = bytes;
-      t.element_offset = numel;
       bytes += t.bytes;
-      numel += t.numel;
     }
     prog_.static_bytes = bytes;
-    prog_.static_numel = numel;
     std::int64_t live = 0;
     for (const RankOp& op : prog_.ops) {
       if (op.kind == OpKind::alloc) live += prog_.tensors[op.tensor].bytes;

@@ -795,16 +795,20 @@ std::string result_to_json(const ResultRecord& r) {
   }
   j["collectives"] = std::move(colls);
   ojson ranks = ojson::array();
-  for (const auto& rr : r.ranks)
+  for (const auto& rr : r.ranks) {
+    ojson memory{{"static_bytes", rr.memory.static_bytes},
+                 {"peak_transient_bytes", rr.memory.peak_transient_bytes},
+                 {"peak_bytes", rr.memory.peak_bytes}};
+    if (rr.memory.measured_peak_bytes >= 0)  // measured backends only
+      memory["measured_peak_bytes"] = rr.memory.measured_peak_bytes;
     ranks.push_back(ojson{{"rank", rr.rank},
                           {"node", rr.node},
                           {"average", breakdown(rr.average)},
                           {"worst", breakdown(rr.worst)},
                           {"bytes_sent", rr.bytes_sent},
                           {"bytes_received", rr.bytes_received},
-                          {"memory", ojson{{"static_bytes", rr.memory.static_bytes},
-                                           {"peak_transient_bytes", rr.memory.peak_transient_bytes},
-                                           {"peak_bytes", rr.memory.peak_bytes}}}});
+                          {"memory", std::move(memory)}});
+  }
   j["ranks"] = std::move(ranks);
   if (const TrainingResult& t = r.training; t.present)
     j["training"] = ojson{{"tokens_per_step", t.tokens_per_step},
@@ -995,9 +999,11 @@ ResultRecord result_from_json(const std::string& text) {
       x.bytes_sent = rr.at("bytes_sent").get<double>();
       x.bytes_received = rr.at("bytes_received").get<double>();
       const auto& m = rr.at("memory");
-      x.memory = {m.at("static_bytes").get<std::int64_t>(),
-                  m.at("peak_transient_bytes").get<std::int64_t>(),
-                  m.at("peak_bytes").get<std::int64_t>()};
+      x.memory = {
+          m.at("static_bytes").get<std::int64_t>(),
+          m.at("peak_transient_bytes").get<std::int64_t>(), m.at("peak_bytes").get<std::int64_t>(),
+          m.contains("measured_peak_bytes") ? m.at("measured_peak_bytes").get<std::int64_t>()
+                                            : std::int64_t{-1}};
       r.ranks.push_back(x);
     }
     if (j.contains("execution")) {  // measured backends only

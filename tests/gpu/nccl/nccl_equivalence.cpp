@@ -110,8 +110,8 @@ int main(int argc, char** argv) {
             if (verdict.empty())
               for (const ProgramTensor& t : eager.program().tensors) {
                 if (t.transient || t.role == PieceRole::gradient) continue;
-                if (std::memcmp(eager.store().data(t.id), graph.store().data(t.id),
-                                static_cast<std::size_t>(t.numel) * 4) != 0) {
+                if (std::memcmp(eager.store().bytes(t.id), graph.store().bytes(t.id),
+                                static_cast<std::size_t>(t.bytes)) != 0) {
                   verdict = "rank " + std::to_string(rank) +
                             ": graph replay differs from eager in " + t.name;
                   break;
