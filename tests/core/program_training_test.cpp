@@ -190,23 +190,3 @@ TEST_CASE("TP training ops: column and row slices, activation all-reduces of Op:
     CHECK(all_reduces == 2 * 2 * 2);
   }
 }
-
-TEST_CASE("a training step leaves the optimizer's gradient pieces as without it",
-          "[program][training]") {
-  // The forward and backward write scratch: the gradient each rank starts the optimizer with is
-  // the same piece as in the optimizer step alone (the reference's seeded gradient).
-  const std::vector<MeshDim> dims = {{"dp_shard", 2, DimRole::fsdp}};
-  const StepPlan with = hand_plan(dims, 16, 4);
-  StrategyOptions options;
-  options.name = "owner";
-  const StepPlan without = build_plan(hand_model(dims), options, PlanSettings{});
-  for (int rank = 0; rank < 2; ++rank) {
-    const RankProgram a = lower_rank_program(with, rank);
-    const RankProgram b = lower_rank_program(without, rank);
-    for (std::size_t p = 0; p < a.params.size(); ++p) {
-      INFO(with.model.params[p].name << " on rank " << rank);
-      CHECK(a.params[p].gradient.set == b.params[p].gradient.set);
-      CHECK(a.params[p].gradient_members == b.params[p].gradient_members);
-    }
-  }
-}
