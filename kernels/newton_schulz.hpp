@@ -102,5 +102,10 @@ std::string cpu_gemm_backend();
 // of Newton-Schulz, which `muonbed calibrate` times at a model's shapes.
 void cpu_gemm_abt(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, const float* b,
                   float* c);
+// C = op(A) op(B) in fp32 with that GEMM (row-major, dense; op(A) [m, k] is A^T when trans_a,
+// op(B) [k, n] is B^T when trans_b; C [m, n]): the training step's forward and backward products
+// that the CPU executors run (backends/cpu).
+void cpu_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+              const float* a, const float* b, float* c);
 
 }  // namespace muonbed

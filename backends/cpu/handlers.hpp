@@ -19,9 +19,13 @@
 // Newton-Schulz in fp32 on the whole matrix (stacks matrix by matrix), its result rounded to the
 // comm dtype, the update applied with decoupled weight decay and Muon's per-shape learning-rate
 // scale, AdamW with step count k + 1, QK-clip after the op that updates an attn_q / attn_k
-// matrix, with the seeded logits of backends/cpu/data.hpp.
+// matrix, with the seeded logits of backends/cpu/data.hpp. A training step's forward and backward
+// ops (core/plan/program.hpp's TrainingGemmTask) run real fp32 GEMMs with the rank's parameter
+// piece against seeded activations kept per thread; their outputs go to scratch, so they change
+// no data the optimizer reads.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -38,6 +42,9 @@ struct StepContext {
   std::uint64_t seed = 0;
   int step = 0;  // from 0; AdamW counts step + 1
   NsConfig ns;   // make_ns_config(plan->settings.optimizer.muon)
+  // Where forward and backward ops add the FLOPs of the GEMMs they ran (2 m n k each), counted
+  // as they run, to check against the plan's op_flops; null: not counted.
+  std::atomic<double>* gemm_flops = nullptr;
 };
 StepContext make_step_context(const StepPlan& plan, std::uint64_t seed, int step);
 
@@ -45,7 +52,8 @@ StepContext make_step_context(const StepPlan& plan, std::uint64_t seed, int step
 // dtype, the state dtype or a parameter's dtype).
 void check_can_run(const StepPlan& plan);
 
-// Runs compute op `op` (momentum, newton_schulz, apply_update, adamw, pack, unpack) and its keep
+// Runs compute op `op` (momentum, newton_schulz, apply_update, adamw, pack, unpack, forward,
+// backward) and its keep
 // copies on the rank's store.
 void run_compute(const RankOp& op, RankStore& store, const StepContext& context);
 // Runs the keep copies of a collective once its phases are done.

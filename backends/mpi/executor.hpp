@@ -113,6 +113,9 @@ struct StepTimings {
   double mpi_s = 0;
   double idle_s = 0;
   std::int64_t wrong_elements = 0;  // run_check_step: received elements off the pattern
+  // FLOPs of the GEMMs the rank's forward and backward ops ran (a training step), counted by the
+  // CPU handlers as they multiply: the check of the plan's op_flops.
+  double gemm_flops = 0;
 };
 
 class Executor {

@@ -17,6 +17,11 @@
 //                                         starts with, then (the step consumes the gradient) the
 //                                         Muon update and result pieces that no transient buffer
 //                                         holds; every piece starts at element 0 of the slot.
+//   activation workspace                  static, only in a training step: the largest
+//                                         activation collective's elements (its own part and
+//                                         what it receives), which every such collective of
+//                                         the rank moves through (in static_bytes, which
+//                                         then exceeds rank_memory's optimizer-step figure).
 //   buffer                                transient, one per plan Buffer allocated on the rank
 //                                         (alloc .. release): its params' pieces back to back
 //                                         (piece of p = index_set(rank, buffer.gathered)), or,
@@ -44,6 +49,14 @@
 // the concatenated pieces, then an all-gather of them, as plan.hpp's byte counts assume). Each
 // phase reads every send and the rank's own part before writing anything, so outputs may overlap
 // inputs (in-place reduce-scatter into the gradient slot).
+//
+// The training step (core/plan/training.hpp). Parameters are pieces too: the step starts with
+// the rank's own piece in its parameter tensor, an FSDP all_gather (TensorRole::parameter, in the
+// params' dtype on the wire) writes the gathered piece into its buffer's slot (never the gradient
+// slot: that is an error), and forward / backward ops read the latest piece that contains the one
+// they compute with (TrainingGemmTask). Activation collectives carry Op::bytes of bf16 through
+// the activation workspace: all_reduce as above, all_gather member s's block at s, all_to_all the
+// send buffer's block j to member j and into the receive half, send root to peer.
 //
 // Memory. RankProgram::memory() is the static tensors plus the peak, along plan order, of live
 // buffers, in the plan's dtypes (parameters in their dtype, the gradient slot as wide as the wider
@@ -227,6 +240,20 @@ struct AdamwTask {
   bool operator==(const AdamwTask&) const = default;
 };
 
+// A training step's forward or backward op (core/plan/training.hpp's TrainingMatrix, whose sizes
+// it carries): real GEMMs with the rank's piece of the param, read from where the FSDP gather left
+// it (or the parameter itself), against seeded activations the executor keeps. Backward writes
+// its weight gradient to scratch: the gradient slot keeps the step's seeded gradient, so the
+// optimizer's numerics stay those of the reference (backends/cpu/data.hpp).
+struct TrainingGemmTask {
+  int param = -1;
+  View weight;  // the piece, row-major [matrices, rows, cols]
+  std::int64_t matrices = 1, rows = 0, cols = 0;
+  std::vector<std::int64_t> token_rows;  // per matrix
+  std::int64_t attention_chunks = 0, chunk_rows = 0, keys = 0, width = 0;
+  bool operator==(const TrainingGemmTask&) const = default;
+};
+
 // One op of the plan as this rank runs it.
 struct RankOp {
   int op = -1;  // plan op id
@@ -238,6 +265,7 @@ struct RankOp {
   std::vector<ApplyTask> apply;
   std::vector<AdamwTask> adamw;
   std::vector<SplitNsTask> split_ns;
+  std::vector<TrainingGemmTask> training;  // forward, backward
   std::vector<LocalCopy> copies;  // pack, unpack
   // collectives
   int communicator = -1;

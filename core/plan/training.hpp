@@ -67,6 +67,27 @@ double training_op_flops(const StepPlan& plan, const Op& op, int rank);
 // GEMM-efficiency curve when the profile gives no training efficiency.
 double training_gemm_min_dim(const StepPlan& plan, const Op& op, int rank);
 
+// The matrices a forward or backward op multiplies on `rank`, as the real executors run them
+// (core/plan/program.hpp's TrainingGemmTask): per param of the op the rank holds (matrices and
+// stacks; no embedding lookup, no vectors), its piece after the op's gathers, the activation rows
+// of each matrix (the op's tokens; a routed expert's share of top-k x tokens), and for a query
+// projection attention's products per sequence chunk: scores [chunk_rows x keys] over `width`
+// query columns, then scores x values, the full non-causal count of training_op_flops. Forward
+// runs Y = X W^T per matrix and the two attention products; backward dX = dY W, dW = dY^T X and
+// the four attention gradients: twice the forward's FLOPs.
+struct TrainingMatrix {
+  int param = -1;
+  ShardIndexSet set;  // the rank's piece (index set with the op's gathered dims)
+  std::int64_t matrices = 1;
+  std::int64_t rows = 0, cols = 0;       // of each matrix of the piece
+  std::vector<std::int64_t> token_rows;  // activation rows, per matrix
+  std::int64_t attention_chunks = 0;     // query projections: sequences of the op's tokens
+  std::int64_t chunk_rows = 0;           // query rows per chunk (seq_len / cp)
+  std::int64_t keys = 0;                 // keys each query attends to (seq_len)
+  std::int64_t width = 0;                // query columns of the rank (its heads x head_dim)
+};
+std::vector<TrainingMatrix> training_matrices(const StepPlan& plan, const Op& op, int rank);
+
 // What the training ops of a plan emitted, for the gradient sync and the optimizer after them.
 struct TrainingEmission {
   // param -> the ops after which its gradient is complete on its holders (its part's last

@@ -16,6 +16,11 @@
 //                  machine against this one, not the model, and compare warns with the fix
 //   runs           with several results folders of the same experiment, the measured step is
 //                  the median over the runs and the table shows their spread
+//   training       points with a training step (core/plan/training.hpp): the training section's
+//                  step, the same step with AdamW for every parameter, Muon's overhead (step /
+//                  AdamW step - 1) and the optimizer's share (exposed optimizer time over the
+//                  step), measured beside each prediction; the overhead's error in percentage
+//                  points (predicted - measured), beside the point's noise_pct
 //   ranking        per group of points that differ only in the strategy (the sweep label without
 //                  its strategy.* parts: the same mesh and model sizes): Kendall's tau-b between
 //                  measured and predicted step times (1 = same order); each swapped pair
@@ -67,12 +72,24 @@ PhaseTimes mean_phases(const ResultRecord& record);
 // average step.
 double compared_step_seconds(const ResultRecord& record);
 
+// A record's training section as compare shows it (absent: present false).
+struct ComparedTraining {
+  bool present = false;
+  double step_s = 0;        // TrainingResult::step_s (the average step)
+  double adamw_step_s = 0;  // 0: the AdamW twin did not run
+  double muon_overhead_pct = 0;    // 100 x (step / AdamW step - 1)
+  double optimizer_share_pct = 0;  // 100 x exposed_optimizer_s / step_s
+  // Predicted backends: predicted - measured overhead, in percentage points.
+  double overhead_error_pp = 0;
+};
+
 struct ComparedBackend {
   std::string backend;
   std::string path;
   double step_s = 0;
   double error_pct = 0;  // predicted backends: against the measured one
   PhaseTimes phases;
+  ComparedTraining training;
 };
 
 struct ComparedPoint {

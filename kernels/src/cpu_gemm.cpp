@@ -72,4 +72,24 @@ void sgemm(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float a
 #endif
 }
 
+void sgemm_ab(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+              const float* a, const float* b, float* c) {
+  const std::int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+#if MUONBED_KERNELS_HAVE_CBLAS
+  for (std::int64_t v : {m, n, k}) {
+    if (v > INT_MAX) throw Error("sgemm: dimension " + std::to_string(v) + " exceeds BLAS's int");
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), 1.0f, a, static_cast<int>(lda), b, static_cast<int>(ldb), 0.0f,
+              c, static_cast<int>(n));
+#else
+  if (!trans_a) return gemm_loops<float>(trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
+  std::vector<float> at(static_cast<std::size_t>(m * k));
+  for (std::int64_t p = 0; p < k; ++p)
+    for (std::int64_t i = 0; i < m; ++i) at[static_cast<std::size_t>(i * k + p)] = a[p * m + i];
+  gemm_loops<float>(trans_b, m, n, k, 1.0f, at.data(), k, b, ldb, 0.0f, c, n);
+#endif
+}
+
 }  // namespace muonbed::detail

@@ -18,6 +18,11 @@ void sgemm(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float a
            const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
            std::int64_t ldc);
 
+// C = op(A) op(B), op(A) [M, K] (A^T when trans_a), dense row-major operands: cblas_sgemm when
+// available, else A^T copied out and gemm_loops<float>.
+void sgemm_ab(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+              const float* a, const float* b, float* c);
+
 bool have_cblas();
 
 }  // namespace muonbed::detail

@@ -287,6 +287,11 @@ void cpu_gemm_abt(std::int64_t m, std::int64_t n, std::int64_t k, const float* a
   detail::sgemm(true, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n);
 }
 
+void cpu_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+              const float* a, const float* b, float* c) {
+  detail::sgemm_ab(trans_a, trans_b, m, n, k, a, b, c);
+}
+
 std::string cpu_gemm_backend() {
   return detail::have_cblas() ? "OpenBLAS cblas_sgemm" : "blocked loops";
 }

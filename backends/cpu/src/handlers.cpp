@@ -60,6 +60,92 @@ void qk_clip(const QkClipRows& qk, std::vector<float>& values, const StepContext
                qk.head_dim, scales, qk.global_rows.data());
 }
 
+// Scratch of the training step's GEMMs, per thread (a rank's streams compute at once): a seeded
+// pool every operand but the weights reads (activations and their gradients: values of a fixed
+// hash in [-1, 1], so no operand is denormal and the fp32 sums stay small), and two output pools.
+struct TrainingScratch {
+  std::vector<float> seeded, first, second;
+};
+
+float* grown(std::vector<float>& v, std::int64_t n) {
+  if (static_cast<std::int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
+  return v.data();
+}
+
+const float* seeded(TrainingScratch& s, std::int64_t n) {
+  const auto had = static_cast<std::int64_t>(s.seeded.size());
+  if (had < n) {
+    s.seeded.resize(static_cast<std::size_t>(n));
+    for (std::int64_t i = had; i < n; ++i) {
+      const std::uint64_t h = (static_cast<std::uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull;
+      s.seeded[static_cast<std::size_t>(i)] =
+          static_cast<float>(static_cast<double>((h >> 40) % 2001) / 1000.0 - 1.0);
+    }
+  }
+  return s.seeded.data();
+}
+
+// forward / backward: Y = X W^T per matrix (backward: dX = dY W and dW = dY^T X) and a query
+// projection's attention products per sequence chunk (TrainingGemmTask; FLOPs counted as run).
+void run_training(const RankOp& op, RankStore& store, const StepContext& context) {
+  thread_local TrainingScratch scratch;
+  const bool backward = op.kind == OpKind::backward;
+  const auto gemm = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                        const float* a, const float* b, float* c) {
+    if (m <= 0 || n <= 0 || k <= 0) return;
+    cpu_gemm(ta, tb, m, n, k, a, b, c);
+    if (context.gemm_flops != nullptr)
+      *context.gemm_flops += 2.0 * static_cast<double>(m) * static_cast<double>(n) *
+                             static_cast<double>(k);
+    progress_point();
+  };
+  std::vector<float> copied;
+  for (const TrainingGemmTask& t : op.training) {
+    const std::int64_t per = t.rows * t.cols;
+    if (t.weight.count != t.matrices * per)
+      fail(store, op, &context,
+           "weights of " + std::to_string(t.weight.count) + " elements, expected " +
+               std::to_string(t.matrices) + " x " + std::to_string(t.rows) + " x " +
+               std::to_string(t.cols));
+    // The piece in place when it is one run (a gathered buffer's slot, the parameter itself).
+    const float* w = nullptr;
+    if (t.weight.segments.size() == 1 && t.weight.segments[0].runs.size() == 1) {
+      w = store.data(t.weight.segments[0].tensor) + t.weight.segments[0].runs[0].tensor;
+    } else {
+      copied = store.read(t.weight);
+      w = copied.data();
+    }
+    for (std::int64_t e = 0; e < t.matrices; ++e) {
+      const std::int64_t m = t.token_rows.at(static_cast<std::size_t>(e));
+      const float* we = w + e * per;
+      const float* in = seeded(scratch, m * std::max(t.rows, t.cols));
+      if (!backward) {
+        gemm(false, true, m, t.rows, t.cols, in, we, grown(scratch.first, m * t.rows));
+      } else {
+        gemm(false, false, m, t.cols, t.rows, in, we, grown(scratch.first, m * t.cols));
+        gemm(true, false, t.rows, t.cols, m, in, in, grown(scratch.second, per));
+      }
+    }
+    // Attention of one chunk: scores S [q, keys] = Q K^T, output O = S V; backward
+    // dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q.
+    const std::int64_t q = t.chunk_rows, keys = t.keys, width = t.width;
+    for (std::int64_t c = 0; c < t.attention_chunks; ++c) {
+      const float* in = seeded(scratch, std::max(q, keys) * std::max(width, keys));
+      float* scores = grown(scratch.first, q * keys);
+      float* out = grown(scratch.second, std::max(q, keys) * width);
+      if (!backward) {
+        gemm(false, true, q, keys, width, in, in, scores);
+        gemm(false, false, q, width, keys, scores, in, out);
+      } else {
+        gemm(false, true, q, keys, width, in, in, scores);
+        gemm(true, false, keys, width, q, in, in, out);
+        gemm(false, false, q, width, keys, scores, in, out);
+        gemm(true, false, keys, width, q, scores, in, out);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 StepContext make_step_context(const StepPlan& plan, std::uint64_t seed, int step) {
@@ -154,6 +240,10 @@ void run_compute(const RankOp& op, RankStore& store, const StepContext& context)
     case OpKind::pack:
     case OpKind::unpack:
       for (const auto& c : op.copies) copy(store, c);
+      break;
+    case OpKind::forward:
+    case OpKind::backward:
+      run_training(op, store, context);
       break;
     default:
       fail(store, op, &context, "is not a compute op");

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -285,6 +286,8 @@ class Executor::Impl final : public OpHandler {
     current_op_ = -1;
     cpu::fill_gradients(plan_, program_, *store_, options_.seed, step);
     context_ = cpu::make_step_context(plan_, options_.seed, step);
+    gemm_flops_ = 0;
+    context_.gemm_flops = &gemm_flops_;
     timings_ = StepTimings{};
     timings_.step = step;
     hang_op_ = -1;
@@ -318,6 +321,7 @@ class Executor::Impl final : public OpHandler {
           idle_wait(std::chrono::microseconds(sleep_us));
         }
       }
+      timings_.gemm_flops = gemm_flops_;
     } catch (const Located&) {
       throw;
     } catch (const std::exception& e) {
@@ -967,6 +971,7 @@ class Executor::Impl final : public OpHandler {
   std::vector<std::unique_ptr<Active>> active_;
 
   cpu::StepContext context_;
+  std::atomic<double> gemm_flops_{0};
   Clock::time_point t0_ = Clock::now();
   Clock::time_point last_progress_ = t0_;
   StepTimings timings_;

@@ -232,9 +232,10 @@ PieceRole piece_role(TensorRole role) {
       return PieceRole::update;
     case TensorRole::result:
       return PieceRole::result;
+    case TensorRole::parameter:  // FSDP's gathers of a training step
+      return PieceRole::parameter;
     case TensorRole::none:
-    case TensorRole::parameter:  // training ops: refused before lowering
-    case TensorRole::activation:
+    case TensorRole::activation:  // sized by the op, in the activation workspace
       break;
   }
   return PieceRole::update;
@@ -256,7 +257,8 @@ class Lowering {
         rank_(rank),
         options_(options),
         keeps_(keeps),
-        probe_(probe) {}
+        probe_(probe),
+        training_(has_training_ops(plan)) {}
 
   Keeps keep_requests;
 
@@ -385,6 +387,10 @@ class Lowering {
       pp.held = holds(p);
       if (!pp.held) continue;
       static_tensor(PieceRole::parameter, p, piece(p, rank_, DimSet{}), pp.parameter);
+      // A training step reads parameters as pieces (FSDP gathers them into buffers).
+      if (training_)
+        entries_[p].push_back(
+            {PieceRole::parameter, pp.parameter.tensor, 0, pp.parameter.set, -1});
       grow(gradient_slot(p), pp.parameter.set.numel());  // results come back at least here
       // The gradient: the input of its first sync op, else the piece its first reader computes on.
       const Op* first = nullptr;
@@ -497,7 +503,7 @@ class Lowering {
       if (!live_[it->tensor]) fail("internal: entry in a released tensor");
       return make_view(it->tensor, it->offset, runs_between(set, it->set), set.numel());
     }
-    if (probe_) {
+    if (probe_ && role != PieceRole::parameter) {  // a gathered parameter is gathered again
       for (auto lost = lost_[p].rbegin(); lost != lost_[p].rend(); ++lost) {
         if (lost->role == role && contains(lost->set, set)) {
           // Keep what is read; when different parts are read, the whole piece.
@@ -575,6 +581,9 @@ class Lowering {
         return unpack(op, rop);
       case OpKind::split_newton_schulz:
         return split_newton_schulz(op, rop);
+      case OpKind::forward:
+      case OpKind::backward:
+        return training_gemms(op, rop);
       default:
         return collective(op, rop);
     }
@@ -816,8 +825,14 @@ class Lowering {
       rop.bystander = true;
       return;
     }
+    if (op.tensor == TensorRole::activation) return activation(op, rop, g);
     for (int p : op.params)
       if (!holds(p)) fail("moves " + param_name(p) + ", which this rank does not hold");
+    if (op.tensor == TensorRole::parameter) {
+      // Parameters travel in their dtype (plan.hpp's pieces_bytes), as the CPU emulates it.
+      const DType dtype = op.params.empty() ? DType::fp32 : param(op.params.front()).dtype;
+      rop.wire_dtype = bytes_of(dtype) == 2 ? DType::bf16 : DType::fp32;
+    }
     if (op.kind == OpKind::all_reduce) return all_reduce(op, rop, g);
     const PieceRole role = piece_role(op.tensor);
     const bool reduce = op.kind == OpKind::reduce_scatter;
@@ -874,6 +889,10 @@ class Lowering {
         if (!receives) continue;
         target_sets[k] = target_set(op, g, g.me, op.params[k]);
         target[k] = write(role, op.params[k], target_sets[k]);
+        if (role == PieceRole::parameter &&
+            !prog_.tensors[target[k].segments.front().tensor].transient)
+          fail("gathers " + param_name(op.params[k]) + " " + set_string(target_sets[k]) +
+               " but no live buffer has a slot of that piece (it would overwrite the gradient)");
       }
       for (int s = 0; s < g.n; ++s) {
         View data;
@@ -952,6 +971,91 @@ class Lowering {
     number(gather);
     rop.phases.push_back(std::move(scatter));
     rop.phases.push_back(std::move(gather));
+  }
+
+  // ---- the training step (core/plan/training.hpp)
+
+  // forward / backward: one task per matrix piece the rank computes with (TrainingMatrix).
+  void training_gemms(const Op& op, RankOp& rop) {
+    for (const TrainingMatrix& m : training_matrices(plan_, op, rank_)) {
+      TrainingGemmTask task;
+      task.param = m.param;
+      task.weight = read(PieceRole::parameter, m.param, m.set);
+      task.matrices = m.matrices;
+      task.rows = m.rows;
+      task.cols = m.cols;
+      task.token_rows = m.token_rows;
+      task.attention_chunks = m.attention_chunks;
+      task.chunk_rows = m.chunk_rows;
+      task.keys = m.keys;
+      task.width = m.width;
+      rop.training.push_back(std::move(task));
+    }
+  }
+
+  // The static tensor every activation collective of the rank moves through, grown to `numel`.
+  int activation_workspace(std::int64_t numel) {
+    if (activation_workspace_ < 0)
+      activation_workspace_ =
+          add_tensor("activation workspace", PieceRole::staging, DType::bf16, -1, -1, false);
+    grow(activation_workspace_, numel);
+    return activation_workspace_;
+  }
+
+  // An activation collective (TP all_reduce, CP all_gather, EP all_to_all, PP send): Op::bytes of
+  // bf16 activations per member (plan.hpp's sizes), seeded data in the activation workspace.
+  void activation(const Op& op, RankOp& rop, const GroupInfo& g) {
+    rop.wire_dtype = DType::bf16;
+    const std::int64_t count = (op.bytes + 1) / 2;  // bf16 elements
+    ExchangePhase phase;
+    switch (op.kind) {
+      case OpKind::all_reduce: {
+        const int ws = activation_workspace(count);
+        return all_reduce_phases(contiguous_view(ws, 0, count), count, g, rop);
+      }
+      case OpKind::all_gather: {  // member s's part at block s
+        const int ws = activation_workspace(count * g.n);
+        const View mine = contiguous_view(ws, count * g.me, count);
+        for (int j = 0; j < g.n; ++j) {
+          if (j == g.me || count == 0) continue;
+          phase.sends.push_back({j, g.members[j], count, 0, mine});
+          phase.recvs.push_back({j, g.members[j], count, 0, contiguous_view(ws, count * j, count)});
+        }
+        break;
+      }
+      case OpKind::all_to_all: {  // the send buffer's block j to member j (all_to_all_bytes)
+        const std::int64_t block = count / g.n;
+        const int ws = activation_workspace(2 * count);
+        for (int j = 0; j < g.n; ++j) {
+          const View out = contiguous_view(ws, block * j, block);
+          const View in = contiguous_view(ws, count + block * j, block);
+          if (j == g.me) {
+            phase.self_source = out;
+            phase.self_target = in;
+          } else if (block > 0) {
+            phase.sends.push_back({j, g.members[j], block, 0, out});
+            phase.recvs.push_back({j, g.members[j], block, 0, in});
+          }
+        }
+        break;
+      }
+      case OpKind::send:
+      case OpKind::recv: {
+        const int ws = activation_workspace(count);
+        const View message = contiguous_view(ws, 0, count);
+        if (count == 0) break;
+        if (g.me == op.root)
+          phase.sends.push_back({op.peer, g.members[op.peer], count, 0, message});
+        else
+          phase.recvs.push_back({op.root, g.members[op.root], count, 0, message});
+        break;
+      }
+      default:
+        fail("activations move by all_reduce, all_gather, all_to_all or send, not " +
+             std::string(to_string(op.kind)));
+    }
+    number(phase);
+    rop.phases.push_back(std::move(phase));
   }
 
   // split_newton_schulz (core/plan/split_ns.hpp): each member's slice stays where the gather left
@@ -1142,6 +1246,8 @@ class Lowering {
   LowerOptions options_;
   const Keeps& keeps_;
   bool probe_;
+  bool training_;
+  int activation_workspace_ = -1;
   RankProgram prog_;
   const Op* op_ = nullptr;
   std::vector<std::vector<Entry>> entries_;
@@ -1167,11 +1273,6 @@ RankProgram lower_rank_program(const StepPlan& plan, int rank, const LowerOption
   if (rank < 0 || rank >= plan.model.mesh.world_size())
     throw PlanError("lowering: rank " + std::to_string(rank) + " is outside the plan's " +
                     std::to_string(plan.model.mesh.world_size()) + " ranks");
-  if (has_training_ops(plan))
-    throw PlanError(
-        "lowering: this plan holds a training step (forward, backward and their communication), "
-        "which the real executors do not run yet; fix: run it on the analytic model and the "
-        "simulator (backend: [analytic, sim]), or remove the training section");
   // Pass 1 finds the results apply_update reads after their buffer is released; pass 2 lowers
   // with the producing ops keeping the rank's own piece of them.
   const Keeps none;

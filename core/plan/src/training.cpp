@@ -3,6 +3,7 @@
 #include "core/plan/training.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "core/base/errors.hpp"
@@ -178,6 +179,45 @@ double training_gemm_min_dim(const StepPlan& plan, const Op& op, int rank) {
         smallest = std::min(smallest, static_cast<double>(n));
   }
   return smallest;
+}
+
+std::vector<TrainingMatrix> training_matrices(const StepPlan& plan, const Op& op, int rank) {
+  std::vector<TrainingMatrix> out;
+  if (op.kind != OpKind::forward && op.kind != OpKind::backward) return out;
+  const DeviceMesh& mesh = plan.mesh();
+  const TrainingOptions& o = plan.settings.training;
+  for (int p : op.params) {
+    const auto& dp = plan.model.params[p];
+    if (dp.shape.size() < 2 || dp.role == ParamRole::embedding || !dp.layout.holds(mesh, rank))
+      continue;
+    TrainingMatrix m;
+    m.param = p;
+    m.set = dp.layout.index_set(mesh, rank, op.gathered);
+    const std::size_t nd = m.set.dims.size();
+    m.rows = m.set.dims[nd - 2].size();
+    m.cols = m.set.dims[nd - 1].size();
+    for (std::size_t d = 0; d + 2 < nd; ++d) m.matrices *= m.set.dims[d].size();
+    if (m.set.numel() == 0) continue;
+    if (is_expert(dp.role)) {
+      // The rank's experts take their share of the routed rows, split as evenly as whole rows go.
+      const std::int64_t routed = static_cast<std::int64_t>(std::llround(
+          expert_rows(plan, op) * static_cast<double>(m.matrices) /
+          static_cast<double>(std::max<std::int64_t>(1, dp.batch()))));
+      for (std::int64_t e = 0; e < m.matrices; ++e)
+        m.token_rows.push_back(routed / m.matrices + (e < routed % m.matrices ? 1 : 0));
+    } else {
+      m.token_rows.assign(static_cast<std::size_t>(m.matrices), op.tokens);
+    }
+    if (is_query(dp.role) && o.seq_len > 0) {
+      const TrainingShape shape = training_shape(plan.model, o);
+      m.chunk_rows = o.seq_len / shape.context_parallel;
+      m.attention_chunks = m.chunk_rows > 0 ? op.tokens / m.chunk_rows : 0;
+      m.keys = o.seq_len;
+      m.width = m.set.numel() / dp.cols();  // training_op_flops' query rows of the rank
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
 }
 
 TrainingEmission emit_training(PlanBuilder& b, const TrainingOptions& o) {

@@ -79,6 +79,13 @@ ComparedBackend compared(const std::string& backend, const ResultRecord& r,
   c.path = path;
   c.step_s = compared_step_seconds(r);
   c.phases = mean_phases(r);
+  if (const TrainingResult& t = r.training; t.present) {
+    c.training.present = true;
+    c.training.step_s = t.step_s;
+    c.training.adamw_step_s = t.adamw_step_s;
+    c.training.muon_overhead_pct = 100 * t.muon_overhead;
+    c.training.optimizer_share_pct = t.step_s > 0 ? 100 * t.exposed_optimizer_s / t.step_s : 0;
+  }
   return c;
 }
 
@@ -244,6 +251,9 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
       if (it == p.records.end()) continue;
       ComparedBackend pb = compared(b, it->second, path(b));
       pb.error_pct = error_percent(pb.step_s, c.measured.step_s);
+      if (pb.training.present && c.measured.training.present)
+        pb.training.overhead_error_pp =
+            pb.training.muon_overhead_pct - c.measured.training.muon_overhead_pct;
       c.predicted.push_back(pb);
       if (const auto t = p.traces.find(b); t != p.traces.end()) c.predicted_traces[b] = t->second;
     }
@@ -565,6 +575,13 @@ nlohmann::ordered_json compare_json(const CompareReport& report) {
     J j{{"backend", b.backend}, {"path", b.path}, {"step_s", b.step_s}};
     if (predicted) j["error_pct"] = b.error_pct;
     j["phases"] = phases(b.phases);
+    if (const ComparedTraining& t = b.training; t.present) {
+      j["training"] = J{{"step_s", t.step_s},
+                        {"adamw_step_s", t.adamw_step_s},
+                        {"muon_overhead_pct", t.muon_overhead_pct},
+                        {"optimizer_share_pct", t.optimizer_share_pct}};
+      if (predicted) j["training"]["overhead_error_pp"] = t.overhead_error_pp;
+    }
     return j;
   };
   J out;
@@ -643,6 +660,42 @@ nlohmann::ordered_json compare_json(const CompareReport& report) {
   out["notes"] = report.notes;
   return out;
 }
+
+namespace {
+
+// Points with a training step: measured beside predicted step, AdamW step, Muon's overhead and
+// the optimizer's share, and the overhead's error in percentage points beside the noise.
+std::string training_table(const CompareReport& report) {
+  const bool any = std::any_of(report.points.begin(), report.points.end(),
+                               [](const ComparedPoint& c) { return c.measured.training.present; });
+  if (!any) return "";
+  const auto ms = [](double s) { return s > 0 ? strf("%.2f", s * 1e3) : std::string("-"); };
+  std::string out =
+      "\ntraining step (step and AdamW step in ms, average step; Muon +: step / AdamW step - 1; "
+      "opt share: exposed optimizer / step; error: predicted - measured Muon +, in percentage "
+      "points; noise: the measured step's, as above):\n";
+  out += strf("  %-40s %-9s %9s %9s %8s %9s %8s %7s\n", "point", "backend", "step", "AdamW",
+              "Muon +", "opt share", "error", "noise");
+  const auto row = [&](const std::string& point, const ComparedBackend& b, bool predicted,
+                       double noise) {
+    const ComparedTraining& t = b.training;
+    const std::string label = point.size() > 40 ? point.substr(0, 37) + "..." : point;
+    return strf("  %-40s %-9s %9s %9s %7.1f%% %8.1f%% %8s %7s\n", label.c_str(),
+                b.backend.c_str(), ms(t.step_s).c_str(), ms(t.adamw_step_s).c_str(),
+                t.muon_overhead_pct, t.optimizer_share_pct,
+                predicted ? strf("%+.1f pp", t.overhead_error_pp).c_str() : "",
+                predicted ? "" : strf("%.1f%%", noise).c_str());
+  };
+  for (const ComparedPoint& c : report.points) {
+    if (!c.measured.training.present) continue;
+    out += row(c.point, c.measured, false, c.noise_pct);
+    for (const ComparedBackend& b : c.predicted)
+      if (b.training.present) out += row("", b, true, 0);
+  }
+  return out;
+}
+
+}  // namespace
 
 std::string compare_table(const CompareReport& report) {
   const auto ms = [](double s) { return strf("%.2f", s * 1e3); };
@@ -738,6 +791,7 @@ std::string compare_table(const CompareReport& report) {
         }
     }
   }
+  out += training_table(report);
   out += "\nerror |predicted - measured| / measured:\n";
   for (const ErrorSummary& s : report.summaries)
     out += strf("  %-9s %-19s %3d points: median %.1f %%, max %.1f %%, mean signed %+.1f %%\n",

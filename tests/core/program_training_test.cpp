@@ -1,0 +1,192 @@
+// Host tests of the lowering of a training step (core/plan/program.hpp's TrainingGemmTask, the
+// parameter gathers and the activation collectives) on a one-layer model small enough to count
+// by hand: the GEMM shapes of every forward and backward task, the FLOPs they multiply against
+// op_flops' formula, where FSDP's gathers land (a buffer, never the gradient slot), and the
+// per-peer element counts of the activation collectives against Op::bytes.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "core/model/parallelize.hpp"
+#include "core/plan/plan.hpp"
+#include "core/plan/program.hpp"
+#include "core/plan/strategy.hpp"
+#include "core/plan/training.hpp"
+
+using namespace muonbed;
+
+namespace {
+
+// The one-layer model of tests/core/training_test.cpp: hidden 8, MLP 32, vocabulary 16.
+ShardedModel hand_model(const std::vector<MeshDim>& dims) {
+  Model model;
+  model.name = "hand";
+  model.num_layers = 1;
+  model.params = {{"embed", {16, 8}, DType::bf16, ParamRole::embedding, -1},
+                  {"q", {8, 8}, DType::bf16, ParamRole::attn_q, 0},
+                  {"k", {8, 8}, DType::bf16, ParamRole::attn_k, 0},
+                  {"v", {8, 8}, DType::bf16, ParamRole::attn_v, 0},
+                  {"o", {8, 8}, DType::bf16, ParamRole::attn_o, 0},
+                  {"up", {32, 8}, DType::bf16, ParamRole::mlp_up, 0},
+                  {"down", {8, 32}, DType::bf16, ParamRole::mlp_down, 0},
+                  {"norm", {8}, DType::bf16, ParamRole::norm, -1},
+                  {"head", {16, 8}, DType::bf16, ParamRole::lm_head, -1}};
+  int world = 1;
+  for (const auto& d : dims) world *= d.size;
+  return parallelize(model, DeviceMesh(dims, world), ParallelRules{});
+}
+
+StepPlan hand_plan(const std::vector<MeshDim>& dims, std::int64_t tokens, std::int64_t seq_len) {
+  TrainingOptions o;
+  o.enabled = true;
+  o.tokens_per_step = tokens;
+  o.seq_len = seq_len;
+  StrategyOptions options;
+  options.name = "owner";
+  PlanSettings settings;
+  settings.training = o;
+  return build_plan(hand_model(dims), options, settings);
+}
+
+// The FLOPs a task's GEMMs multiply (2 m n k each), counted from its sizes the way the CPU
+// handler runs them: per matrix X W^T (backward dX and dW), per chunk the two attention products
+// (backward four).
+double task_flops(const TrainingGemmTask& t, bool backward) {
+  double flops = 0;
+  for (std::int64_t rows : t.token_rows)
+    flops += (backward ? 2 : 1) * 2.0 * static_cast<double>(rows * t.rows * t.cols);
+  flops += (backward ? 4 : 2) * 2.0 *
+           static_cast<double>(t.attention_chunks * t.chunk_rows * t.keys * t.width);
+  return flops;
+}
+
+std::string name_of(const StepPlan& plan, int p) {
+  return plan.model.params[static_cast<std::size_t>(p)].name;
+}
+
+}  // namespace
+
+TEST_CASE("FSDP training ops lower to GEMMs of the gathered matrices", "[program][training]") {
+  // 2 FSDP ranks, 16 tokens of sequences of 4: 2 micro-batches per rank, 4 tokens per op.
+  const StepPlan plan = hand_plan({{"dp_shard", 2, DimRole::fsdp}}, 16, 4);
+  for (int rank = 0; rank < 2; ++rank) {
+    const RankProgram program = lower_rank_program(plan, rank);
+    int forward_ops = 0, gathers = 0;
+    for (const RankOp& rop : program.ops) {
+      const Op& op = plan.ops[static_cast<std::size_t>(rop.op)];
+      if (op.kind == OpKind::all_gather && op.tensor == TensorRole::parameter) {
+        ++gathers;
+        // Each member sends its half (rows 0-3 or 4-7) of every matrix to the other, in bf16.
+        REQUIRE(rop.phases.size() == 1);
+        const ExchangePhase& ph = rop.phases.front();
+        std::int64_t half = 0;
+        for (int p : op.params) half += plan.model.params[static_cast<std::size_t>(p)].numel() / 2;
+        REQUIRE(ph.sends.size() == 1);
+        REQUIRE(ph.recvs.size() == 1);
+        CHECK(ph.sends.front().count == half);
+        CHECK(ph.recvs.front().count == half);
+        CHECK(rop.wire_dtype == DType::bf16);
+        // What arrives lands in the gathered buffer, never in a gradient slot.
+        for (const Segment& s : ph.recvs.front().data.segments)
+          CHECK(program.tensors[static_cast<std::size_t>(s.tensor)].transient);
+        continue;
+      }
+      if (op.kind != OpKind::forward && op.kind != OpKind::backward) continue;
+      const bool backward = op.kind == OpKind::backward;
+      forward_ops += backward ? 0 : 1;
+      std::map<std::string, const TrainingGemmTask*> by_name;
+      double flops = 0;
+      for (const TrainingGemmTask& t : rop.training) {
+        by_name[name_of(plan, t.param)] = &t;
+        flops += task_flops(t, backward);
+        CHECK(t.matrices == 1);
+        CHECK(t.token_rows == std::vector<std::int64_t>{4});
+        CHECK(t.weight.count == t.rows * t.cols);
+        // After FSDP's gather the rank computes with the whole matrix, read from the buffer.
+        for (const Segment& s : t.weight.segments)
+          CHECK(program.tensors[static_cast<std::size_t>(s.tensor)].transient);
+      }
+      CHECK(flops == op_flops(plan, op, rank));
+      if (by_name.count("q")) {
+        // Attention: q, k, v, o whole (8 x 8); q adds one chunk of 4 queries x 4 keys x 8 wide.
+        CHECK(by_name.size() == 4);
+        for (const auto& [name, t] : by_name) {
+          CHECK(t->rows == 8);
+          CHECK(t->cols == 8);
+        }
+        const TrainingGemmTask& q = *by_name.at("q");
+        CHECK(q.attention_chunks == 1);
+        CHECK(q.chunk_rows == 4);
+        CHECK(q.keys == 4);
+        CHECK(q.width == 8);
+        CHECK(by_name.at("k")->attention_chunks == 0);
+        // 2 x 4 tokens x 256 + 4 x 4 x 4 x 8, by hand (training_test.cpp's count).
+        CHECK(flops == (backward ? 2 : 1) * (2.0 * 4 * 256 + 4.0 * 4 * 4 * 8));
+      } else if (by_name.count("up")) {
+        CHECK(by_name.at("up")->rows == 32);
+        CHECK(by_name.at("up")->cols == 8);
+        CHECK(by_name.at("down")->rows == 8);
+        CHECK(by_name.at("down")->cols == 32);
+        CHECK(flops == (backward ? 2 : 1) * 2.0 * 4 * 512);
+      } else if (by_name.count("head")) {
+        CHECK(by_name.size() == 1);  // the final norm is a vector: no GEMM
+        CHECK(flops == (backward ? 2 : 1) * 2.0 * 4 * 128);
+      } else {
+        CHECK(by_name.empty());  // the embedding is a lookup
+      }
+    }
+    // Embedding, attention, MLP, head per micro-batch group (2 groups); a gather per part and
+    // pass that FSDP shards (the norm and head part, attention, MLP, embedding).
+    CHECK(forward_ops == 4 * 2);
+    CHECK(gathers > 0);
+  }
+}
+
+TEST_CASE("TP training ops: column and row slices, activation all-reduces of Op::bytes",
+          "[program][training]") {
+  const StepPlan plan = hand_plan({{"tp", 2, DimRole::tp}}, 8, 4);
+  // One data-parallel rank: 8 tokens = 2 micro-batches of one sequence, 4 tokens per op.
+  for (int rank = 0; rank < 2; ++rank) {
+    const RankProgram program = lower_rank_program(plan, rank);
+    int all_reduces = 0;
+    for (const RankOp& rop : program.ops) {
+      const Op& op = plan.ops[static_cast<std::size_t>(rop.op)];
+      if (op.tensor == TensorRole::activation) {
+        REQUIRE(op.kind == OpKind::all_reduce);
+        ++all_reduces;
+        // 4 tokens x hidden 8 in bf16 = 64 bytes: 32 elements, a half each way per phase.
+        CHECK(op.bytes == 4 * 8 * 2);
+        CHECK(rop.wire_dtype == DType::bf16);
+        REQUIRE(rop.phases.size() == 2);
+        for (const ExchangePhase& ph : rop.phases) {
+          REQUIRE(ph.sends.size() == 1);
+          REQUIRE(ph.recvs.size() == 1);
+          CHECK(ph.sends.front().count == 16);
+          CHECK(ph.recvs.front().count == 16);
+        }
+        continue;
+      }
+      if (op.kind != OpKind::forward && op.kind != OpKind::backward) continue;
+      const bool backward = op.kind == OpKind::backward;
+      double flops = 0;
+      for (const TrainingGemmTask& t : rop.training) {
+        flops += task_flops(t, backward);
+        const std::string name = name_of(plan, t.param);
+        // Column-parallel q, k, v, up: half the rows; row-parallel o, down: half the columns.
+        if (name == "q" || name == "k" || name == "v") CHECK((t.rows == 4 && t.cols == 8));
+        if (name == "o") CHECK((t.rows == 8 && t.cols == 4));
+        if (name == "up") CHECK((t.rows == 16 && t.cols == 8));
+        if (name == "down") CHECK((t.rows == 8 && t.cols == 16));
+        if (name == "q") CHECK((t.width == 4 && t.attention_chunks == 1));
+        // No FSDP: the rank's own parameter, not a buffer.
+        for (const Segment& s : t.weight.segments)
+          CHECK(!program.tensors[static_cast<std::size_t>(s.tensor)].transient);
+      }
+      CHECK(flops == op_flops(plan, op, rank));
+    }
+    // After attention and after the MLP, forward and backward, in 2 micro-batch groups.
+    CHECK(all_reduces == 2 * 2 * 2);
+  }
+}
