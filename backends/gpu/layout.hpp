@@ -48,6 +48,10 @@ struct PoolLayout {
 
 // Throws ExecutionError when a transient buffer is allocated twice or released unallocated, or a
 // tensor's dtype is neither fp32 nor bf16.
+// Throws ExecutionError for a plan the GPU executors cannot run: a training step (forward and
+// backward have CPU GEMM handlers only; issue 24 runs them on the MPI executor).
+void check_gpu_can_run(const StepPlan& plan);
+
 PoolLayout plan_pool(const StepPlan& plan, const RankProgram& program);
 
 // A view of the pool: runs (sequence, pool byte offset, length, element bytes), sorted by

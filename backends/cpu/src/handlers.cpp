@@ -107,10 +107,12 @@ void run_training(const RankOp& op, RankStore& store, const StepContext& context
            "weights of " + std::to_string(t.weight.count) + " elements, expected " +
                std::to_string(t.matrices) + " x " + std::to_string(t.rows) + " x " +
                std::to_string(t.cols));
-    // The piece in place when it is one run (a gathered buffer's slot, the parameter itself).
+    // The piece in place when it is one run of an fp32 tensor (a gathered buffer's slot, the
+    // parameter itself); a bf16 tensor (the plan's dtype) is widened into a copy.
     const float* w = nullptr;
-    if (t.weight.segments.size() == 1 && t.weight.segments[0].runs.size() == 1) {
-      w = store.data(t.weight.segments[0].tensor) + t.weight.segments[0].runs[0].tensor;
+    const bool one_run = t.weight.segments.size() == 1 && t.weight.segments[0].runs.size() == 1;
+    if (one_run && store.program().tensors.at(t.weight.segments[0].tensor).dtype == DType::fp32) {
+      w = store.fp32_data(t.weight.segments[0].tensor) + t.weight.segments[0].runs[0].tensor;
     } else {
       copied = store.read(t.weight);
       w = copied.data();

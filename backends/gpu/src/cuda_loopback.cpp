@@ -194,6 +194,7 @@ CudaLoopbackExecutor::CudaLoopbackExecutor(const StepPlan& plan, CudaLoopbackOpt
   if (!cuda_device_available(&why)) throw ExecutionError("CUDA loopback: " + why);
   if (options_.graph) options_.device.time_ops = false;  // per-op events cannot time a replay
   cpu::check_can_run(plan);
+  check_gpu_can_run(plan);
   const int world = plan.model.mesh.world_size();
   for (int r = 0; r < world; ++r) programs_.push_back(lower_rank_program(plan, r, options_.lower));
   if (!options_.random_device_data)

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/base/errors.hpp"
+#include "core/plan/training.hpp"
 #include "kernels/gpu.hpp"
 #include "kernels/optimizer_math.hpp"
 #include "kernels/reference_optimizer.hpp"
@@ -24,6 +25,14 @@ std::int64_t align_bytes(std::int64_t bytes) {
 }
 
 }  // namespace
+
+void check_gpu_can_run(const StepPlan& plan) {
+  if (has_training_ops(plan))
+    throw ExecutionError(
+        "the GPU executors do not run a training step yet (its forward and backward GEMMs run on "
+        "CPU ranks only); fix: run it on backend mpi, analytic or sim, or remove the training "
+        "section");
+}
 
 PoolLayout plan_pool(const StepPlan& plan, const RankProgram& program) {
   // Split Newton-Schulz has CPU handlers only (backends/cpu/handlers.hpp): refuse it before any

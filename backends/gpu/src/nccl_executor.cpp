@@ -72,6 +72,7 @@ class NcclExecutor::Impl {
                            " ranks (mesh " + plan.mesh().describe() + ") but the world has " +
                            std::to_string(size_));
     cpu::check_can_run(plan);
+    check_gpu_can_run(plan);
     find_hosts();
     // One GPU per rank: NCCL refuses two ranks on one device ("Duplicate GPU detected").
     int local = 0, on_host = 0;
