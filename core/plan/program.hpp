@@ -266,7 +266,7 @@ struct RankOp {
   std::vector<AdamwTask> adamw;
   std::vector<SplitNsTask> split_ns;
   std::vector<TrainingGemmTask> training;  // forward, backward
-  std::vector<LocalCopy> copies;  // pack, unpack
+  std::vector<LocalCopy> copies;           // pack, unpack
   // collectives
   int communicator = -1;
   int group_index = -1;

@@ -56,7 +56,7 @@ struct TrainingShape {
   int groups = 1;                  // micro-batch groups the plan runs
   std::int64_t hidden = 0;         // the model's hidden size (from its shapes)
   std::int64_t layers = 0;
-  int stages = 1;                                 // pipeline stages
+  int stages = 1;                                // pipeline stages
   std::int64_t tokens_per_micro_batch_rank = 0;  // micro_batch_size x seq_len / cp
 };
 TrainingShape training_shape(const ShardedModel& model, const TrainingOptions& options);
@@ -105,8 +105,14 @@ TrainingEmission emit_training(PlanBuilder& b, const TrainingOptions& options);
 std::int64_t training_activation_bytes(const ShardedModel& model, const TrainingOptions& options);
 
 // What a plan op belongs to in the training step, for the step's breakdown.
-enum class StepPhase { forward, backward, parameter_gather, activation_comm, gradient_sync,
-                       optimizer };
+enum class StepPhase {
+  forward,
+  backward,
+  parameter_gather,
+  activation_comm,
+  gradient_sync,
+  optimizer
+};
 inline constexpr int kStepPhases = 6;
 StepPhase step_phase(const Op& op);
 std::string_view to_string(StepPhase phase);

@@ -75,8 +75,8 @@ double compared_step_seconds(const ResultRecord& record);
 // A record's training section as compare shows it (absent: present false).
 struct ComparedTraining {
   bool present = false;
-  double step_s = 0;        // TrainingResult::step_s (the average step)
-  double adamw_step_s = 0;  // 0: the AdamW twin did not run
+  double step_s = 0;               // TrainingResult::step_s (the average step)
+  double adamw_step_s = 0;         // 0: the AdamW twin did not run
   double muon_overhead_pct = 0;    // 100 x (step / AdamW step - 1)
   double optimizer_share_pct = 0;  // 100 x exposed_optimizer_s / step_s
   // Predicted backends: predicted - measured overhead, in percentage points.

@@ -467,3 +467,37 @@ TEST_CASE("compare_points: a swap inside the measurement's noise is named so", "
   CHECK_FALSE(j["rankings"][1]["preserved_within_noise"].get<bool>());
   // Combined runs: the runs' spread is the noise (see "runs combined by hand").
 }
+
+TEST_CASE("compare_points: a training step's overhead and share, by hand", "[core][compare]") {
+  // Measured: step 150 ms, AdamW step 100 ms (+50 %), 30 ms of it the exposed optimizer (20 %);
+  // analytic: 120 ms over 100 ms (+20 %), 24 ms exposed (20 %): 30 percentage points under.
+  PointRecords p = point("default", 0.150, 0.120, 2);
+  const auto train = [](ResultRecord& r, double step, double adamw, double exposed) {
+    r.training.present = true;
+    r.training.step_s = step;
+    r.training.adamw_step_s = adamw;
+    r.training.muon_overhead = step / adamw - 1;
+    r.training.exposed_optimizer_s = exposed;
+  };
+  train(p.records["mpi"], 0.150, 0.100, 0.030);
+  train(p.records["analytic"], 0.120, 0.100, 0.024);
+  const CompareReport r = compare_points({p});
+  REQUIRE(r.points.size() == 1);
+  const ComparedTraining& m = r.points[0].measured.training;
+  REQUIRE(m.present);
+  CHECK(m.muon_overhead_pct == Approx(50));
+  CHECK(m.optimizer_share_pct == Approx(20));
+  const ComparedTraining& a = r.points[0].predicted.at(0).training;
+  CHECK(a.muon_overhead_pct == Approx(20));
+  CHECK(a.overhead_error_pp == Approx(-30));
+  const std::string table = compare_table(r);
+  CHECK_THAT(table, Contains("training step"));
+  CHECK_THAT(table, Contains("-30.0 pp"));
+  const auto j = compare_json(r);
+  CHECK(j["points"][0]["predicted"][0]["training"]["overhead_error_pp"].get<double>() ==
+        Approx(-30));
+  CHECK(j["points"][0]["measured"]["training"]["muon_overhead_pct"].get<double>() == Approx(50));
+  // Points without a training step show no training table.
+  CHECK_THAT(compare_table(compare_points({point("default", 0.1, 0.1, 2)})),
+             !Contains("training step"));
+}

@@ -190,8 +190,9 @@ int main(int argc, char** argv) {
     if (rank == 0) std::cout << (any ? "FAIL " : "ok   ") << c.name << std::endl;
     failed += any;
   }
-  if (rank == 0) std::cout << (failed ? "FAIL: " : "PASS: ") << failed << " of " << cases.size()
-                           << " training cases failed" << std::endl;
+  if (rank == 0)
+    std::cout << (failed ? "FAIL: " : "PASS: ") << failed << " of " << cases.size()
+              << " training cases failed" << std::endl;
   MPI_Finalize();
   return failed ? 1 : 0;
 }

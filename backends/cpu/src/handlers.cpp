@@ -95,8 +95,8 @@ void run_training(const RankOp& op, RankStore& store, const StepContext& context
     if (m <= 0 || n <= 0 || k <= 0) return;
     cpu_gemm(ta, tb, m, n, k, a, b, c);
     if (context.gemm_flops != nullptr)
-      *context.gemm_flops += 2.0 * static_cast<double>(m) * static_cast<double>(n) *
-                             static_cast<double>(k);
+      *context.gemm_flops +=
+          2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
     progress_point();
   };
   std::vector<float> copied;

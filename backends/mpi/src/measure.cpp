@@ -237,6 +237,14 @@ Measured build_record(const StepPlan& plan, const std::vector<std::vector<StepTi
       ": collective time_s runs from the last member's arrival to completion (the shortest "
       "of the members' post-to-completion times), waiting excluded as in the simulator; traffic "
       "counts the program's messages per rank, not the MPI library's internal transfers");
+  if (has_training_ops(plan))
+    record.notes.push_back(
+        b +
+        ": training step: forward and backward ran as fp32 GEMMs of each rank's matrix pieces "
+        "over the op's tokens against seeded activations (core/plan/program.hpp "
+        "TrainingGemmTask), FSDP gathers and activation collectives as real messages of the "
+        "plan's sizes; the weight gradients went to scratch, the gradient sync and the optimizer "
+        "ran on the step's seeded gradients (so the optimizer matches the reference)");
   for (const std::string& note : settings.notes) record.notes.push_back(note);
   if (compute_mode == "progress_points")
     record.notes.push_back(

@@ -389,8 +389,7 @@ class Lowering {
       static_tensor(PieceRole::parameter, p, piece(p, rank_, DimSet{}), pp.parameter);
       // A training step reads parameters as pieces (FSDP gathers them into buffers).
       if (training_)
-        entries_[p].push_back(
-            {PieceRole::parameter, pp.parameter.tensor, 0, pp.parameter.set, -1});
+        entries_[p].push_back({PieceRole::parameter, pp.parameter.tensor, 0, pp.parameter.set, -1});
       grow(gradient_slot(p), pp.parameter.set.numel());  // results come back at least here
       // The gradient: the input of its first sync op, else the piece its first reader computes on.
       const Op* first = nullptr;

@@ -200,9 +200,9 @@ std::vector<TrainingMatrix> training_matrices(const StepPlan& plan, const Op& op
     if (m.set.numel() == 0) continue;
     if (is_expert(dp.role)) {
       // The rank's experts take their share of the routed rows, split as evenly as whole rows go.
-      const std::int64_t routed = static_cast<std::int64_t>(std::llround(
-          expert_rows(plan, op) * static_cast<double>(m.matrices) /
-          static_cast<double>(std::max<std::int64_t>(1, dp.batch()))));
+      const std::int64_t routed = static_cast<std::int64_t>(
+          std::llround(expert_rows(plan, op) * static_cast<double>(m.matrices) /
+                       static_cast<double>(std::max<std::int64_t>(1, dp.batch()))));
       for (std::int64_t e = 0; e < m.matrices; ++e)
         m.token_rows.push_back(routed / m.matrices + (e < routed % m.matrices ? 1 : 0));
     } else {

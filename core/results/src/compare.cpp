@@ -680,9 +680,9 @@ std::string training_table(const CompareReport& report) {
                        double noise) {
     const ComparedTraining& t = b.training;
     const std::string label = point.size() > 40 ? point.substr(0, 37) + "..." : point;
-    return strf("  %-40s %-9s %9s %9s %7.1f%% %8.1f%% %8s %7s\n", label.c_str(),
-                b.backend.c_str(), ms(t.step_s).c_str(), ms(t.adamw_step_s).c_str(),
-                t.muon_overhead_pct, t.optimizer_share_pct,
+    return strf("  %-40s %-9s %9s %9s %7.1f%% %8.1f%% %8s %7s\n", label.c_str(), b.backend.c_str(),
+                ms(t.step_s).c_str(), ms(t.adamw_step_s).c_str(), t.muon_overhead_pct,
+                t.optimizer_share_pct,
                 predicted ? strf("%+.1f pp", t.overhead_error_pp).c_str() : "",
                 predicted ? "" : strf("%.1f%%", noise).c_str());
   };
