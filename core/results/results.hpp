@@ -290,13 +290,13 @@ struct TrainingResult {
   std::int64_t micro_batches = 0;  // per data-parallel rank
   int micro_batch_groups = 0;
   std::string overlap;
-  double step_s = 0;               // the whole training step
+  double step_s = 0;  // the whole training step
   double forward_s = 0;
   double backward_s = 0;
-  double parameter_gather_s = 0;   // FSDP's parameter all-gathers
-  double activation_comm_s = 0;    // TP, EP, CP and PP activation traffic
+  double parameter_gather_s = 0;  // FSDP's parameter all-gathers
+  double activation_comm_s = 0;   // TP, EP, CP and PP activation traffic
   double gradient_sync_s = 0;
-  double optimizer_s = 0;          // the optimizer's ops (compute and communication)
+  double optimizer_s = 0;  // the optimizer's ops (compute and communication)
   // The part of the step after every rank's forward, backward and gradient sync ended: what the
   // optimizer adds to the step's critical path.
   double exposed_optimizer_s = 0;
