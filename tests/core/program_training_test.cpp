@@ -14,28 +14,14 @@
 #include "core/plan/program.hpp"
 #include "core/plan/strategy.hpp"
 #include "core/plan/training.hpp"
+#include "tests/common/training_models.hpp"
 
 using namespace muonbed;
 
 namespace {
 
-// The one-layer model of tests/core/training_test.cpp: hidden 8, MLP 32, vocabulary 16.
 ShardedModel hand_model(const std::vector<MeshDim>& dims) {
-  Model model;
-  model.name = "hand";
-  model.num_layers = 1;
-  model.params = {{"embed", {16, 8}, DType::bf16, ParamRole::embedding, -1},
-                  {"q", {8, 8}, DType::bf16, ParamRole::attn_q, 0},
-                  {"k", {8, 8}, DType::bf16, ParamRole::attn_k, 0},
-                  {"v", {8, 8}, DType::bf16, ParamRole::attn_v, 0},
-                  {"o", {8, 8}, DType::bf16, ParamRole::attn_o, 0},
-                  {"up", {32, 8}, DType::bf16, ParamRole::mlp_up, 0},
-                  {"down", {8, 32}, DType::bf16, ParamRole::mlp_down, 0},
-                  {"norm", {8}, DType::bf16, ParamRole::norm, -1},
-                  {"head", {16, 8}, DType::bf16, ParamRole::lm_head, -1}};
-  int world = 1;
-  for (const auto& d : dims) world *= d.size;
-  return parallelize(model, DeviceMesh(dims, world), ParallelRules{});
+  return testing::hand_training_model(dims);
 }
 
 StepPlan hand_plan(const std::vector<MeshDim>& dims, std::int64_t tokens, std::int64_t seq_len) {

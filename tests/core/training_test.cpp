@@ -18,6 +18,7 @@
 #include "core/plan/strategy.hpp"
 #include "core/plan/training.hpp"
 #include "tests/common/strategy_matrix.hpp"
+#include "tests/common/training_models.hpp"
 
 using namespace muonbed;
 
@@ -80,23 +81,8 @@ Totals planned_flops(const StepPlan& plan) {
   return t;
 }
 
-// Two data-parallel FSDP ranks of a one-layer model small enough to count by hand.
 ShardedModel hand_model(const std::vector<MeshDim>& dims) {
-  Model model;
-  model.name = "hand";
-  model.num_layers = 1;
-  model.params = {{"embed", {16, 8}, DType::bf16, ParamRole::embedding, -1},
-                  {"q", {8, 8}, DType::bf16, ParamRole::attn_q, 0},
-                  {"k", {8, 8}, DType::bf16, ParamRole::attn_k, 0},
-                  {"v", {8, 8}, DType::bf16, ParamRole::attn_v, 0},
-                  {"o", {8, 8}, DType::bf16, ParamRole::attn_o, 0},
-                  {"up", {32, 8}, DType::bf16, ParamRole::mlp_up, 0},
-                  {"down", {8, 32}, DType::bf16, ParamRole::mlp_down, 0},
-                  {"norm", {8}, DType::bf16, ParamRole::norm, -1},
-                  {"head", {16, 8}, DType::bf16, ParamRole::lm_head, -1}};
-  int world = 1;
-  for (const auto& d : dims) world *= d.size;
-  return parallelize(model, DeviceMesh(dims, world), ParallelRules{});
+  return testing::hand_training_model(dims);
 }
 
 // Whether op `to` depends on op `from`, following deps.
