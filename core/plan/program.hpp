@@ -147,7 +147,8 @@ struct ParamPieces {
 };
 
 // The gradient sync a param gets from the plan: the union of the groups of the reduce_scatter and
-// all_reduce ops that move its gradient, and their period (1 when there are none).
+// all_reduce ops that move its gradient, and the period of its first sync op (a reduction or an
+// all_gather of TP slices; 1 when there are none).
 struct GradientSync {
   DimSet reduced_over;
   int period = 1;

@@ -176,3 +176,58 @@ TEST_CASE("TP training ops: column and row slices, activation all-reduces of Op:
     CHECK(all_reduces == 2 * 2 * 2);
   }
 }
+
+TEST_CASE(
+    "gradients are summed over data-parallel dims only; whole-matrix strategies gather TP "
+    "slices",
+    "[program][training][grad_sync]") {
+  // FSDP 2 x TP 2. Each TP rank's backward computes its own slice of a TP-sharded weight, so a
+  // sync that summed over TP would add slices of different rows (and move tp x the bytes). q is
+  // column-parallel (rows split over tp): the FSDP reduce-scatter's input on a rank is its TP
+  // slice, 4 x 8 = 32 elements, not the whole 64.
+  const std::vector<MeshDim> dims = {{"dp_shard", 2, DimRole::fsdp}, {"tp", 2, DimRole::tp}};
+  const ShardedModel model = hand_model(dims);
+  const int tp_dim = 1;
+  int q = -1;
+  for (const auto& dp : model.params)
+    if (dp.name == "q") q = dp.index;
+  REQUIRE(q >= 0);
+  for (const bool training : {false, true}) {
+    for (const std::string& name : strategy_names()) {
+      INFO((training ? "training step, " : "optimizer step, ") << "strategy " << name);
+      StrategyOptions options;
+      options.name = name;
+      options.grad_sync.enabled = true;
+      PlanSettings settings;
+      if (training) {
+        settings.training.enabled = true;
+        settings.training.tokens_per_step = 16;
+        settings.training.seq_len = 4;
+      }
+      const StepPlan plan = build_plan(model, options, settings);
+      bool gathers_tp = false;
+      for (const Op& op : plan.ops) {
+        if (op.tensor != TensorRole::gradient) continue;
+        if (op.kind == OpKind::all_gather) {
+          CHECK(op.group == DimSet{}.with(tp_dim));  // slices are gathered, never summed
+          gathers_tp = true;
+          continue;
+        }
+        CHECK(!op.group.contains(tp_dim));
+        if (op.kind == OpKind::reduce_scatter &&
+            std::find(op.params.begin(), op.params.end(), q) != op.params.end())
+          for (int rank = 0; rank < 4; ++rank)
+            CHECK(plan.model.params[static_cast<std::size_t>(q)]
+                      .layout.index_set(plan.mesh(), rank, op.gathered | op.group)
+                      .numel() == 32);
+      }
+      // A strategy whose owners keep whole matrices in the gradient slot must get the other TP
+      // slices from somewhere: every rank's program lowers only if each read was produced.
+      bool whole = false;
+      for (const Op& op : plan.ops)
+        if (op.kind == OpKind::momentum && op.owned_only) whole = true;
+      if (whole) CHECK(gathers_tp);
+      for (int rank = 0; rank < 4; ++rank) CHECK_NOTHROW(lower_rank_program(plan, rank));
+    }
+  }
+}

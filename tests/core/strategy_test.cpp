@@ -83,7 +83,9 @@ std::vector<int> replay_data_flow(const StepPlan& plan) {
                          op.kind == OpKind::broadcast || op.kind == OpKind::all_gather ||
                          op.kind == OpKind::all_to_all || op.kind == OpKind::newton_schulz ||
                          op.kind == OpKind::split_newton_schulz;
-    if (!data_op) continue;
+    // Gradient syncs (a strategy's all_gather of TP slices among them) come before momentum;
+    // that momentum reads only gradients they produced is the lowering's check (program_test).
+    if (!data_op || op.tensor == TensorRole::gradient) continue;
     for (int p : op.params) {
       if (params[p].optimizer != OptimizerKind::muon) continue;
       const int owner = plan.assignment.owner[p];

@@ -105,38 +105,54 @@ std::vector<int> emit_grad_sync(PlanBuilder& b, const StrategyOptions& o, bool f
                              (training ? " layer " + std::to_string(std::get<2>(key)) : "") +
                              " gradients (" + std::to_string(ps.size()) + " params from " +
                              b.param(ps[0]).name + ")";
-    std::vector<int> last;
-    // The dims a gradient is summed over. The optimizer step alone models every rank's gradient
-    // as a contribution to the whole tensor (what the executors seed and the reference sums). In
-    // a training step the backward computes each TP rank's own slice, which no other rank
-    // contributes to: the sync spans the data-parallel dims only.
+    // The dims a gradient is summed over: the data-parallel ones. The backward computes each TP
+    // rank's own slice, which no other rank contributes to, so no gradient is summed over TP
+    // (the executors seed, and the reference sums, contributions over these dims only).
     // Weights TP replicates (norms) see the same activations on every TP rank, so their
     // gradients agree there too (no sequence parallelism).
     DimSet shard_dims = layout.shard_dims();
     DimSet replicate_dims = layout.replicate_dims();
-    if (training)
-      for (int d : b.mesh().dims_with_role(DimRole::tp)) {
-        shard_dims = shard_dims.without(d);
-        replicate_dims = replicate_dims.without(d);
-      }
+    DimSet tp_shard_dims;
+    for (int d : b.mesh().dims_with_role(DimRole::tp)) {
+      if (shard_dims.contains(d)) tp_shard_dims = tp_shard_dims.with(d);
+      shard_dims = shard_dims.without(d);
+      replicate_dims = replicate_dims.without(d);
+    }
     if (full_gradients || shard_dims.empty()) {
       const DimSet group = shard_dims | replicate_dims;
-      if (group.empty()) {  // nothing to sync: the gradient is ready after its backward
-        for (int r : ready) record(r);
-        continue;
+      std::vector<int> synced_ids = ready;
+      if (!group.empty()) {
+        Op op;
+        op.kind = OpKind::all_reduce;
+        op.stream = stream;
+        op.ranks = b.holders_box(ps[0]);
+        op.group = group;
+        op.params = ps;
+        op.gathered = shard_dims;
+        op.period = period;
+        op.deps = ready;
+        op.label = "all_reduce " + what;
+        synced_ids = {b.emit(std::move(op))};
       }
-      Op op;
-      op.kind = OpKind::all_reduce;
-      op.stream = stream;
-      op.ranks = b.holders_box(ps[0]);
-      op.group = group;
-      op.params = ps;
-      op.gathered = shard_dims;
-      op.period = period;
-      op.deps = ready;
-      op.label = "all_reduce " + what;
-      done.push_back(b.emit(std::move(op)));
-      record(done.back());
+      // A strategy that keeps whole matrices on every rank (full_gradients) needs the other TP
+      // ranks' slices too: they are gathered, not summed.
+      if (full_gradients && !tp_shard_dims.empty()) {
+        Op ag;
+        ag.kind = OpKind::all_gather;
+        ag.stream = stream;
+        ag.ranks = b.holders_box(ps[0]);
+        ag.group = tp_shard_dims;
+        ag.params = ps;
+        ag.gathered = shard_dims;
+        ag.tensor = TensorRole::gradient;
+        ag.period = period;
+        ag.deps = synced_ids;
+        ag.label = "all_gather tp slices of " + what;
+        synced_ids = {b.emit(std::move(ag))};
+      }
+      for (int id : synced_ids) record(id);
+      if (!group.empty() || (full_gradients && !tp_shard_dims.empty()))
+        done.insert(done.end(), synced_ids.begin(), synced_ids.end());
       continue;
     }
     Op rs;

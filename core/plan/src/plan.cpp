@@ -599,12 +599,20 @@ StaticMemory static_memory(const StepPlan& plan, int rank) {
   // the first sync op, else the piece its first reader computes on), momentum where the momentum op
   // computes, AdamW moments where the adamw op does.
   const std::size_t n = params.size();
-  std::vector<std::int64_t> gradient(n, 0), momentum(n, 0), moments(n, 0);
+  // An all_gather of a gradient's TP slices (strategies that need whole gradients) leaves the
+  // whole piece in the slot too.
+  std::vector<std::int64_t> gradient(n, 0), momentum(n, 0), moments(n, 0), gathered(n, 0);
   std::vector<char> gradient_found(n, 0);
   for (const auto& op : plan.ops) {
-    const bool sync = op.kind == OpKind::reduce_scatter || op.kind == OpKind::all_reduce;
+    const bool gradient_gather = op.kind == OpKind::all_gather && op.tensor == TensorRole::gradient;
+    const bool sync =
+        op.kind == OpKind::reduce_scatter || op.kind == OpKind::all_reduce || gradient_gather;
     const bool reader = op.kind == OpKind::momentum || op.kind == OpKind::adamw;
     if ((!sync && !reader) || !op.ranks.contains(mesh, rank)) continue;
+    if (gradient_gather)
+      for (int p : op.params)
+        if (params[p].layout.holds(mesh, rank))
+          gathered[p] = std::max(gathered[p], piece_numel(plan, p, rank, op.gathered | op.group));
     const DimSet input = op.kind == OpKind::reduce_scatter ? op.gathered | op.group : op.gathered;
     for (int p : op.params) {
       if (!params[p].layout.holds(mesh, rank)) continue;
@@ -628,8 +636,9 @@ StaticMemory static_memory(const StepPlan& plan, int rank) {
     if (!dp.layout.holds(mesh, rank)) continue;
     const std::int64_t shard = dp.layout.shard_numel(mesh, rank);
     // The gradient slot also holds Muon's update and result outside transient buffers.
-    const std::int64_t slot = per_layer ? std::max(shard, momentum[dp.index])
-                                        : std::max({shard, gradient[dp.index], momentum[dp.index]});
+    const std::int64_t slot =
+        per_layer ? std::max({shard, momentum[dp.index], gathered[dp.index]})
+                  : std::max({shard, gradient[dp.index], momentum[dp.index], gathered[dp.index]});
     if (per_layer && gradient[dp.index] > slot)
       unsynced_by_layer[dp.layer] += (gradient[dp.index] - slot) * gradient_width(dp, comm);
     memory.parameters += shard * bytes_of(dp.dtype);
@@ -1007,10 +1016,13 @@ void validate_plan(const StepPlan& plan) {
       } else if (op.tensor == TensorRole::parameter) {
         if (op.kind != OpKind::all_gather || op.owned_only)
           fail(op, "parameters move by an all_gather of the members' shards only");
+      } else if (op.tensor == TensorRole::gradient && op.kind == OpKind::all_gather) {
+        // TP slices of a gradient that a strategy needs whole (core/plan/src/build_plan.cpp).
+        if (op.owned_only) fail(op, "a gradient all_gather moves the members' pieces only");
       } else if (reduction != (op.tensor == TensorRole::gradient)) {
         fail(op, reduction
                      ? "reductions move the gradient, not the " + std::string(to_string(op.tensor))
-                     : "only reductions move the gradient");
+                     : "only reductions and all_gathers move the gradient");
       }
     } else if (op.tensor != TensorRole::none) {
       fail(op, "names a tensor (" + std::string(to_string(op.tensor)) +

@@ -210,9 +210,12 @@ GradientSync gradient_sync(const StepPlan& plan, int param) {
   GradientSync sync;
   bool first = true;
   for (const Op& op : plan.ops) {
-    if (op.kind != OpKind::reduce_scatter && op.kind != OpKind::all_reduce) continue;
+    const bool reduction = op.kind == OpKind::reduce_scatter || op.kind == OpKind::all_reduce;
+    // TP slices a strategy gathers whole (core/plan/src/build_plan.cpp): synced, not summed.
+    const bool gathered = op.kind == OpKind::all_gather && op.tensor == TensorRole::gradient;
+    if (!reduction && !gathered) continue;
     if (std::find(op.params.begin(), op.params.end(), param) == op.params.end()) continue;
-    sync.reduced_over = sync.reduced_over | op.group;
+    if (reduction) sync.reduced_over = sync.reduced_over | op.group;
     if (first) sync.period = op.period;
     first = false;
   }
@@ -396,7 +399,8 @@ class Lowering {
       for (const Op& op : plan_.ops) {
         if (!op.ranks.contains(mesh_, rank_)) continue;
         if (std::find(op.params.begin(), op.params.end(), p) == op.params.end()) continue;
-        const bool sync = op.kind == OpKind::reduce_scatter || op.kind == OpKind::all_reduce;
+        const bool sync = op.kind == OpKind::reduce_scatter || op.kind == OpKind::all_reduce ||
+                          (op.kind == OpKind::all_gather && op.tensor == TensorRole::gradient);
         const bool reader = (op.kind == OpKind::momentum || op.kind == OpKind::adamw) &&
                             (!op.owned_only || owner(p) == rank_);
         if (sync || reader) {
@@ -413,7 +417,8 @@ class Lowering {
       pp.gradient = {slot, 0, set};
       entries_[p].push_back({PieceRole::gradient, slot, 0, set, -1});
       const GradientSync sync = gradient_sync(plan_, p);
-      if (first->kind == OpKind::reduce_scatter || first->kind == OpKind::all_reduce) {
+      if (first->kind == OpKind::reduce_scatter || first->kind == OpKind::all_reduce ||
+          first->kind == OpKind::all_gather) {
         pp.gradient_reduced_over = sync.reduced_over;
         pp.gradient_member = mesh_.group_index(rank_, sync.reduced_over);
         pp.gradient_members = mesh_.group_size(sync.reduced_over);

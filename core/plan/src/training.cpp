@@ -515,7 +515,8 @@ StepPhase step_phase(const Op& op) {
   }
   if (op.tensor == TensorRole::parameter) return StepPhase::parameter_gather;
   if (op.tensor == TensorRole::activation) return StepPhase::activation_comm;
-  if ((op.kind == OpKind::reduce_scatter || op.kind == OpKind::all_reduce) &&
+  if ((op.kind == OpKind::reduce_scatter || op.kind == OpKind::all_reduce ||
+       op.kind == OpKind::all_gather) &&
       op.tensor == TensorRole::gradient)
     return StepPhase::gradient_sync;
   return StepPhase::optimizer;
