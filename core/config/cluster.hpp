@@ -261,4 +261,16 @@ ClusterSpec load_cluster_file(const std::string& path);
 // A name like "dgx-h100" resolves to <experiments dir>/clusters/dgx-h100.yaml.
 std::string find_cluster_file(const std::string& name_or_path, const std::string& relative_to);
 
+// Switches a message between nodes node_a and node_b passes (the route up to the lowest switch
+// level both sit under, and down): 0 on one node; 1 under a single switch or one leaf; 3 through
+// a 2-level tree's spine or, in a 3-level tree, the aggregation switch of one pod; 5 across pods
+// through the core. A leaf holds nodes_per_leaf nodes, a pod nodes_per_leaf leaves (a leaf's
+// radix of uplinks: non-blocking), numbered in node order. network.switch_latency_us is paid
+// once per switch: the simulator's paths and the analytic model's latencies both count with this
+// (core/config/src/network_paths.cpp).
+int switch_hops_between(const ClusterSpec& cluster, int node_a, int node_b);
+// The leaf and the pod of a node (0 for every node where the network has no such level).
+int fat_tree_leaf(const ClusterSpec& cluster, int node);
+int fat_tree_pod(const ClusterSpec& cluster, int node);
+
 }  // namespace muonbed

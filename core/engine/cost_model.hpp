@@ -59,12 +59,17 @@ struct NvlsParams {
 // spans, the per-rank bandwidth of the kind's traffic pattern (each link class at its efficiency
 // for the kind's collective class), the per-call launch overhead and, for all-reduce, NVLS.
 struct LinkParams {
-  double latency_s = 0;        // a step or message (one that crosses nodes, in a multi-node group)
+  double latency_s = 0;        // a step or message (one that crosses nodes, in a multi-node group:
+                               // the group's worst path)
   double bandwidth_Bps = 0;    // per rank, per direction
   double intra_latency_s = 0;  // multi-node groups: a step or message inside a node
+  double node_latency_s = 0;   // multi-node groups: to another node under the same leaf switch
+  double leaf_latency_s = 0;   // and to another leaf of the same pod (3 switches)
   int nodes = 1;               // nodes the group spans
-  double launch_s = 0;         // per call (launch_overhead_us.collective)
-  int channels = 1;            // multi-node rings: channels (the fewest members on a node)
+  int leaves = 1;              // fat-tree leaves and pods its nodes sit under
+  int pods = 1;
+  double launch_s = 0;           // per call (launch_overhead_us.collective)
+  int channels = 1;              // multi-node rings: channels (the fewest members on a node)
   double intra_channel_Bps = 0;  // multi-node rings: a GPU's NVLink, shared by its channels
   // The two parts of bandwidth_Bps, per rank and direction, at the class's efficiency: inside
   // the node (NVLink, or PCIe under its host bridge's share) and to other nodes (the NICs a
@@ -82,8 +87,10 @@ LinkParams link_for_group(const ClusterSpec& cluster, int gpus_per_node,
 // Closed-form time of one collective instance. `total_bytes` is nccl-tests' S; n the group size.
 // Every kind pays launch_s once. Step latencies: a ring of n members over m nodes (node-
 // contiguous, the simulator's rings) has m of its n edges crossing nodes, and L consecutive steps
-// pay the crossing latency `a_x` for ceil(L m / n) of them (at most L) and `a_i` for the rest:
-// lat(L).
+// pay a crossing latency for ceil(L m / n) of them (at most L) and `a_i` for the rest: lat(L).
+// Of the crossing edges, those that cross fat-tree leaves (pods) pay the longer path's latency
+// in the same proportion (core/config/cluster.hpp switch_hops_between); `a_x` below is the
+// group's worst path.
 //   all_gather / reduce_scatter (ring): lat(n-1) + (S - p_min)/B, with p_min the smallest
 //     member's piece (S/n when even; 0 when one member contributes everything, so the time is
 //     never below that member's data over its own link)

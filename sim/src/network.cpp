@@ -147,9 +147,12 @@ void Network::transfer(int src, int dst, double bytes, std::uint32_t owner, std:
     return;
   }
   ++simgrid_transfers_;
-  if (latency_in_links_ || !(path.latency_s > 0)) return start_comm(src, dst, bytes, owner, tag);
+  // With latencies in the links the route pays them, except the switches it passes beyond one
+  // per tree level (Topology::latency_beyond_links), waited out first.
+  const double wait = latency_in_links_ ? topology_.latency_beyond_links(src, dst) : path.latency_s;
+  if (!(wait > 0)) return start_comm(src, dst, bytes, owner, tag);
   ++timers_;
-  Timer::set(now() + path.latency_s,
+  Timer::set(now() + wait,
              [this, src, dst, bytes, owner, tag] { start_comm(src, dst, bytes, owner, tag); });
 }
 

@@ -79,14 +79,19 @@ Topology::Topology(const ClusterSpec& cluster, int world_size, int gpus_per_node
   }
 }
 
-int Topology::switch_levels_between(int node_a, int node_b) const {
-  if (node_a == node_b) return 0;
-  if (cluster_.network.topology != TopologyKind::fat_tree || down_.size() <= 1) return 1;
-  const int k = static_cast<int>(down_[0]);
-  if (node_a / k == node_b / k) return 1;  // under one leaf
-  if (down_.size() == 2) return 2;         // up to a spine
-  const int pod = k * static_cast<int>(down_[1]);
-  return node_a / pod == node_b / pod ? 2 : 3;
+int Topology::switch_hops_between(int node_a, int node_b) const {
+  return muonbed::switch_hops_between(cluster_, node_a, node_b);
+}
+
+double Topology::latency_beyond_links(int src, int dst) const {
+  const int na = node_of(src), nb = node_of(dst);
+  if (na == nb) return 0;
+  int levels = 1;  // tree levels the route climbs: leaf 1, spine or aggregation 2, core 3
+  if (cluster_.network.topology == TopologyKind::fat_tree && down_.size() > 1) {
+    const int hops = switch_hops_between(na, nb);
+    levels = hops == 1 ? 1 : hops == 3 ? 2 : 3;
+  }
+  return (switch_hops_between(na, nb) - levels) * switch_latency_;
 }
 
 PathInfo Topology::path(int src, int dst) const {
@@ -97,7 +102,7 @@ PathInfo Topology::path(int src, int dst) const {
   if (na == nb) return {intra_latency_, intra};
   double bw = nic_link_Bps_;
   if (pcie_) bw = std::min(bw, intra);
-  return {nic_latency_ + switch_levels_between(na, nb) * switch_latency_, bw};
+  return {nic_latency_ + switch_hops_between(na, nb) * switch_latency_, bw};
 }
 
 void apply_network_config(const NetworkConfig& config) {
@@ -220,7 +225,8 @@ std::vector<sg4::Host*> build_platform(const Topology& t, const NetworkConfig& c
   // Fat tree. Leaves are node zones (or, past the last node, bare routers filling the tree's
   // positions); its links carry a node's aggregate NIC bandwidth and half a switch latency each,
   // so a route pays one switch latency per tree level it climbs (SimGrid 3.32 adds no latency
-  // for a fat tree's per-switch limiter links, so a per-switch charge cannot be expressed).
+  // for a fat tree's per-switch limiter links, so a per-switch charge cannot be expressed); the
+  // switches it passes beyond that are waited out before the flow (latency_beyond_links).
   const std::vector<unsigned> down = t.fat_tree_down();
   const std::vector<unsigned> up = t.fat_tree_up();
   const std::vector<unsigned> count(down.size(), 1);

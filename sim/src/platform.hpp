@@ -52,10 +52,14 @@ class Topology {
   double bridge_Bps() const { return bridge_Bps_; }  // 0: no shared PCIe bridge
   bool pcie() const { return pcie_; }
   double intra_latency_s() const { return intra_latency_; }
-  // Switch latencies a message between two nodes pays: 1 under a single switch or one leaf,
-  // else the number of tree levels its route climbs (2 to a 2-level tree's spine, 2 or 3 in a
-  // 3-level tree).
-  int switch_levels_between(int node_a, int node_b) const;
+  // Switches a message between two nodes passes (core/config/cluster.hpp switch_hops_between:
+  // 1 under one switch or leaf, 3 through a spine or a pod's aggregation switch, 5 across pods).
+  int switch_hops_between(int node_a, int node_b) const;
+  // With latencies in SimGrid's links (NetworkConfig::latency_weighted_sharing) the fat tree's
+  // links all carry half a switch latency (SimGrid 3.32 takes one latency for every link of a
+  // fat tree), so a route pays one per tree level it climbs, not one per switch: the latency of
+  // the path the links leave out, which Network waits out before the flow starts.
+  double latency_beyond_links(int src_rank, int dst_rank) const;
   PathInfo path(int src_rank, int dst_rank) const;
   const ClusterSpec& cluster() const { return cluster_; }
 

@@ -1074,3 +1074,35 @@ TEST_CASE("ns_time_sources says where each NS shape's time comes from", "[cost_m
   CHECK(s.curve_shapes == std::vector<std::string>{"128x128"});
   CHECK(s.note.find("128x128") != std::string::npos);
 }
+
+TEST_CASE("a ring pays each edge's own switch hops: 1 under a leaf, 3 across leaves, 5 across pods",
+          "[cost_model][latency]") {
+  // 8 nodes of one GPU, 2 nodes per leaf, 3 levels: pods of 2 leaves (4 nodes). A ring of the 8
+  // GPUs has 8 node-crossing edges, 4 leaf-crossing and 2 pod-crossing; 7 consecutive steps (an
+  // all_gather) hold at most ceil(7 x 8/8) = 7, ceil(7 x 4/8) = 4 and ceil(7 x 2/8) = 2 of them.
+  ClusterSpec c;
+  c.gpus_per_node = 1;
+  c.intra.bandwidth_GBps = 400;
+  c.intra.latency_us = 3;
+  c.nic.count_per_node = 1;
+  c.nic.bandwidth_GBps = 50;
+  c.nic.latency_us = 6;
+  c.network.topology = TopologyKind::fat_tree;
+  c.network.levels = 3;
+  c.network.nodes_per_leaf = 2;
+  c.network.switch_latency_us = 0.5;
+  CHECK(switch_hops_between(c, 0, 1) == 1);
+  CHECK(switch_hops_between(c, 1, 2) == 3);
+  CHECK(switch_hops_between(c, 3, 4) == 5);
+  const std::vector<int> ring = {0, 1, 2, 3, 4, 5, 6, 7};
+  const LinkParams link = link_for_group(c, 1, ring, OpKind::all_gather);
+  CHECK(link.latency_s == near(8.5e-6));  // the worst path: 6 + 5 x 0.5 us
+  const double expected = 2 * 8.5e-6 + 2 * 7.5e-6 + 3 * 6.5e-6;
+  CHECK(collective_time(OpKind::all_gather, 8, 0, link) == near(link.launch_s + expected));
+  // Two levels: every leaf-crossing edge passes leaf, spine, leaf (3 hops); no pods.
+  c.network.levels = 2;
+  CHECK(switch_hops_between(c, 3, 4) == 3);
+  const LinkParams two = link_for_group(c, 1, ring, OpKind::all_gather);
+  CHECK(collective_time(OpKind::all_gather, 8, 0, two) ==
+        near(two.launch_s + 4 * 7.5e-6 + 3 * 6.5e-6));
+}

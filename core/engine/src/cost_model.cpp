@@ -39,26 +39,27 @@ struct GroupProfile {
   int nodes = 0;
   int min_per_node = 0;
   int max_per_node = 0;
-  bool spans_leaves = false;
+  int leaves = 0;  // fat-tree leaves the group's nodes sit under (runs: nodes come in order)
+  int pods = 0;    // and 3-level pods
 };
 
 class ProfileBuilder {
  public:
-  ProfileBuilder(int gpus_per_node, int nodes_per_leaf)
-      : gpus_per_node_(gpus_per_node), nodes_per_leaf_(nodes_per_leaf) {}
+  ProfileBuilder(int gpus_per_node, const ClusterSpec& cluster)
+      : gpus_per_node_(gpus_per_node), cluster_(&cluster) {}
 
   void add(int rank) {
     const int node = rank / gpus_per_node_;
-    if (p_.members == 0) {
-      first_leaf_ = leaf(node);
-    } else if (node != node_) {
-      close_run();
-    }
+    if (p_.members > 0 && node != node_) close_run();
     if (p_.members == 0 || node != node_) {
+      const int leaf = fat_tree_leaf(*cluster_, node), pod = fat_tree_pod(*cluster_, node);
+      if (p_.members == 0 || leaf != leaf_) ++p_.leaves;
+      if (p_.members == 0 || pod != pod_) ++p_.pods;
       node_ = node;
+      leaf_ = leaf;
+      pod_ = pod;
       run_ = 0;
       ++p_.nodes;
-      if (leaf(node) != first_leaf_) p_.spans_leaves = true;
     }
     ++run_;
     ++p_.members;
@@ -67,23 +68,21 @@ class ProfileBuilder {
   GroupProfile finish() {
     if (p_.members > 0) close_run();
     GroupProfile out = p_;
-    *this = ProfileBuilder(gpus_per_node_, nodes_per_leaf_);
+    *this = ProfileBuilder(gpus_per_node_, *cluster_);
     return out;
   }
 
  private:
-  int leaf(int node) const { return nodes_per_leaf_ > 0 ? node / nodes_per_leaf_ : 0; }
   void close_run() {
     p_.min_per_node = p_.nodes == 1 ? run_ : std::min(p_.min_per_node, run_);
     p_.max_per_node = std::max(p_.max_per_node, run_);
   }
 
   int gpus_per_node_;
-  int nodes_per_leaf_;
+  const ClusterSpec* cluster_;
   GroupProfile p_;
-  int node_ = -1;
+  int node_ = -1, leaf_ = -1, pod_ = -1;
   int run_ = 0;
-  int first_leaf_ = 0;
 };
 
 // The physical placement of ranks: rank r runs on GPU r, node r / gpus_per_node of the cluster
@@ -91,10 +90,6 @@ class ProfileBuilder {
 // cluster does not give one.
 int physical_gpus_per_node(const ClusterSpec& cluster, const DeviceMesh& mesh) {
   return cluster.gpus_per_node > 0 ? cluster.gpus_per_node : std::max(1, mesh.gpus_per_node());
-}
-
-int nodes_per_leaf(const ClusterSpec& cluster) {
-  return cluster.network.topology == TopologyKind::fat_tree ? cluster.network.nodes_per_leaf : 0;
 }
 
 constexpr double kUnbounded = std::numeric_limits<double>::infinity();
@@ -113,9 +108,10 @@ double overlapped_bandwidth(double cross, double intra, double network) {
 // bandwidth (a host bridge, pcie_switch_GBps, is a shared link of the replay). Every link class
 // runs at its efficiency for the kind's collective class (cluster.efficiency).
 //
-// Across nodes: the crossing latency = NIC latency + switch hops x switch latency (single switch:
-// 1 hop; fat tree: 1 hop under one leaf, else 2*levels-1 hops, the worst path up to the top
-// level and down); steps inside a node keep the intra-node latency. Let nic_total = NICs per
+// Across nodes: the crossing latency = NIC latency + switch hops x switch latency (single switch
+// or one leaf: 1 hop; across leaves 3, across pods 5: core/config/cluster.hpp), the group's worst
+// path for most kinds; a ring's edges pay their own (ring_latency); steps inside a node keep the
+// intra-node latency. Let nic_total = NICs per
 // node x NIC bandwidth, let one GPU drive at most max(1, NICs / GPUs per node) NICs (gpu_nic),
 // and let m be the fewest and M the most members on a node:
 //   ring (all_gather, reduce_scatter, all_reduce, broadcast chain, barrier): NCCL runs one
@@ -152,11 +148,18 @@ LinkParams link_from_profile(const ClusterSpec& c, int gpus_per_node, const Grou
   const double nic_bw = c.nic.bandwidth_GBps * kGB;
   const double nic_total = nic_count * nic_bw;
   const double gpu_nic = nic_bw * std::max(1, nic_count / std::max(1, gpus_per_node));
-  int hops = 1;
-  if (g.nodes > 1 && c.network.topology == TopologyKind::fat_tree && g.spans_leaves)
-    hops = 2 * std::max(1, c.network.levels) - 1;
-  if (g.nodes > 1)
-    link.latency_s = (c.nic.latency_us + hops * c.network.switch_latency_us) * kMicro;
+  // Switch hops (core/config/cluster.hpp switch_hops_between): 1 under one leaf, 3 across
+  // leaves of a pod, 5 across pods; latency_s is the group's worst path.
+  const auto crossing = [&](int hops) {
+    return (c.nic.latency_us + hops * c.network.switch_latency_us) * kMicro;
+  };
+  link.leaves = std::max(1, g.leaves);
+  link.pods = std::max(1, g.pods);
+  if (g.nodes > 1) {
+    link.node_latency_s = crossing(1);
+    link.leaf_latency_s = crossing(3);
+    link.latency_s = crossing(link.pods > 1 ? 5 : link.leaves > 1 ? 3 : 1);
+  }
 
   // NVLS: the NVSwitch reduces; needs >= 2 members on every node, the same count on each.
   if (kind == OpKind::all_reduce && c.intra.nvls && c.intra.kind == IntraNodeKind::nvswitch &&
@@ -219,14 +222,23 @@ int ceil_log2(int n) {
   return k;
 }
 
-// Latency of `steps` consecutive steps around a ring of n members over `nodes` nodes: the worst
-// window of `steps` edges holds ceil(steps x nodes / n) crossing edges (at most `steps`).
+// Latency of `steps` consecutive steps around a ring of n members (node-contiguous, as NCCL
+// and the simulator order them): of its n edges, `nodes` cross nodes, `leaves` of those cross
+// leaves and `pods` cross pods (each count 0 when it is 1: the ring stays inside), and the worst
+// window of `steps` edges holds ceil(steps x count / n) of each (at most `steps`).
 double ring_latency(long steps, int n, const LinkParams& link) {
   if (steps <= 0) return 0;
   if (link.nodes <= 1 || n <= 1) return steps * link.latency_s;
-  const long crossing = std::min<long>(
-      steps, static_cast<long>(std::ceil(static_cast<double>(steps) * link.nodes / n - 1e-9)));
-  return crossing * link.latency_s + (steps - crossing) * link.intra_latency_s;
+  const auto worst_window = [&](int count) {
+    if (count <= 1) return 0L;
+    return std::min<long>(
+        steps, static_cast<long>(std::ceil(static_cast<double>(steps) * count / n - 1e-9)));
+  };
+  const long node_edges = worst_window(link.nodes), leaf_edges = worst_window(link.leaves),
+             pod_edges = worst_window(link.pods);
+  return pod_edges * link.latency_s + (leaf_edges - pod_edges) * link.leaf_latency_s +
+         (node_edges - leaf_edges) * link.node_latency_s +
+         (steps - node_edges) * link.intra_latency_s;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -332,7 +344,7 @@ LinkParams link_for_group(const ClusterSpec& cluster, int gpus_per_node,
   std::vector<int> sorted = members;
   std::sort(sorted.begin(), sorted.end());
   const int gpn = std::max(1, gpus_per_node);
-  ProfileBuilder builder(gpn, nodes_per_leaf(cluster));
+  ProfileBuilder builder(gpn, cluster);
   for (int r : sorted) builder.add(r);
   return link_from_profile(cluster, gpn, builder.finish(), kind);
 }
@@ -1073,7 +1085,7 @@ void AnalyticReplay::start_collective(const CollectiveInstance& instance) {
     std::vector<double>().swap(cost_[op].cache);
     std::vector<double>().swap(cost_[op].cache_min);
   }
-  ProfileBuilder builder(gpn_, nodes_per_leaf(cluster_));
+  ProfileBuilder builder(gpn_, cluster_);
   if (index_.is_pair(op)) {
     builder.add(std::min(members[0], members[1]));
     builder.add(std::max(members[0], members[1]));
