@@ -28,6 +28,9 @@
 //                         evidence a profile was calibrated from, checked by tests and by
 //                         `muonbed compare`
 //   calibration           provenance of a calibrated profile (tool, date, host, git hash, backend)
+//
+// Every key of a profile, with its type, unit, range, default and meaning, is one row of the
+// cluster field table (core/config/cluster_fields.hpp) that the parser and the emitter read.
 #pragma once
 
 #include <cstdint>
@@ -240,19 +243,6 @@ struct ClusterSpec {
   CalibrationInfo calibration;
   SourceLocation origin;  // the file it was loaded from
 };
-
-// One key of a cluster profile for the key reference (`muonbed keys`, docs/KEYS.md), generated
-// from the one table of cluster fields that the parser, the emitter and the schema paths use
-// (core/config/src/cluster.cpp): a key cannot be read without being documented.
-struct ClusterKeyDoc {
-  std::string path;       // "gpu.peak_tflops"
-  std::string type;       // "number", "integer", "text", "true | false", "map", a choice or a list
-  std::string range;      // "0.001 .. 100000" for numbers; "" otherwise
-  bool required = false;  // in a complete profile (a file or an inline cluster)
-  std::string doc;
-  std::string calibrated;  // what `muonbed calibrate` writes there ("" : nothing)
-};
-std::vector<ClusterKeyDoc> cluster_key_reference();
 
 // Strict parsing: unknown keys, wrong types and out-of-range values throw ConfigError with the
 // file:line:column, the value and the fix. `file` is used in messages only.

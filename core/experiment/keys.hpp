@@ -2,8 +2,8 @@
 // type, range, default and meaning). The parser's unknown-key checks take their key lists from
 // this table (experiment_keys_in), sweeps take their dotted keys from it, and `muonbed keys`
 // prints it as the key reference (docs/KEYS.md), together with the cluster table
-// (core/config/cluster.hpp cluster_key_reference) and what the registries know (strategies and
-// the options each reads, presets, assign policies, backends), so the reference cannot drift
+// (core/config/cluster_fields.hpp cluster_key_reference) and what the registries know (strategies
+// and the options each reads, presets, assign policies, backends), so the reference cannot drift
 // from what is parsed. tests/experiments/keys_test.cpp parses every row's example, default and
 // range ends to hold the table to the parser.
 #pragma once

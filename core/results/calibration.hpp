@@ -170,6 +170,11 @@ std::vector<std::string> fit_error_warnings(const CalibrationResult& result, dou
 // `max_pct` and "CLAMPED: ..." per clamped term.
 std::vector<std::string> fit_quality_header(const CalibrationResult& result, double max_pct);
 
+// The profile header's "what each number is": per profile field calibrate measures or fits, its
+// path and how (the cluster field table's calibrated column, core/config/cluster_fields.hpp, as
+// the key reference prints it), wrapped under a 28-column path.
+std::vector<std::string> calibrated_fields_header();
+
 // The model's closed-form time (seconds) of one bench row on `cluster`: what the analytic
 // backend predicts for the bench's one-op plan (tests check that the two agree).
 double model_bench_seconds(const ClusterSpec& cluster, const CollectiveBenchRow& row);

@@ -307,44 +307,18 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
       "versions: muonbed " + std::string(MUONBED_VERSION) + " (" + prov.git_hash + "), " +
           mpi_library_version() + ", GEMM " + cpu_gemm_backend(),
       "",
-      "What each number is (units as in every profile: GB/s = 1e9 B/s, us, TFLOP/s, ms):",
-      "  gpu.ns_table (cpu-fp32)   the CPU handler's Newton-Schulz (fp32, as the mpi executor runs "
-      "it) at each shape",
-      "                            the plans use: per call, the median of " +
-          std::to_string(o.repeats) + " rounds of back-to-back calls (>= 30 ms),",
-      "                            slowest of " + std::to_string(o.ranks) + " ranks " +
+      "What each number is (units as in every profile: GB/s = 1e9 B/s, us, TFLOP/s, ms; every "
+      "compute figure",
+      "is per call, the median of " + std::to_string(o.repeats) +
+          " rounds of back-to-back calls (>= 30 ms), slowest of " + std::to_string(o.ranks) +
+          " ranks " +
           (o.concurrent ? "running at once" : "taking turns (each with the machine to itself)") +
-          "; so is every compute figure below",
-      "  gpu.peak_tflops           the fastest fp32 GEMM (X X^T at those shapes) of one rank",
-      "  gpu.gemm_efficiency       each shape's GEMM rate over that peak, by its smallest dim",
-      "  gpu.hbm_GBps, launch_overhead_us.kernel   least-squares fit of momentum and apply_update "
-      "times",
-      "                            to kernel + model bytes / hbm (core/plan.hpp's "
-      "op_memory_bytes), "
-      "at the NS shapes",
-      "  gpu.elementwise_table     momentum, apply_update and adamw timed at the numbers of "
-      "elements the plans' ops",
-      "                            touch on one rank (the model uses these times, not hbm_GBps, "
-      "for those ops)",
-      "  gpu.host_comm_us_per_message, host_comm_ns_per_byte   the host work of messages on a "
-      "rank's compute core",
-      "                            (cost_model.hpp HostCommCharge): NS back to back while "
-      "exchanging 16, 64 and 256 KiB",
-      "                            messages with a partner at its progress points, minus NS "
-      "alone, per exchange; a line",
-      "                            through the medians over the NS shapes against the bytes "
-      "(intercept / 2 per message)",
-      "  intra_node.*, efficiency.intra_node, launch_overhead_us.collective   fit of the model's",
-      "                            closed form (cost_model.hpp collective_time) to the bench "
-      "collective rows below",
-      "                            (measurements); bandwidth_GBps is the best class's rate, the "
-      "others' share is",
-      "                            their efficiency (ring: all_gather, reduce_scatter, all_reduce, "
-      "broadcast;",
-      "                            p2p: gather, scatter, send/recv)",
-      "  nic, network              placeholders: one machine, no network is measured",
-      "",
+          "):",
   };
+  // From the cluster field table, as the key reference (docs/KEYS.md) says it.
+  for (const std::string& line : calibrated_fields_header()) header.push_back(line);
+  header.push_back("  nic, network              placeholders: one machine, no network is measured");
+  header.push_back("");
   for (const std::string& line : fit_quality_header(fitted, o.max_fit_error))
     header.push_back(line);
   const std::string yaml = calibrated_profile_yaml(profile, header);

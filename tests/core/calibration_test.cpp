@@ -13,6 +13,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "core/base/errors.hpp"
+#include "core/config/cluster_fields.hpp"
 #include "core/engine/cost_model.hpp"
 #include "core/results/calibration.hpp"
 #include "core/results/collective_bench.hpp"
@@ -482,6 +483,62 @@ TEST_CASE("a physically impossible fit is refused with the quantity, its value, 
     in.compute = {slow, gemm};
     CHECK_THROWS_WITH(calibrate_profile(in), Contains("gpu.ns_table (64x96) = inf ms"));
   }
+}
+
+TEST_CASE(
+    "calibrate writes its numbers through the cluster field table: what the loader refuses "
+    "is refused before a profile is written",
+    "[core][calibrate][quality]") {
+  CalibrationInput in;
+  in.ranks = 2;
+  const auto [ns, gemm] = minimal_compute_rows();
+  in.compute = {ns, gemm};
+  in.memory_GiB = 2e6;  // per rank: past the loader's 1,000,000 GiB
+  CHECK_THROWS_WITH(calibrate_profile(in), Contains("gpu.memory_GiB = 2000000 GiB") &&
+                                               Contains("0.001 .. 1000000 GiB") &&
+                                               Contains("no profile was written"));
+  // The loader refuses the same number in a profile (the reason calibrate refuses it).
+  in.memory_GiB = 2;
+  ClusterSpec ok = calibrate_profile(in).profile;
+  const std::string yaml = calibrated_profile_yaml(ok, {});
+  CHECK_NOTHROW(parse_cluster(YAML::Load(yaml), "ok.yaml"));
+  ok.gpu.memory_GiB = 2e6;
+  CHECK_THROWS_AS(parse_cluster(YAML::Load(calibrated_profile_yaml(ok, {})), "big.yaml"),
+                  ConfigError);
+}
+
+TEST_CASE("the profile header says what each number is from the cluster field table",
+          "[core][calibrate]") {
+  const std::vector<std::string> lines = calibrated_fields_header();
+  for (const std::string& line : lines) {
+    INFO(line);
+    CHECK(line.size() <= 100);
+  }
+  // Every field the key reference says calibrate (mpi) writes starts one line, in table order,
+  // with the reference's words after it.
+  std::size_t at = 0;
+  int fields = 0;
+  for (const ClusterKeyDoc& d : cluster_key_reference()) {
+    if (!d.calibrated.starts_with("calibrate (mpi): ")) continue;
+    INFO(d.path);
+    const auto it =
+        std::find_if(lines.begin() + static_cast<std::ptrdiff_t>(at), lines.end(),
+                     [&](const std::string& l) { return l.starts_with("  " + d.path + " "); });
+    REQUIRE(it != lines.end());
+    at = static_cast<std::size_t>(it - lines.begin()) + 1;
+    const std::string first_word = d.calibrated.substr(17, d.calibrated.find(' ', 17) - 17);
+    CHECK_THAT(*it, Contains(first_word));
+    ++fields;
+  }
+  // The numbers calibrate fits are among them.
+  for (const char* path :
+       {"gpu.peak_tflops", "gpu.hbm_GBps", "launch_overhead_us.kernel", "gpu.host_comm_ns_per_byte",
+        "intra_node.bandwidth_GBps", "intra_node.latency_us", "launch_overhead_us.collective",
+        "efficiency.intra_node.p2p", "gpu.ns_table"})
+    CHECK(std::any_of(lines.begin(), lines.end(), [&](const std::string& l) {
+      return l.starts_with("  " + std::string(path) + " ");
+    }));
+  CHECK(fields >= 15);
 }
 
 TEST_CASE("a fit that misses its own rows by more than --max-fit-error is warned about",

@@ -12,7 +12,8 @@
 
 #include "core/base/errors.hpp"
 #include "core/config/cluster.hpp"
-#include "core/config/src/yaml_util.hpp"  // emit_cluster, for the round trip
+#include "core/config/cluster_fields.hpp"
+#include "core/config/src/cluster_yaml.hpp"  // emit_cluster, for the round trip
 #include "muonbed/config.hpp"
 #include "tests/common/temp_dir.hpp"
 
@@ -141,6 +142,88 @@ TEST_CASE("a minimal cluster parses with defaults", "[experiments][cluster]") {
   CHECK(c.origin.line == 1);
 }
 
+namespace {
+
+// kValid with the key at `path` ("efficiency.network.ring") set to `value`.
+std::string valid_with(const std::string& path, const std::string& value) {
+  YAML::Node root = YAML::Load(kValid);
+  YAML::Node node = root;
+  std::size_t start = 0;
+  for (std::size_t dot; (dot = path.find('.', start)) != std::string::npos; start = dot + 1) {
+    const std::string part = path.substr(start, dot - start);
+    if (!node[part].IsDefined()) node[part] = YAML::Node(YAML::NodeType::Map);
+    node.reset(node[part]);
+  }
+  node[path.substr(start)] = YAML::Load(value);
+  YAML::Emitter out;
+  out << root;
+  return out.c_str();
+}
+
+std::string emitted(const std::string& yaml) {
+  YAML::Emitter out;
+  emit_cluster(out, parse_cluster(YAML::Load(yaml), "c.yaml"));
+  return out.c_str();
+}
+
+}  // namespace
+
+TEST_CASE("the key reference's cluster defaults and ranges are the parser's",
+          "[experiments][cluster][keys]") {
+  const std::string plain = emitted(kValid);
+  int defaults = 0, ranges = 0;
+  for (const ClusterKeyDoc& d : cluster_key_reference()) {
+    INFO(d.path << " default '" << d.default_value << "' range '" << d.range << "'");
+    // Writing a key at its documented default changes nothing a profile says.
+    if (!d.default_value.empty()) {
+      CHECK_FALSE(d.required);
+      CHECK(emitted(valid_with(d.path, d.default_value)) == plain);
+      ++defaults;
+    }
+    if (d.range.empty()) continue;
+    // "lo .. hi[ unit]": both ends parse, just past either end is refused at the key.
+    const std::size_t dots = d.range.find(" .. ");
+    REQUIRE(dots != std::string::npos);
+    const double lo = std::stod(d.range.substr(0, dots));
+    const double hi = std::stod(d.range.substr(dots + 4));
+    CHECK_NOTHROW(parse_cluster(YAML::Load(valid_with(d.path, d.range.substr(0, dots))), "c"));
+    CHECK_NOTHROW(parse_cluster(YAML::Load(valid_with(d.path, yaml_util::format_number(hi))), "c"));
+    const double below = d.type == "integer" || lo == 0 ? lo - 1 : lo / 2;
+    // Below a range that starts at 0 or 1 the parser says "must not be negative" or "must be
+    // positive"; elsewhere "is out of range". Each names the key and the value.
+    for (const double outside : {below, hi * 2}) {
+      const std::string error =
+          cluster_error(valid_with(d.path, yaml_util::format_number(outside))).what();
+      CHECK_THAT(error, Contains("'" + d.path + "' = " + yaml_util::format_number(outside) + " "));
+      CHECK_THAT(error, Contains("out of range") || Contains("must not be negative") ||
+                            Contains("must be positive"));
+    }
+    ++ranges;
+  }
+  CHECK(defaults >= 20);  // every optional scalar: nodes, network.levels, the efficiencies, ...
+  CHECK(ranges >= 25);
+}
+
+TEST_CASE("cluster numbers by path: the loader's range and unit, unknown paths refused",
+          "[experiments][cluster][keys]") {
+  const ClusterNumber& hbm = cluster_number("gpu.hbm_GBps");
+  CHECK(hbm.unit == "GB/s");
+  CHECK(hbm.range_text() == "0.1 .. 1000000 GB/s");
+  CHECK(hbm.allows(0.1));
+  CHECK(hbm.allows(1e6));
+  CHECK_FALSE(hbm.allows(0.09));
+  CHECK_FALSE(hbm.allows(std::nan("")));
+  CHECK_FALSE(hbm.allows(INFINITY));
+  ClusterSpec c;
+  hbm.ref(c) = 123;
+  CHECK(c.gpu.hbm_GBps == 123);
+  cluster_number("efficiency.intra_node.p2p").ref(c) = 0.5;
+  CHECK(c.efficiency.intra_node.p2p == 0.5);
+  CHECK(c.efficiency.network.p2p == 1);
+  CHECK_THROWS_AS(cluster_number("gpu.hbm_gbps"), std::logic_error);
+  CHECK_THROWS_AS(cluster_number("gpu.name"), std::logic_error);  // text, not a number
+}
+
 TEST_CASE("cluster parsing is strict", "[experiments][cluster][errors]") {
   SECTION("missing section") {
     const ConfigError e = cluster_error("name: x\ngpus_per_node: 8\n");
@@ -259,7 +342,7 @@ TEST_CASE("calibration fields parse strictly and round-trip",
 
   // What the emitter writes reads back to the same profile (provenance of every record).
   YAML::Emitter out;
-  yaml_util::emit_cluster(out, c);
+  emit_cluster(out, c);
   const ClusterSpec back = parse_cluster(YAML::Load(out.c_str()), "back.yaml");
   CHECK(back.efficiency.intra_node.nvls == c.efficiency.intra_node.nvls);
   CHECK(back.efficiency.network.all_to_all == c.efficiency.network.all_to_all);
@@ -333,7 +416,7 @@ TEST_CASE("the elementwise table parses strictly, round-trips and interpolates i
   CHECK(c.gpu.elementwise_seconds("momentum", 250) == Approx(0.5e-3));
   CHECK(c.gpu.elementwise_seconds("apply_update", 250) < 0);
   YAML::Emitter out;
-  yaml_util::emit_cluster(out, c);
+  emit_cluster(out, c);
   const ClusterSpec back = parse_cluster(YAML::Load(out.c_str()), "back.yaml");
   REQUIRE(back.gpu.elementwise_table.size() == 3);
   CHECK(back.gpu.elementwise_table[2].source == "bench");
@@ -362,7 +445,7 @@ TEST_CASE("the host cost of messages parses, round-trips and is refused out of r
   CHECK(c.gpu.host_comm_us_per_message == 4.5);
   CHECK(c.gpu.host_comm_ns_per_byte == 0.25);
   YAML::Emitter out;
-  yaml_util::emit_cluster(out, c);
+  emit_cluster(out, c);
   const ClusterSpec back = parse_cluster(YAML::Load(out.c_str()), "back.yaml");
   CHECK(back.gpu.host_comm_us_per_message == 4.5);
   CHECK(back.gpu.host_comm_ns_per_byte == 0.25);
@@ -370,7 +453,7 @@ TEST_CASE("the host cost of messages parses, round-trips and is refused out of r
   const ClusterSpec gpu = parse_cluster(YAML::Load(std::string(kValid)), "g.yaml");
   CHECK(gpu.gpu.host_comm_ns_per_byte == 0);
   YAML::Emitter plain;
-  yaml_util::emit_cluster(plain, gpu);
+  emit_cluster(plain, gpu);
   CHECK(std::string(plain.c_str()).find("host_comm") == std::string::npos);
   for (const auto& [from, to] :
        {std::pair{"host_comm_ns_per_byte: 0.25", "host_comm_ns_per_byte: -1"},

@@ -16,6 +16,7 @@
 
 #include "core/base/errors.hpp"
 #include "core/config/cluster.hpp"
+#include "core/config/cluster_fields.hpp"
 #include "core/config/src/yaml_util.hpp"
 #include "core/experiment/experiment.hpp"
 #include "core/experiment/keys.hpp"

@@ -1,8 +1,11 @@
-// Cluster profiles from YAML: strict parsing of experiments/clusters/*.yaml (and inline or
-// overridden clusters inside experiments), the search for a cluster file by name, the GEMM
-// efficiency curve, the measured Newton-Schulz table, and the emitter that writes a profile back
-// as YAML for provenance.
+// Cluster profiles from YAML: the one table of cluster fields (cluster_fields() below;
+// core/config/cluster_fields.hpp), the strict parsing of experiments/clusters/*.yaml (and inline or
+// overridden clusters inside experiments) and the emitter that writes a profile back as YAML for
+// provenance, both driven by that table; the readers of the fields that are tables (NS,
+// elementwise, GEMM curve, measurements); and the search for a cluster file by name. The timing a
+// profile gives (NS and elementwise interpolation, the efficiency curve) is cluster_timing.cpp's.
 #include "core/config/cluster.hpp"
+#include "core/config/cluster_fields.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -11,9 +14,13 @@
 #include <initializer_list>
 #include <limits>
 #include <map>
+#include <stdexcept>
+#include <type_traits>
+#include <variant>
 
 #include <yaml-cpp/yaml.h>
 
+#include "core/config/src/cluster_yaml.hpp"
 #include "core/config/src/yaml_util.hpp"
 #include "muonbed/config.hpp"
 
@@ -21,209 +28,6 @@ namespace muonbed {
 
 namespace fs = std::filesystem;
 using namespace yaml_util;
-
-double GpuSpec::efficiency(double dim) const {
-  if (gemm_efficiency.empty()) return 1.0;
-  const auto& points = gemm_efficiency;
-  if (!(dim > points.front().dim)) return points.front().efficiency;
-  if (dim >= points.back().dim) return points.back().efficiency;
-  for (std::size_t i = 1; i < points.size(); ++i) {
-    if (dim <= points[i].dim) {
-      // Linear in log2(dim): GEMM efficiency grows with the matrix size roughly per doubling.
-      const double x0 = std::log2(points[i - 1].dim), x1 = std::log2(points[i].dim);
-      const double t = (std::log2(dim) - x0) / (x1 - x0);
-      return points[i - 1].efficiency + t * (points[i].efficiency - points[i - 1].efficiency);
-    }
-  }
-  return points.back().efficiency;
-}
-
-namespace {
-
-// Per-step FLOPs of NS on one m x n matrix (m <= n): X X^T, A A, B X.
-double ns_step_flops(double m, double n) {
-  return 4 * m * m * n + 2 * m * m * m;
-}
-
-struct NsPoint {
-  double flops;  // per matrix, all steps
-  double seconds;
-};
-
-// Piecewise-linear interpolation of seconds in FLOPs (points sorted by FLOPs, distinct).
-double interpolate_ns(const std::vector<NsPoint>& p, double flops) {
-  if (p.size() == 1) return p[0].seconds * flops / p[0].flops;
-  if (flops <= p.front().flops) {
-    // The line through the two smallest points: its intercept is the per-call overhead.
-    const double slope = (p[1].seconds - p[0].seconds) / (p[1].flops - p[0].flops);
-    const double t = p[0].seconds + slope * (flops - p[0].flops);
-    return t > 0 && slope > 0 ? t : p[0].seconds * flops / p[0].flops;
-  }
-  if (flops >= p.back().flops) return p.back().seconds * flops / p.back().flops;
-  for (std::size_t i = 1; i < p.size(); ++i)
-    if (flops <= p[i].flops) {
-      const double t = (flops - p[i - 1].flops) / (p[i].flops - p[i - 1].flops);
-      return p[i - 1].seconds + t * (p[i].seconds - p[i - 1].seconds);
-    }
-  return p.back().seconds;
-}
-
-}  // namespace
-
-std::string_view to_string(NsTimeSource source) {
-  switch (source) {
-    case NsTimeSource::table:
-      return "table";
-    case NsTimeSource::interpolated:
-      return "interpolated";
-    case NsTimeSource::extrapolated:
-      return "extrapolated";
-    case NsTimeSource::curve:
-      return "curve";
-  }
-  return "?";
-}
-
-double GpuSpec::ns_call_seconds(std::int64_t rows, std::int64_t cols, std::int64_t batch, int steps,
-                                const std::string& version, NsTimeSource* source) const {
-  NsTimeSource ignored;
-  NsTimeSource& from = source ? *source : ignored;
-  from = NsTimeSource::curve;
-  const double m = static_cast<double>(std::min(rows, cols));
-  const double n = static_cast<double>(std::max(rows, cols));
-  const double b = static_cast<double>(std::max<std::int64_t>(1, batch));
-  std::vector<const NsTiming*> mine;
-  for (const NsTiming& t : ns_table)
-    if (t.version == version && t.ms > 0 && t.steps > 0) mine.push_back(&t);
-  if (mine.empty()) return -1;
-  // Same shape: the entry whose batch is nearest (in ratio), scaled.
-  const NsTiming* same = nullptr;
-  for (const NsTiming* t : mine) {
-    if (std::min(t->rows, t->cols) != std::min(rows, cols) ||
-        std::max(t->rows, t->cols) != std::max(rows, cols))
-      continue;
-    const auto distance = [&](const NsTiming* e) {
-      return std::abs(std::log(static_cast<double>(e->batch) / b));
-    };
-    if (same == nullptr || distance(t) < distance(same)) same = t;
-  }
-  if (same != nullptr) {
-    from = NsTimeSource::table;
-    return same->ms * 1e-3 * (b / static_cast<double>(same->batch)) *
-           (static_cast<double>(steps) / same->steps);
-  }
-  // Other shapes: per-matrix points of batched entries for a batched call (when there are any),
-  // of single calls otherwise.
-  const bool batched = batch > 1;
-  bool any_kind = false;
-  for (const NsTiming* t : mine) any_kind = any_kind || ((t->batch > 1) == batched);
-  std::vector<NsPoint> points;
-  for (const NsTiming* t : mine) {
-    if (any_kind && (t->batch > 1) != batched) continue;
-    const double tm = static_cast<double>(std::min(t->rows, t->cols));
-    const double tn = static_cast<double>(std::max(t->rows, t->cols));
-    points.push_back(
-        {ns_step_flops(tm, tn) * t->steps, t->ms * 1e-3 / static_cast<double>(t->batch)});
-  }
-  std::sort(points.begin(), points.end(),
-            [](const NsPoint& a, const NsPoint& c) { return a.flops < c.flops; });
-  // Equal FLOPs (two shapes of one size): keep their mean.
-  std::vector<NsPoint> distinct;
-  std::vector<int> count;
-  for (const NsPoint& q : points) {
-    if (!distinct.empty() && distinct.back().flops == q.flops) {
-      distinct.back().seconds += q.seconds;
-      ++count.back();
-    } else {
-      distinct.push_back(q);
-      count.push_back(1);
-    }
-  }
-  for (std::size_t i = 0; i < distinct.size(); ++i) distinct[i].seconds /= count[i];
-  const double flops = ns_step_flops(m, n) * steps;
-  const double lo = distinct.front().flops, hi = distinct.back().flops;
-  if (flops >= lo && flops <= hi) {
-    from = NsTimeSource::interpolated;
-  } else if (flops * kNsExtrapolationLimit >= lo && flops <= hi * kNsExtrapolationLimit) {
-    from = NsTimeSource::extrapolated;
-  } else {
-    // Past the table by more than 2x: the work at the GEMM-efficiency curve's rate for the
-    // matrix's smallest dimension, plus the per-call overhead the table measured (the intercept
-    // of the line through its two smallest entries, when positive): never a far entry's rate.
-    from = NsTimeSource::curve;
-    const double rate = sustained_flops(m);
-    if (!(rate > 0)) return -1;
-    double overhead = 0;
-    if (distinct.size() >= 2) {
-      const NsPoint& p0 = distinct[0];
-      const NsPoint& p1 = distinct[1];
-      const double slope = (p1.seconds - p0.seconds) / (p1.flops - p0.flops);
-      overhead = std::max(0.0, p0.seconds - slope * p0.flops);
-    }
-    return b * flops / rate + overhead;
-  }
-  return b * interpolate_ns(distinct, flops);
-}
-
-double GpuSpec::elementwise_seconds(std::string_view kernel, std::int64_t numel) const {
-  std::vector<std::pair<double, double>> points;  // (elements, seconds)
-  for (const ElementwiseTiming& t : elementwise_table)
-    if (t.kernel == kernel && t.numel > 0 && t.ms > 0)
-      points.emplace_back(static_cast<double>(t.numel), t.ms * 1e-3);
-  if (points.empty()) return -1;
-  std::sort(points.begin(), points.end());
-  const double n = static_cast<double>(std::max<std::int64_t>(0, numel));
-  if (n <= points.front().first) return points.front().second * n / points.front().first;
-  for (std::size_t i = 1; i < points.size(); ++i)
-    if (n <= points[i].first) {
-      const auto& [n0, t0] = points[i - 1];
-      const auto& [n1, t1] = points[i];
-      return n1 == n0 ? std::max(t0, t1) : t0 + (n - n0) / (n1 - n0) * (t1 - t0);
-    }
-  return points.back().second * n / points.back().first;
-}
-
-const std::vector<std::string>& elementwise_table_kernels() {
-  static const std::vector<std::string> kinds = {"momentum", "apply_update", "adamw"};
-  return kinds;
-}
-
-std::vector<std::string> GpuSpec::ns_versions() const {
-  std::vector<std::string> out;
-  for (const NsTiming& t : ns_table)
-    if (std::find(out.begin(), out.end(), t.version) == out.end()) out.push_back(t.version);
-  return out;
-}
-
-std::string_view to_string(CollectiveClass cls) {
-  switch (cls) {
-    case CollectiveClass::ring:
-      return "ring";
-    case CollectiveClass::all_to_all:
-      return "all_to_all";
-    case CollectiveClass::p2p:
-      return "p2p";
-    case CollectiveClass::nvls:
-      return "nvls";
-  }
-  return "?";
-}
-
-double LinkEfficiency::of(CollectiveClass cls) const {
-  switch (cls) {
-    case CollectiveClass::ring:
-      return ring;
-    case CollectiveClass::all_to_all:
-      return all_to_all;
-    case CollectiveClass::p2p:
-      return p2p;
-    case CollectiveClass::nvls:
-      return nvls;
-  }
-  return 1.0;
-}
-
-namespace yaml_util {
 
 namespace {
 
@@ -379,40 +183,60 @@ void read_measurements(const Context& ctx, const Field& field, ClusterSpec& spec
   spec.measurements = std::move(out);
 }
 
-}  // namespace
-
-namespace {
-
 // ---- The cluster fields, one row each ------------------------------------------------------
-// Every key of a cluster profile is one row: where it is, its type and range, whether a complete
-// profile (a file, an inline cluster) needs it, what it means, what `muonbed calibrate` writes
-// there, and how to reach it in a ClusterSpec. read_cluster_map, emit_cluster,
-// cluster_schema_paths and the key reference (cluster_key_reference) all iterate this table, so
-// a new field is one row.
+// Every key of a cluster profile is one row: its dotted path, where it lives in a ClusterSpec
+// (a scalar's C++ type is the field's type), its range and unit, whether a complete profile (a
+// file, an inline cluster) needs it, what it means and what `muonbed calibrate` writes there. Its
+// default is the ClusterSpec member's initializer. read_cluster_map (with the range checks),
+// emit_cluster, cluster_schema_paths, the key reference and cluster_number (calibrate's writes)
+// all iterate this table, so a new scalar field is one row. Fields that are not one scalar (the
+// NS and elementwise tables, the GEMM curve, the choices that are enums, the measurements) give
+// their own reader and writer.
 
-enum class FieldType { text, integer, number, flag, custom };
+template <typename T>
+using Ref = std::function<T&(ClusterSpec&)>;
+// Where a scalar field lives; monostate for a field with its own reader and writer.
+using Place = std::variant<std::monostate, Ref<std::string>, Ref<int>, Ref<double>, Ref<bool>>;
+
+// The place of a member of ClusterSpec, or of a member of one of its parts.
+template <typename T>
+Ref<T> member(T ClusterSpec::*m) {
+  return [m](ClusterSpec& s) -> T& { return s.*m; };
+}
+template <typename Part, typename T>
+Ref<T> member(Part ClusterSpec::*part, T Part::*m) {
+  return [part, m](ClusterSpec& s) -> T& { return (s.*part).*m; };
+}
 
 struct ClusterField {
-  std::string section;  // "" (top), "gpu", "intra_node", "nic", "network",
-                        // "efficiency.intra_node", "efficiency.network", "launch_overhead_us",
-                        // "calibration"
-  std::string key;
-  FieldType type = FieldType::number;
+  std::string path;  // "gpu.peak_tflops": its section is what comes before the last dot
+  Place place;
   double min = 0, max = 0;  // integer, number: the range [min, max]
+  std::string unit;         // of a number ("GB/s", "us"); "" for counts and fractions
   bool required = false;    // in a complete profile
   std::string example;      // "peak_tflops: 989", for the missing-key message
-  std::string type_text;    // for the key reference
-  std::string doc;          // meaning and unit
+  std::string doc;          // what it means
   std::string calibrated;   // what `muonbed calibrate` writes here ("" : nothing)
-  std::function<std::string&(ClusterSpec&)> text;
-  std::function<int&(ClusterSpec&)> integer;
-  std::function<double&(ClusterSpec&)> number;
-  std::function<bool&(ClusterSpec&)> flag;
-  // custom: reads the field, and emits it (key and value) when emitted() says so
+  // Emitted only when it differs from its default (0, "", false), or only when `emitted` says
+  // so; always otherwise.
+  bool emit_when_set = false;
+  std::function<bool(const ClusterSpec&)> emitted;
+  // A field that is not one scalar: its type for the key reference, its reader and its writer
+  // (the key and the value).
+  std::string custom_type;
   std::function<void(const Context&, const Field&, ClusterSpec&)> read;
   std::function<void(YAML::Emitter&, const ClusterSpec&)> emit;
-  std::function<bool(const ClusterSpec&)> emitted;  // null: always
 };
+
+std::string section_of(const std::string& path) {
+  const std::size_t dot = path.rfind('.');
+  return dot == std::string::npos ? "" : path.substr(0, dot);
+}
+
+std::string key_of(const std::string& path) {
+  const std::size_t dot = path.rfind('.');
+  return dot == std::string::npos ? path : path.substr(dot + 1);
+}
 
 // A section of the profile: a map at `path` (a flow map when `flow`), required in a complete
 // profile (with `example`), and emitted when `emitted` says so (null: always).
@@ -450,103 +274,13 @@ const std::vector<ClusterSection>& cluster_sections() {
   return sections;
 }
 
-template <typename T>
-using Ref = std::function<T&(ClusterSpec&)>;
-
-ClusterField text_field(std::string section, std::string key, Ref<std::string> ref, std::string doc,
-                        bool required = false, std::string example = "",
-                        std::function<bool(const ClusterSpec&)> emitted = nullptr) {
-  ClusterField f;
-  f.section = std::move(section);
-  f.key = std::move(key);
-  f.type = FieldType::text;
-  f.type_text = "text";
-  f.text = std::move(ref);
-  f.doc = std::move(doc);
-  f.required = required;
-  f.example = std::move(example);
-  f.emitted = std::move(emitted);
-  return f;
-}
-
-ClusterField number_field(std::string section, std::string key, Ref<double> ref, double min,
-                          double max, std::string doc, bool required = false,
-                          std::string example = "", std::string calibrated = "",
-                          std::function<bool(const ClusterSpec&)> emitted = nullptr) {
-  ClusterField f;
-  f.section = std::move(section);
-  f.key = std::move(key);
-  f.type = FieldType::number;
-  f.type_text = "number";
-  f.min = min;
-  f.max = max;
-  f.number = std::move(ref);
-  f.doc = std::move(doc);
-  f.required = required;
-  f.example = std::move(example);
-  f.calibrated = std::move(calibrated);
-  f.emitted = std::move(emitted);
-  return f;
-}
-
-ClusterField integer_field(std::string section, std::string key, Ref<int> ref, double min,
-                           double max, std::string doc, bool required = false,
-                           std::string example = "") {
-  ClusterField f;
-  f.section = std::move(section);
-  f.key = std::move(key);
-  f.type = FieldType::integer;
-  f.type_text = "integer";
-  f.min = min;
-  f.max = max;
-  f.integer = std::move(ref);
-  f.doc = std::move(doc);
-  f.required = required;
-  f.example = std::move(example);
-  return f;
-}
-
-ClusterField flag_field(std::string section, std::string key, Ref<bool> ref, std::string doc,
-                        std::function<bool(const ClusterSpec&)> emitted = nullptr) {
-  ClusterField f;
-  f.section = std::move(section);
-  f.key = std::move(key);
-  f.type = FieldType::flag;
-  f.type_text = "true | false";
-  f.flag = std::move(ref);
-  f.doc = std::move(doc);
-  f.emitted = std::move(emitted);
-  return f;
-}
-
-ClusterField custom_field(std::string section, std::string key, std::string type_text,
-                          std::function<void(const Context&, const Field&, ClusterSpec&)> read,
-                          std::function<void(YAML::Emitter&, const ClusterSpec&)> emit,
-                          std::string doc, bool required = false, std::string example = "",
-                          std::string calibrated = "",
-                          std::function<bool(const ClusterSpec&)> emitted = nullptr) {
-  ClusterField f;
-  f.section = std::move(section);
-  f.key = std::move(key);
-  f.type = FieldType::custom;
-  f.type_text = std::move(type_text);
-  f.read = std::move(read);
-  f.emit = std::move(emit);
-  f.doc = std::move(doc);
-  f.required = required;
-  f.example = std::move(example);
-  f.calibrated = std::move(calibrated);
-  f.emitted = std::move(emitted);
-  return f;
-}
-
 void emit_number(YAML::Emitter& out, const std::string& key, double value) {
   out << YAML::Key << key << YAML::Value << format_number(value);
 }
 
 // The four collective classes of one link class's efficiency map.
 void add_efficiency_rows(std::vector<ClusterField>& rows, const std::string& link,
-                         LinkEfficiency EfficiencySpec::*member) {
+                         LinkEfficiency EfficiencySpec::*member, const std::string& calibrated) {
   const std::vector<std::pair<std::string, double LinkEfficiency::*>> classes = {
       {"ring", &LinkEfficiency::ring},
       {"all_to_all", &LinkEfficiency::all_to_all},
@@ -556,323 +290,465 @@ void add_efficiency_rows(std::vector<ClusterField>& rows, const std::string& lin
   for (const auto& entry : classes) {
     const std::string& name = entry.first;
     const auto cls = entry.second;
-    rows.push_back(number_field(
-        "efficiency." + link, name,
-        [member, cls](ClusterSpec& s) -> double& { return (s.efficiency.*member).*cls; },
-        kMinEfficiency, 1,
-        "fraction of the line rate " + name + " collectives achieve" +
-            (name == "ring"   ? " (all_gather, reduce_scatter, ring all_reduce, broadcast)"
-             : name == "p2p"  ? " (gather, scatter, send/recv)"
-             : name == "nvls" ? " (NVLink SHARP all-reduce)"
-                              : " (pairwise exchange)"),
-        false, "", "calibrate (mpi): fit to the bench collective rows (intra_node)"));
+    rows.push_back({
+        .path = "efficiency." + link + "." + name,
+        .place = Ref<double>(
+            [member, cls](ClusterSpec& s) -> double& { return (s.efficiency.*member).*cls; }),
+        .min = kMinEfficiency,
+        .max = 1,
+        .doc = "fraction of the line rate " + name + " collectives achieve" +
+               (name == "ring"   ? " (all_gather, reduce_scatter, ring all_reduce, broadcast)"
+                : name == "p2p"  ? " (gather, scatter, send/recv)"
+                : name == "nvls" ? " (NVLink SHARP all-reduce)"
+                                 : " (pairwise exchange)"),
+        .calibrated = name == "nvls" && !calibrated.empty()
+                          ? "calibrate (mpi): 1 (CPU ranks have no NVLink SHARP)"
+                          : calibrated,
+    });
   }
+}
+
+// One line per NS timing, flow maps in a block list.
+void emit_ns_table(YAML::Emitter& out, const ClusterSpec& s) {
+  out << YAML::Key << "ns_table" << YAML::Value << YAML::BeginSeq;
+  for (const NsTiming& t : s.gpu.ns_table) {
+    out << YAML::Flow << YAML::BeginMap;
+    out << YAML::Key << "version" << YAML::Value << t.version;
+    out << YAML::Key << "shape" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    if (t.batch != 1) out << t.batch;
+    out << t.rows << t.cols << YAML::EndSeq;
+    out << YAML::Key << "steps" << YAML::Value << t.steps;
+    emit_number(out, "ms", t.ms);
+    if (!t.source.empty()) out << YAML::Key << "source" << YAML::Value << t.source;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+}
+
+void emit_elementwise_table(YAML::Emitter& out, const ClusterSpec& s) {
+  out << YAML::Key << "elementwise_table" << YAML::Value << YAML::BeginSeq;
+  for (const ElementwiseTiming& t : s.gpu.elementwise_table) {
+    out << YAML::Flow << YAML::BeginMap;
+    out << YAML::Key << "kernel" << YAML::Value << t.kernel;
+    out << YAML::Key << "numel" << YAML::Value << t.numel;
+    emit_number(out, "ms", t.ms);
+    if (!t.source.empty()) out << YAML::Key << "source" << YAML::Value << t.source;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+}
+
+void emit_measurements(YAML::Emitter& out, const ClusterSpec& s) {
+  out << YAML::Key << "measurements" << YAML::Value << YAML::BeginSeq;
+  for (const MeasuredCollective& m : s.measurements) {
+    out << YAML::Flow << YAML::BeginMap;
+    out << YAML::Key << "op" << YAML::Value << m.op;
+    out << YAML::Key << "gpus" << YAML::Value << m.gpus;
+    out << YAML::Key << "size_bytes" << YAML::Value << m.size_bytes;
+    if (m.busbw_GBps > 0) emit_number(out, "busbw_GBps", m.busbw_GBps);
+    if (m.time_us > 0) emit_number(out, "time_us", m.time_us);
+    if (!m.algorithm.empty()) out << YAML::Key << "algorithm" << YAML::Value << m.algorithm;
+    out << YAML::Key << "source" << YAML::Value << m.source;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
 }
 
 const std::vector<ClusterField>& cluster_fields() {
   static const std::vector<ClusterField> rows = [] {
-    std::vector<ClusterField> r;
-    const auto not_empty = [](std::string ClusterSpec::*m) {
-      return [m](const ClusterSpec& s) { return !(s.*m).empty(); };
+    const std::string fit_collectives = "calibrate (mpi): fitted with intra_node.bandwidth_GBps";
+    std::vector<ClusterField> r = {
+        {.path = "name",
+         .place = member(&ClusterSpec::name),
+         .required = true,
+         .example = "name: my-cluster",
+         .doc = "the profile's name (result files and tables name it)"},
+        {.path = "source",
+         .place = member(&ClusterSpec::source),
+         .doc = "where the numbers come from (citations), free text",
+         .emit_when_set = true},
+        {.path = "gpus_per_node",
+         .place = member(&ClusterSpec::gpus_per_node),
+         .min = 1,
+         .max = 1024,
+         .required = true,
+         .example = "gpus_per_node: 8",
+         .doc = "GPUs (ranks) per node"},
+        {.path = "nodes",
+         .place = member(&ClusterSpec::nodes),
+         .min = 0,
+         .max = 1 << 16,
+         .doc = "nodes; 0 = as many as the experiment's mesh needs"},
+        // gpu
+        {.path = "gpu.name",
+         .place = member(&ClusterSpec::gpu, &GpuSpec::name),
+         .required = true,
+         .example = "name: H100-SXM5-80GB",
+         .doc = "the GPU's (or CPU rank's) name"},
+        {.path = "gpu.peak_tflops",
+         .place = member(&ClusterSpec::gpu, &GpuSpec::peak_tflops),
+         .min = kMinPeakTflops,
+         .max = kMaxPeakTflops,
+         .unit = "TFLOP/s",
+         .required = true,
+         .example = "peak_tflops: 989",
+         .doc = "dense bf16 peak",
+         .calibrated =
+             "calibrate (mpi): the fastest fp32 GEMM (X X^T at the NS shapes) of one rank"},
+        {.path = "gpu.hbm_GBps",
+         .place = member(&ClusterSpec::gpu, &GpuSpec::hbm_GBps),
+         .min = kMinHbmGBps,
+         .max = kMaxHbmGBps,
+         .unit = "GB/s",
+         .required = true,
+         .example = "hbm_GBps: 3000",
+         .doc = "device memory bandwidth for memory-bound ops",
+         .calibrated = "calibrate (mpi): least-squares fit of momentum and apply_update times at "
+                       "the NS shapes to kernel + model bytes / hbm (core/plan/plan.hpp's "
+                       "op_memory_bytes)"},
+        {.path = "gpu.memory_GiB",
+         .place = member(&ClusterSpec::gpu, &GpuSpec::memory_GiB),
+         .min = kMinMemoryGiB,
+         .max = kMaxMemoryGiB,
+         .unit = "GiB",
+         .required = true,
+         .example = "memory_GiB: 80",
+         .doc = "memory of one GPU (or rank): the limit of the memory feasibility check",
+         .calibrated = "calibrate (mpi): the machine's memory over the ranks"},
+        {.path = "gpu.gemm_efficiency",
+         .doc = "sustained fraction of peak by the smallest matrix dim (dims 1..2^24 increasing, "
+                "efficiencies 0.001..1), linear in log2(dim); 1 when absent",
+         .calibrated =
+             "calibrate (mpi): each NS shape's GEMM rate over peak_tflops, by its smallest dim",
+         .emitted = [](const ClusterSpec& s) { return !s.gpu.gemm_efficiency.empty(); },
+         .custom_type = "map dim -> efficiency",
+         .read = [](const Context& c, const Field& f,
+                    ClusterSpec& s) { read_gemm_efficiency(c, f, s.gpu); },
+         .emit =
+             [](YAML::Emitter& out, const ClusterSpec& s) {
+               out << YAML::Key << "gemm_efficiency" << YAML::Value << YAML::Flow << YAML::BeginMap;
+               for (const EfficiencyPoint& p : s.gpu.gemm_efficiency)
+                 out << YAML::Key << format_number(p.dim) << YAML::Value
+                     << format_number(p.efficiency);
+               out << YAML::EndMap;
+             }},
+        {.path = "gpu.ns_table",
+         .doc = "measured Newton-Schulz time per call by shape ([rows, cols] or [batch, rows, "
+                "cols]) and kernel version, interpolated in FLOPs; past the table by more than "
+                "2x, the efficiency curve",
+         .calibrated =
+             "calibrate (mpi): version cpu-fp32, the CPU handler's Newton-Schulz (fp32, as "
+             "the mpi executor runs it) at each shape the plans use, per call",
+         .emitted = [](const ClusterSpec& s) { return !s.gpu.ns_table.empty(); },
+         .custom_type = "list of {version, shape, steps, ms, source}",
+         .read = [](const Context& c, const Field& f,
+                    ClusterSpec& s) { read_ns_table(c, f, s.gpu); },
+         .emit = emit_ns_table},
+        {.path = "gpu.ns_kernel",
+         .place = member(&ClusterSpec::gpu, &GpuSpec::ns_kernel),
+         .doc = "the ns_table version the model times NS with (default v2 when the table has it, "
+                "else its first)",
+         .emit_when_set = true},
+        {.path = "gpu.elementwise_table",
+         .doc = "measured time of momentum, apply_update or adamw by the elements one rank "
+                "touches; absent kernels take their bytes at hbm_GBps",
+         .calibrated = "calibrate (mpi): momentum, apply_update and adamw timed at the numbers of "
+                       "elements the plans' ops touch on one rank (the model uses these times, "
+                       "not hbm_GBps, for those ops)",
+         .emitted = [](const ClusterSpec& s) { return !s.gpu.elementwise_table.empty(); },
+         .custom_type = "list of {kernel, numel, ms, source}",
+         .read = [](const Context& c, const Field& f,
+                    ClusterSpec& s) { read_elementwise_table(c, f, s.gpu); },
+         .emit = emit_elementwise_table},
+        {.path = "gpu.host_comm_us_per_message",
+         .place = member(&ClusterSpec::gpu, &GpuSpec::host_comm_us_per_message),
+         .min = 0,
+         .max = kMaxLatencyUs,
+         .unit = "us",
+         .doc = "host work per message a rank sends or receives on its computing core (CPU "
+                "ranks; 0 on GPUs)",
+         .calibrated =
+             "calibrate (mpi): Newton-Schulz back to back while exchanging 16, 64 and 256 "
+             "KiB messages with a partner at its progress points, minus Newton-Schulz "
+             "alone, per exchange: half the intercept of a line through the medians "
+             "over the NS shapes against the bytes",
+         .emit_when_set = true},
+        {.path = "gpu.host_comm_ns_per_byte",
+         .place = member(&ClusterSpec::gpu, &GpuSpec::host_comm_ns_per_byte),
+         .min = 0,
+         .max = kMaxHostCommNsPerByte,
+         .unit = "ns",
+         .doc = "the same per byte",
+         .calibrated = "calibrate (mpi): the slope of host_comm_us_per_message's line",
+         .emit_when_set = true},
+        {.path = "gpu.training_efficiency",
+         .place = member(&ClusterSpec::gpu, &GpuSpec::training_efficiency),
+         .min = 0,
+         .max = 1,
+         .doc = "fraction of peak the training step's forward and backward sustain (matches "
+                "published MFU); 0 = the GEMM-efficiency curve at each op's smallest GEMM dim",
+         .emit_when_set = true},
+        {.path = "gpu.training_efficiency_source",
+         .place = member(&ClusterSpec::gpu, &GpuSpec::training_efficiency_source),
+         .doc = "where training_efficiency comes from (the measurement or publication, its "
+                "setup)",
+         .emit_when_set = true},
+        // intra_node
+        {.path = "intra_node.kind",
+         .required = true,
+         .example = "kind: nvswitch",
+         .doc = "NVLink through NVSwitch, or PCIe",
+         .custom_type = "nvswitch | pcie",
+         .read =
+             [](const Context& c, const Field& f, ClusterSpec& s) {
+               s.intra.kind = to_choice(c, f, {"nvswitch", "pcie"}) == "pcie"
+                                  ? IntraNodeKind::pcie
+                                  : IntraNodeKind::nvswitch;
+             },
+         .emit =
+             [](YAML::Emitter& out, const ClusterSpec& s) {
+               out << YAML::Key << "kind" << YAML::Value
+                   << (s.intra.kind == IntraNodeKind::pcie ? "pcie" : "nvswitch");
+             }},
+        {.path = "intra_node.bandwidth_GBps",
+         .place = member(&ClusterSpec::intra, &IntraNodeSpec::bandwidth_GBps),
+         .min = kMinBandwidthGBps,
+         .max = kMaxBandwidthGBps,
+         .unit = "GB/s",
+         .required = true,
+         .example = "bandwidth_GBps: 450",
+         .doc = "per GPU per direction (NVLink) or per PCIe link",
+         .calibrated =
+             "calibrate (mpi): the best collective class's rate in the fit of the model's "
+             "closed form (cost_model.hpp collective_time) to the bench collective rows "
+             "(measurements)"},
+        {.path = "intra_node.latency_us",
+         .place = member(&ClusterSpec::intra, &IntraNodeSpec::latency_us),
+         .min = 0,
+         .max = kMaxLatencyUs,
+         .unit = "us",
+         .required = true,
+         .example = "latency_us: 2",
+         .doc = "per transfer",
+         .calibrated = fit_collectives},
+        {.path = "intra_node.pcie_switch_GBps",
+         .doc = "pcie only: the host bridge every GPU's traffic shares, both directions in one "
+                "budget, GB/s; 0 = not limiting",
+         .emitted = [](const ClusterSpec& s) { return s.intra.kind == IntraNodeKind::pcie; },
+         .custom_type = "number (0, or 0.01..100,000)",
+         .read =
+             [](const Context& c, const Field& f, ClusterSpec& s) {
+               // 0 means "not limiting"; anything else is a bandwidth in the usual range.
+               s.intra.pcie_switch_GBps = to_double(c, f, 0, kMaxBandwidthGBps);
+               if (s.intra.pcie_switch_GBps > 0 && s.intra.pcie_switch_GBps < kMinBandwidthGBps)
+                 fail(c, f, "'" + f.path + "' = " + f.value.Scalar() + " is out of range",
+                      "use 0 (the host bridge does not limit) or a number >= " +
+                          format_number(kMinBandwidthGBps) +
+                          " and <= " + format_number(kMaxBandwidthGBps));
+             },
+         .emit =
+             [](YAML::Emitter& out, const ClusterSpec& s) {
+               emit_number(out, "pcie_switch_GBps", s.intra.pcie_switch_GBps);
+             }},
+        {.path = "intra_node.nvls",
+         .place = member(&ClusterSpec::intra, &IntraNodeSpec::nvls),
+         .doc = "nvswitch only: NVLink SHARP, all-reduce may run in the switch when faster",
+         .emit_when_set = true},
+        {.path = "intra_node.nvls_latency_us",
+         .place = member(&ClusterSpec::intra, &IntraNodeSpec::nvls_latency_us),
+         .min = 0,
+         .max = kMaxLatencyUs,
+         .unit = "us",
+         .doc = "NVLS's fixed cost per call (sets where the model switches from ring to NVLS)",
+         .emitted = [](const ClusterSpec& s) { return s.intra.nvls; }},
+        // nic
+        {.path = "nic.count_per_node",
+         .place = member(&ClusterSpec::nic, &NicSpec::count_per_node),
+         .min = 0,
+         .max = 1024,
+         .required = true,
+         .example = "count_per_node: 8",
+         .doc = "NICs per node (0: one node, no network)"},
+        {.path = "nic.bandwidth_GBps",
+         .place = member(&ClusterSpec::nic, &NicSpec::bandwidth_GBps),
+         .min = kMinBandwidthGBps,
+         .max = kMaxBandwidthGBps,
+         .unit = "GB/s",
+         .required = true,
+         .example = "bandwidth_GBps: 48",
+         .doc = "per NIC per direction"},
+        {.path = "nic.latency_us",
+         .place = member(&ClusterSpec::nic, &NicSpec::latency_us),
+         .min = 0,
+         .max = kMaxLatencyUs,
+         .unit = "us",
+         .required = true,
+         .example = "latency_us: 5",
+         .doc = "per transfer"},
+        {.path = "nic.rail_optimized",
+         .place = member(&ClusterSpec::nic, &NicSpec::rail_optimized),
+         .doc = "one NIC per GPU, GPU i uses NIC i (needs count_per_node = gpus_per_node)"},
+        // network
+        {.path = "network.topology",
+         .required = true,
+         .example = "topology: fat_tree",
+         .doc = "the inter-node topology",
+         .custom_type = "single_switch | fat_tree",
+         .read =
+             [](const Context& c, const Field& f, ClusterSpec& s) {
+               s.network.topology = to_choice(c, f, {"single_switch", "fat_tree"}) == "fat_tree"
+                                        ? TopologyKind::fat_tree
+                                        : TopologyKind::single_switch;
+             },
+         .emit =
+             [](YAML::Emitter& out, const ClusterSpec& s) {
+               out << YAML::Key << "topology" << YAML::Value
+                   << (s.network.topology == TopologyKind::fat_tree ? "fat_tree" : "single_switch");
+             }},
+        {.path = "network.levels",
+         .place = member(&ClusterSpec::network, &NetworkSpec::levels),
+         .min = 2,
+         .max = 3,
+         .doc = "fat_tree: switch levels"},
+        {.path = "network.nodes_per_leaf",
+         .place = member(&ClusterSpec::network, &NetworkSpec::nodes_per_leaf),
+         .min = 1,
+         .max = 1 << 16,
+         .doc = "fat_tree: nodes under one leaf switch"},
+        {.path = "network.oversubscription",
+         .place = member(&ClusterSpec::network, &NetworkSpec::oversubscription),
+         .min = 1,
+         .max = kMaxOversubscription,
+         .doc = "fat_tree: leaf uplink oversubscription (1 = non-blocking)"},
+        {.path = "network.switch_latency_us",
+         .place = member(&ClusterSpec::network, &NetworkSpec::switch_latency_us),
+         .min = 0,
+         .max = kMaxLatencyUs,
+         .unit = "us",
+         .doc = "per switch hop"},
     };
-    r.push_back(text_field(
-        "", "name", [](ClusterSpec& s) -> std::string& { return s.name; },
-        "the profile's name (result files and tables name it)", true, "name: my-cluster"));
-    r.push_back(text_field(
-        "", "source", [](ClusterSpec& s) -> std::string& { return s.source; },
-        "where the numbers come from (citations), free text", false, "",
-        not_empty(&ClusterSpec::source)));
-    r.push_back(integer_field(
-        "", "gpus_per_node", [](ClusterSpec& s) -> int& { return s.gpus_per_node; }, 1, 1024,
-        "GPUs (ranks) per node", true, "gpus_per_node: 8"));
-    r.push_back(integer_field(
-        "", "nodes", [](ClusterSpec& s) -> int& { return s.nodes; }, 0, 1 << 16,
-        "nodes; 0 = as many as the experiment's mesh needs"));
-    // gpu
-    r.push_back(text_field(
-        "gpu", "name", [](ClusterSpec& s) -> std::string& { return s.gpu.name; },
-        "the GPU's (or CPU rank's) name", true, "name: H100-SXM5-80GB"));
-    r.push_back(number_field(
-        "gpu", "peak_tflops", [](ClusterSpec& s) -> double& { return s.gpu.peak_tflops; },
-        kMinPeakTflops, kMaxPeakTflops, "dense bf16 peak, TFLOP/s", true, "peak_tflops: 989",
-        "calibrate (mpi): the fastest fp32 GEMM of one rank"));
-    r.push_back(number_field(
-        "gpu", "hbm_GBps", [](ClusterSpec& s) -> double& { return s.gpu.hbm_GBps; }, kMinHbmGBps,
-        kMaxHbmGBps, "device memory bandwidth for memory-bound ops, GB/s", true, "hbm_GBps: 3000",
-        "calibrate (mpi): least-squares fit of momentum and apply_update"));
-    r.push_back(number_field(
-        "gpu", "memory_GiB", [](ClusterSpec& s) -> double& { return s.gpu.memory_GiB; },
-        kMinMemoryGiB, kMaxMemoryGiB,
-        "memory of one GPU (or rank), GiB: the limit of the memory feasibility check", true,
-        "memory_GiB: 80", "calibrate (mpi): the machine's memory over the ranks"));
-    r.push_back(custom_field(
-        "gpu", "gemm_efficiency", "map dim -> efficiency",
-        [](const Context& c, const Field& f, ClusterSpec& s) { read_gemm_efficiency(c, f, s.gpu); },
-        [](YAML::Emitter& out, const ClusterSpec& s) {
-          out << YAML::Key << "gemm_efficiency" << YAML::Value << YAML::Flow << YAML::BeginMap;
-          for (const EfficiencyPoint& p : s.gpu.gemm_efficiency)
-            out << YAML::Key << format_number(p.dim) << YAML::Value << format_number(p.efficiency);
-          out << YAML::EndMap;
-        },
-        "sustained fraction of peak by the smallest matrix dim (dims 1..2^24 increasing, "
-        "efficiencies 0.001..1), linear in log2(dim); 1 when absent",
-        false, "", "calibrate (mpi): each NS shape's GEMM rate over the peak",
-        [](const ClusterSpec& s) { return !s.gpu.gemm_efficiency.empty(); }));
-    r.push_back(custom_field(
-        "gpu", "ns_table", "list of {version, shape, steps, ms, source}",
-        [](const Context& c, const Field& f, ClusterSpec& s) { read_ns_table(c, f, s.gpu); },
-        [](YAML::Emitter& out, const ClusterSpec& s) {
-          out << YAML::Key << "ns_table" << YAML::Value << YAML::BeginSeq;
-          for (const NsTiming& t : s.gpu.ns_table) {
-            out << YAML::Flow << YAML::BeginMap;
-            out << YAML::Key << "version" << YAML::Value << t.version;
-            out << YAML::Key << "shape" << YAML::Value << YAML::Flow << YAML::BeginSeq;
-            if (t.batch != 1) out << t.batch;
-            out << t.rows << t.cols << YAML::EndSeq;
-            out << YAML::Key << "steps" << YAML::Value << t.steps;
-            emit_number(out, "ms", t.ms);
-            if (!t.source.empty()) out << YAML::Key << "source" << YAML::Value << t.source;
-            out << YAML::EndMap;
-          }
-          out << YAML::EndSeq;
-        },
-        "measured Newton-Schulz time per call by shape ([rows, cols] or [batch, rows, cols]) "
-        "and kernel version, interpolated in FLOPs; past the table by more than 2x, the "
-        "efficiency curve",
-        false, "", "calibrate (mpi): the plans' NS shapes, median of timed rounds",
-        [](const ClusterSpec& s) { return !s.gpu.ns_table.empty(); }));
-    r.push_back(text_field(
-        "gpu", "ns_kernel", [](ClusterSpec& s) -> std::string& { return s.gpu.ns_kernel; },
-        "the ns_table version the model times NS with (default v2 when the table has it, else "
-        "its first)",
-        false, "", [](const ClusterSpec& s) { return !s.gpu.ns_kernel.empty(); }));
-    r.push_back(custom_field(
-        "gpu", "elementwise_table", "list of {kernel, numel, ms, source}",
-        [](const Context& c, const Field& f, ClusterSpec& s) {
-          read_elementwise_table(c, f, s.gpu);
-        },
-        [](YAML::Emitter& out, const ClusterSpec& s) {
-          out << YAML::Key << "elementwise_table" << YAML::Value << YAML::BeginSeq;
-          for (const ElementwiseTiming& t : s.gpu.elementwise_table) {
-            out << YAML::Flow << YAML::BeginMap;
-            out << YAML::Key << "kernel" << YAML::Value << t.kernel;
-            out << YAML::Key << "numel" << YAML::Value << t.numel;
-            emit_number(out, "ms", t.ms);
-            if (!t.source.empty()) out << YAML::Key << "source" << YAML::Value << t.source;
-            out << YAML::EndMap;
-          }
-          out << YAML::EndSeq;
-        },
-        "measured time of momentum, apply_update or adamw by the elements one rank touches; "
-        "absent kernels take their bytes at hbm_GBps",
-        false, "", "calibrate (mpi): at the plans' element counts",
-        [](const ClusterSpec& s) { return !s.gpu.elementwise_table.empty(); }));
-    r.push_back(number_field(
-        "gpu", "host_comm_us_per_message",
-        [](ClusterSpec& s) -> double& { return s.gpu.host_comm_us_per_message; }, 0, kMaxLatencyUs,
-        "host work per message a rank sends or receives on its computing core, us (CPU ranks; "
-        "0 on GPUs)",
-        false, "", "calibrate (mpi): NS while exchanging messages, minus NS alone",
-        [](const ClusterSpec& s) { return s.gpu.host_comm_us_per_message > 0; }));
-    r.push_back(number_field(
-        "gpu", "host_comm_ns_per_byte",
-        [](ClusterSpec& s) -> double& { return s.gpu.host_comm_ns_per_byte; }, 0,
-        kMaxHostCommNsPerByte, "the same per byte, ns", false, "",
-        "calibrate (mpi): as host_comm_us_per_message",
-        [](const ClusterSpec& s) { return s.gpu.host_comm_ns_per_byte > 0; }));
-    r.push_back(number_field(
-        "gpu", "training_efficiency",
-        [](ClusterSpec& s) -> double& { return s.gpu.training_efficiency; }, 0, 1,
-        "fraction of peak the training step's forward and backward sustain (matches published "
-        "MFU); 0 = the GEMM-efficiency curve at each op's smallest GEMM dim",
-        false, "", "", [](const ClusterSpec& s) { return s.gpu.training_efficiency > 0; }));
-    r.push_back(text_field(
-        "gpu", "training_efficiency_source",
-        [](ClusterSpec& s) -> std::string& { return s.gpu.training_efficiency_source; },
-        "where training_efficiency comes from (the measurement or publication, its setup)", false,
-        "", [](const ClusterSpec& s) { return !s.gpu.training_efficiency_source.empty(); }));
-    // intra_node
-    r.push_back(custom_field(
-        "intra_node", "kind", "nvswitch | pcie",
-        [](const Context& c, const Field& f, ClusterSpec& s) {
-          s.intra.kind = to_choice(c, f, {"nvswitch", "pcie"}) == "pcie" ? IntraNodeKind::pcie
-                                                                         : IntraNodeKind::nvswitch;
-        },
-        [](YAML::Emitter& out, const ClusterSpec& s) {
-          out << YAML::Key << "kind" << YAML::Value
-              << (s.intra.kind == IntraNodeKind::pcie ? "pcie" : "nvswitch");
-        },
-        "NVLink through NVSwitch, or PCIe", true, "kind: nvswitch"));
-    r.push_back(number_field(
-        "intra_node", "bandwidth_GBps",
-        [](ClusterSpec& s) -> double& { return s.intra.bandwidth_GBps; }, kMinBandwidthGBps,
-        kMaxBandwidthGBps, "per GPU per direction (NVLink) or per PCIe link, GB/s", true,
-        "bandwidth_GBps: 450", "calibrate (mpi): the best collective class's rate"));
-    r.push_back(number_field(
-        "intra_node", "latency_us", [](ClusterSpec& s) -> double& { return s.intra.latency_us; }, 0,
-        kMaxLatencyUs, "per transfer, us", true, "latency_us: 2",
-        "calibrate (mpi): fit to the bench collective rows"));
-    r.push_back(custom_field(
-        "intra_node", "pcie_switch_GBps", "number (0, or 0.01..100,000)",
-        [](const Context& c, const Field& f, ClusterSpec& s) {
-          // 0 means "not limiting"; anything else is a bandwidth in the usual range.
-          s.intra.pcie_switch_GBps = to_double(c, f, 0, kMaxBandwidthGBps);
-          if (s.intra.pcie_switch_GBps > 0 && s.intra.pcie_switch_GBps < kMinBandwidthGBps)
-            fail(c, f, "'" + f.path + "' = " + f.value.Scalar() + " is out of range",
-                 "use 0 (the host bridge does not limit) or a number >= " +
-                     format_number(kMinBandwidthGBps) +
-                     " and <= " + format_number(kMaxBandwidthGBps));
-        },
-        [](YAML::Emitter& out, const ClusterSpec& s) {
-          emit_number(out, "pcie_switch_GBps", s.intra.pcie_switch_GBps);
-        },
-        "pcie only: the host bridge every GPU's traffic shares, both directions in one budget, "
-        "GB/s; 0 = not limiting",
-        false, "", "", [](const ClusterSpec& s) { return s.intra.kind == IntraNodeKind::pcie; }));
-    r.push_back(flag_field(
-        "intra_node", "nvls", [](ClusterSpec& s) -> bool& { return s.intra.nvls; },
-        "nvswitch only: NVLink SHARP, all-reduce may run in the switch when faster",
-        [](const ClusterSpec& s) { return s.intra.nvls; }));
-    r.push_back(number_field(
-        "intra_node", "nvls_latency_us",
-        [](ClusterSpec& s) -> double& { return s.intra.nvls_latency_us; }, 0, kMaxLatencyUs,
-        "NVLS's fixed cost per call, us (sets where the model switches from ring to NVLS)", false,
-        "", "", [](const ClusterSpec& s) { return s.intra.nvls; }));
-    // nic
-    r.push_back(integer_field(
-        "nic", "count_per_node", [](ClusterSpec& s) -> int& { return s.nic.count_per_node; }, 0,
-        1024, "NICs per node (0: one node, no network)", true, "count_per_node: 8"));
-    r.push_back(number_field(
-        "nic", "bandwidth_GBps", [](ClusterSpec& s) -> double& { return s.nic.bandwidth_GBps; },
-        kMinBandwidthGBps, kMaxBandwidthGBps, "per NIC per direction, GB/s", true,
-        "bandwidth_GBps: 48"));
-    r.push_back(number_field(
-        "nic", "latency_us", [](ClusterSpec& s) -> double& { return s.nic.latency_us; }, 0,
-        kMaxLatencyUs, "per transfer, us", true, "latency_us: 5"));
-    r.push_back(flag_field(
-        "nic", "rail_optimized", [](ClusterSpec& s) -> bool& { return s.nic.rail_optimized; },
-        "one NIC per GPU, GPU i uses NIC i (needs count_per_node = gpus_per_node)"));
-    // network
-    r.push_back(custom_field(
-        "network", "topology", "single_switch | fat_tree",
-        [](const Context& c, const Field& f, ClusterSpec& s) {
-          s.network.topology = to_choice(c, f, {"single_switch", "fat_tree"}) == "fat_tree"
-                                   ? TopologyKind::fat_tree
-                                   : TopologyKind::single_switch;
-        },
-        [](YAML::Emitter& out, const ClusterSpec& s) {
-          out << YAML::Key << "topology" << YAML::Value
-              << (s.network.topology == TopologyKind::fat_tree ? "fat_tree" : "single_switch");
-        },
-        "the inter-node topology", true, "topology: fat_tree"));
-    r.push_back(integer_field(
-        "network", "levels", [](ClusterSpec& s) -> int& { return s.network.levels; }, 2, 3,
-        "fat_tree: switch levels"));
-    r.push_back(integer_field(
-        "network", "nodes_per_leaf",
-        [](ClusterSpec& s) -> int& { return s.network.nodes_per_leaf; }, 1, 1 << 16,
-        "fat_tree: nodes under one leaf switch"));
-    r.push_back(number_field(
-        "network", "oversubscription",
-        [](ClusterSpec& s) -> double& { return s.network.oversubscription; }, 1,
-        kMaxOversubscription, "fat_tree: leaf uplink oversubscription (1 = non-blocking)"));
-    r.push_back(number_field(
-        "network", "switch_latency_us",
-        [](ClusterSpec& s) -> double& { return s.network.switch_latency_us; }, 0, kMaxLatencyUs,
-        "per switch hop, us"));
-    add_efficiency_rows(r, "intra_node", &EfficiencySpec::intra_node);
-    add_efficiency_rows(r, "network", &EfficiencySpec::network);
-    r.push_back(number_field(
-        "launch_overhead_us", "collective",
-        [](ClusterSpec& s) -> double& { return s.launch_overhead.collective_us; }, 0,
-        kMaxLaunchOverheadUs,
-        "per collective call (NCCL's base latency; the ring's per-step latencies come on top), us",
-        false, "", "calibrate (mpi): fit to the bench collective rows"));
-    r.push_back(number_field(
-        "launch_overhead_us", "kernel",
-        [](ClusterSpec& s) -> double& { return s.launch_overhead.kernel_us; }, 0,
-        kMaxLaunchOverheadUs, "per compute kernel call, us", false, "",
-        "calibrate (mpi): intercept of the elementwise fit"));
-    r.push_back(custom_field(
-        "", "measurements",
-        "list of {op, gpus, size_bytes, busbw_GBps, time_us, algorithm, source}",
-        [](const Context& c, const Field& f, ClusterSpec& s) { read_measurements(c, f, s); },
-        [](YAML::Emitter& out, const ClusterSpec& s) {
-          out << YAML::Key << "measurements" << YAML::Value << YAML::BeginSeq;
-          for (const MeasuredCollective& m : s.measurements) {
-            out << YAML::Flow << YAML::BeginMap;
-            out << YAML::Key << "op" << YAML::Value << m.op;
-            out << YAML::Key << "gpus" << YAML::Value << m.gpus;
-            out << YAML::Key << "size_bytes" << YAML::Value << m.size_bytes;
-            if (m.busbw_GBps > 0) emit_number(out, "busbw_GBps", m.busbw_GBps);
-            if (m.time_us > 0) emit_number(out, "time_us", m.time_us);
-            if (!m.algorithm.empty()) out << YAML::Key << "algorithm" << YAML::Value << m.algorithm;
-            out << YAML::Key << "source" << YAML::Value << m.source;
-            out << YAML::EndMap;
-          }
-          out << YAML::EndSeq;
-        },
-        "measured or published collective figures (nccl-tests' busbw) with their sources: the "
-        "evidence a profile was calibrated from, checked by tests and by muonbed compare",
-        false, "", "calibrate (mpi): the bench collective rows it fitted",
-        [](const ClusterSpec& s) { return !s.measurements.empty(); }));
-    const std::vector<std::pair<std::string, std::string CalibrationInfo::*>> info = {
-        {"tool", &CalibrationInfo::tool},       {"date", &CalibrationInfo::date},
-        {"host", &CalibrationInfo::host},       {"git_hash", &CalibrationInfo::git_hash},
-        {"backend", &CalibrationInfo::backend}, {"command", &CalibrationInfo::command},
-        {"notes", &CalibrationInfo::notes}};
-    for (const auto& entry : info) {
-      const std::string& key = entry.first;
-      const auto member = entry.second;
-      r.push_back(text_field(
-          "calibration", key,
-          [member](ClusterSpec& s) -> std::string& { return s.calibration.*member; },
-          "calibration provenance: " + key +
-              (key == "backend" ? " (mpi: the ranks are CPU ranks; tables call them ranks)" : ""),
-          false, "", [member](const ClusterSpec& s) { return !(s.calibration.*member).empty(); }));
-    }
+    add_efficiency_rows(r, "intra_node", &EfficiencySpec::intra_node,
+                        "calibrate (mpi): the class's rate in the intra_node.bandwidth_GBps fit "
+                        "over the best class's");
+    add_efficiency_rows(r, "network", &EfficiencySpec::network, "");
+    r.push_back({.path = "launch_overhead_us.collective",
+                 .place = member(&ClusterSpec::launch_overhead, &LaunchOverheadSpec::collective_us),
+                 .min = 0,
+                 .max = kMaxLaunchOverheadUs,
+                 .unit = "us",
+                 .doc = "per collective call (NCCL's base latency; the ring's per-step latencies "
+                        "come on top)",
+                 .calibrated = fit_collectives});
+    r.push_back({.path = "launch_overhead_us.kernel",
+                 .place = member(&ClusterSpec::launch_overhead, &LaunchOverheadSpec::kernel_us),
+                 .min = 0,
+                 .max = kMaxLaunchOverheadUs,
+                 .unit = "us",
+                 .doc = "per compute kernel call",
+                 .calibrated = "calibrate (mpi): the intercept of the gpu.hbm_GBps fit"});
+    r.push_back(
+        {.path = "measurements",
+         .doc = "measured or published collective figures (nccl-tests' busbw) with their "
+                "sources: the evidence a profile was calibrated from, checked by tests "
+                "and by muonbed compare",
+         .calibrated = "calibrate (mpi): the bench collective rows it fitted",
+         .emitted = [](const ClusterSpec& s) { return !s.measurements.empty(); },
+         .custom_type = "list of {op, gpus, size_bytes, busbw_GBps, time_us, algorithm, source}",
+         .read = read_measurements,
+         .emit = emit_measurements});
+    for (const auto& [key, text] :
+         std::vector<std::pair<std::string, std::string CalibrationInfo::*>>{
+             {"tool", &CalibrationInfo::tool},
+             {"date", &CalibrationInfo::date},
+             {"host", &CalibrationInfo::host},
+             {"git_hash", &CalibrationInfo::git_hash},
+             {"backend", &CalibrationInfo::backend},
+             {"command", &CalibrationInfo::command},
+             {"notes", &CalibrationInfo::notes}})
+      r.push_back({.path = "calibration." + key,
+                   .place = member(&ClusterSpec::calibration, text),
+                   .doc = "calibration provenance: " + key +
+                          (key == "backend" ? " (mpi: the ranks are CPU ranks; tables call them "
+                                              "ranks)"
+                                            : ""),
+                   .emit_when_set = true});
     r.back().calibrated = "calibrate: written with the profile";
     return r;
   }();
   return rows;
 }
 
+// The field's value in a default ClusterSpec equals its value in `spec`.
+bool at_default(const ClusterField& f, const ClusterSpec& spec) {
+  static ClusterSpec defaults;  // never changed: the accessors only read here
+  ClusterSpec& s = const_cast<ClusterSpec&>(spec);
+  return std::visit(
+      [&](const auto& ref) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(ref)>, std::monostate>)
+          return false;
+        else
+          return ref(s) == ref(defaults);
+      },
+      f.place);
+}
+
+// The reference's type and default text of a field.
+std::string type_text(const ClusterField& f) {
+  switch (f.place.index()) {
+    case 1:
+      return "text";
+    case 2:
+      return "integer";
+    case 3:
+      return "number";
+    case 4:
+      return "true | false";
+  }
+  return f.custom_type;
+}
+
+std::string default_text(const ClusterField& f) {
+  ClusterSpec defaults;
+  if (const auto* text = std::get_if<Ref<std::string>>(&f.place)) return (*text)(defaults);
+  if (const auto* integer = std::get_if<Ref<int>>(&f.place))
+    return std::to_string((*integer)(defaults));
+  if (const auto* number = std::get_if<Ref<double>>(&f.place))
+    return format_number((*number)(defaults));
+  if (const auto* flag = std::get_if<Ref<bool>>(&f.place))
+    return (*flag)(defaults) ? "true" : "false";
+  return "";
+}
+
+std::string range_text(double min, double max, const std::string& unit) {
+  return format_number(min) + " .. " + format_number(max) + (unit.empty() ? "" : " " + unit);
+}
+
 // The keys allowed in the map at `section`: its fields' keys and its subsections' last names.
 std::vector<std::string> section_keys(const std::string& section) {
   std::vector<std::string> keys;
   for (const ClusterField& f : cluster_fields())
-    if (f.section == section) keys.push_back(f.key);
-  for (const ClusterSection& s : cluster_sections()) {
-    if (s.path.empty() || s.path == section) continue;
-    const std::size_t dot = s.path.rfind('.');
-    const std::string parent = dot == std::string::npos ? "" : s.path.substr(0, dot);
-    const std::string name = dot == std::string::npos ? s.path : s.path.substr(dot + 1);
-    if (parent == section) keys.push_back(name);
-  }
+    if (section_of(f.path) == section) keys.push_back(key_of(f.path));
+  for (const ClusterSection& s : cluster_sections())
+    if (!s.path.empty() && s.path != section && section_of(s.path) == section)
+      keys.push_back(key_of(s.path));
   return keys;
 }
 
 void read_field(const MapReader& map, const ClusterField& f, ClusterSpec& spec) {
-  const Field* field = map.find(f.key);
+  const Field* field = map.find(key_of(f.path));
   if (!field) return;
   const Context& ctx = map.context();
-  switch (f.type) {
-    case FieldType::text:
-      f.text(spec) = to_string_value(ctx, *field);
-      break;
-    case FieldType::integer:
-      f.integer(spec) = static_cast<int>(
-          to_int(ctx, *field, static_cast<std::int64_t>(f.min), static_cast<std::int64_t>(f.max)));
-      break;
-    case FieldType::number:
-      f.number(spec) = to_double(ctx, *field, f.min, f.max);
-      break;
-    case FieldType::flag:
-      f.flag(spec) = to_bool(ctx, *field);
-      break;
-    case FieldType::custom:
-      f.read(ctx, *field, spec);
-      break;
+  if (f.read) {
+    f.read(ctx, *field, spec);
+  } else if (const auto* text = std::get_if<Ref<std::string>>(&f.place)) {
+    (*text)(spec) = to_string_value(ctx, *field);
+  } else if (const auto* integer = std::get_if<Ref<int>>(&f.place)) {
+    (*integer)(spec) = static_cast<int>(
+        to_int(ctx, *field, static_cast<std::int64_t>(f.min), static_cast<std::int64_t>(f.max)));
+  } else if (const auto* number = std::get_if<Ref<double>>(&f.place)) {
+    (*number)(spec) = to_double(ctx, *field, f.min, f.max);
+  } else if (const auto* flag = std::get_if<Ref<bool>>(&f.place)) {
+    (*flag)(spec) = to_bool(ctx, *field);
   }
 }
 
@@ -881,55 +757,43 @@ void read_section(const Context& ctx, const MapReader& map, const std::string& s
                   bool complete, ClusterSpec& spec) {
   if (complete) {
     for (const ClusterField& f : cluster_fields())
-      if (f.section == section && f.required) map.require(f.key, f.example);
+      if (section_of(f.path) == section && f.required) map.require(key_of(f.path), f.example);
     for (const ClusterSection& s : cluster_sections())
       if (s.required && !s.path.empty() && s.path.find('.') == std::string::npos && section.empty())
         map.require(s.path, s.example);
   }
   for (const ClusterField& f : cluster_fields())
-    if (f.section == section) read_field(map, f, spec);
+    if (section_of(f.path) == section) read_field(map, f, spec);
   for (const ClusterSection& s : cluster_sections()) {
-    const std::size_t dot = s.path.rfind('.');
-    const std::string parent = dot == std::string::npos ? "" : s.path.substr(0, dot);
-    if (s.path.empty() || parent != section) continue;
-    const std::string name = dot == std::string::npos ? s.path : s.path.substr(dot + 1);
-    if (const Field* f = map.find(name))
+    if (s.path.empty() || section_of(s.path) != section) continue;
+    if (const Field* f = map.find(key_of(s.path)))
       read_section(ctx, MapReader(ctx, *f, section_keys(s.path)), s.path, complete, spec);
   }
 }
 
 void emit_field(YAML::Emitter& out, const ClusterField& f, const ClusterSpec& spec) {
   if (f.emitted && !f.emitted(spec)) return;
+  if (f.emit_when_set && at_default(f, spec)) return;
+  if (f.emit) return f.emit(out, spec);
   ClusterSpec& s = const_cast<ClusterSpec&>(spec);  // the accessors only read here
-  switch (f.type) {
-    case FieldType::text:
-      out << YAML::Key << f.key << YAML::Value << f.text(s);
-      break;
-    case FieldType::integer:
-      out << YAML::Key << f.key << YAML::Value << f.integer(s);
-      break;
-    case FieldType::number:
-      emit_number(out, f.key, f.number(s));
-      break;
-    case FieldType::flag:
-      out << YAML::Key << f.key << YAML::Value << f.flag(s);
-      break;
-    case FieldType::custom:
-      f.emit(out, spec);
-      break;
-  }
+  const std::string key = key_of(f.path);
+  if (const auto* text = std::get_if<Ref<std::string>>(&f.place))
+    out << YAML::Key << key << YAML::Value << (*text)(s);
+  else if (const auto* integer = std::get_if<Ref<int>>(&f.place))
+    out << YAML::Key << key << YAML::Value << (*integer)(s);
+  else if (const auto* number = std::get_if<Ref<double>>(&f.place))
+    emit_number(out, key, (*number)(s));
+  else if (const auto* flag = std::get_if<Ref<bool>>(&f.place))
+    out << YAML::Key << key << YAML::Value << (*flag)(s);
 }
 
 // Emits the fields of `section` and its subsections, in table order (fields of a section before
 // the subsections that follow them in cluster_sections(), as profiles are written).
 void emit_section(YAML::Emitter& out, const std::string& section, const ClusterSpec& spec) {
   const auto subsection = [&](const ClusterSection& s) {
-    const std::size_t dot = s.path.rfind('.');
-    const std::string parent = dot == std::string::npos ? "" : s.path.substr(0, dot);
-    if (s.path.empty() || parent != section) return;
+    if (s.path.empty() || section_of(s.path) != section) return;
     if (s.emitted && !s.emitted(spec)) return;
-    const std::string name = dot == std::string::npos ? s.path : s.path.substr(dot + 1);
-    out << YAML::Key << name << YAML::Value;
+    out << YAML::Key << key_of(s.path) << YAML::Value;
     if (s.flow) out << YAML::Flow;
     out << YAML::BeginMap;
     emit_section(out, s.path, spec);
@@ -937,12 +801,11 @@ void emit_section(YAML::Emitter& out, const std::string& section, const ClusterS
   };
   // Top level: the scalars, then the sections in order, with measurements before calibration.
   for (const ClusterField& f : cluster_fields())
-    if (f.section == section && !(section.empty() && f.key == "measurements"))
-      emit_field(out, f, spec);
+    if (section_of(f.path) == section && f.path != "measurements") emit_field(out, f, spec);
   for (const ClusterSection& s : cluster_sections()) {
     if (section.empty() && s.path == "calibration")
       for (const ClusterField& f : cluster_fields())
-        if (f.section.empty() && f.key == "measurements") emit_field(out, f, spec);
+        if (f.path == "measurements") emit_field(out, f, spec);
     subsection(s);
   }
 }
@@ -1062,8 +925,7 @@ std::vector<std::string> cluster_schema_paths() {
   std::vector<std::string> paths;
   for (const ClusterSection& s : cluster_sections())
     if (!s.path.empty()) paths.push_back(s.path);
-  for (const ClusterField& f : cluster_fields())
-    paths.push_back(f.section.empty() ? f.key : f.section + "." + f.key);
+  for (const ClusterField& f : cluster_fields()) paths.push_back(f.path);
   return paths;
 }
 
@@ -1073,35 +935,50 @@ void emit_cluster(YAML::Emitter& out, const ClusterSpec& spec) {
   out << YAML::EndMap;
 }
 
-std::vector<ClusterKeyDoc> cluster_key_docs() {
+std::vector<ClusterKeyDoc> cluster_key_reference() {
+  const auto doc_of = [](const ClusterField& f) {
+    std::string range;
+    if (std::holds_alternative<Ref<int>>(f.place))
+      range = range_text(f.min, f.max, "");
+    else if (std::holds_alternative<Ref<double>>(f.place))
+      range = range_text(f.min, f.max, f.unit);
+    return ClusterKeyDoc{f.path, type_text(f), range, f.required, f.required ? "" : default_text(f),
+                         f.doc,  f.calibrated};
+  };
   std::vector<ClusterKeyDoc> docs;
+  // The top level's own fields first, then each section's map and its fields.
+  for (const ClusterField& f : cluster_fields())
+    if (section_of(f.path).empty()) docs.push_back(doc_of(f));
   for (const ClusterSection& s : cluster_sections()) {
     if (s.path.empty()) continue;
-    docs.push_back({s.path, "map", "", s.required, s.doc, ""});
-    for (const ClusterField& f : cluster_fields()) {
-      if (f.section != s.path) continue;
-      std::string range;
-      if (f.type == FieldType::integer || f.type == FieldType::number)
-        range = format_number(f.min) + " .. " + format_number(f.max);
-      docs.push_back({s.path + "." + f.key, f.type_text, range, f.required, f.doc, f.calibrated});
-    }
+    docs.push_back({s.path, "map", "", s.required, "", s.doc, ""});
+    for (const ClusterField& f : cluster_fields())
+      if (section_of(f.path) == s.path) docs.push_back(doc_of(f));
   }
-  // The top level's own fields first.
-  std::vector<ClusterKeyDoc> top;
-  for (const ClusterField& f : cluster_fields())
-    if (f.section.empty()) {
-      std::string range;
-      if (f.type == FieldType::integer || f.type == FieldType::number)
-        range = format_number(f.min) + " .. " + format_number(f.max);
-      top.push_back({f.key, f.type_text, range, f.required, f.doc, f.calibrated});
-    }
-  docs.insert(docs.begin(), top.begin(), top.end());
   return docs;
 }
-}  // namespace yaml_util
 
-std::vector<ClusterKeyDoc> cluster_key_reference() {
-  return yaml_util::cluster_key_docs();
+bool ClusterNumber::allows(double value) const {
+  return std::isfinite(value) && value >= min && value <= max;
+}
+
+std::string ClusterNumber::range_text() const {
+  return muonbed::range_text(min, max, unit);
+}
+
+const ClusterNumber& cluster_number(std::string_view path) {
+  static const std::map<std::string, ClusterNumber, std::less<>> numbers = [] {
+    std::map<std::string, ClusterNumber, std::less<>> out;
+    for (const ClusterField& f : cluster_fields())
+      if (const auto* number = std::get_if<Ref<double>>(&f.place))
+        out.emplace(f.path, ClusterNumber{f.path, f.unit, f.min, f.max, *number});
+    return out;
+  }();
+  const auto it = numbers.find(path);
+  if (it == numbers.end())
+    throw std::logic_error("the cluster field table (core/config/src/cluster.cpp) has no number '" +
+                           std::string(path) + "'");
+  return it->second;
 }
 
 ClusterSpec parse_cluster(const YAML::Node& node, const std::string& file) {

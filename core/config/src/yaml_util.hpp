@@ -1,8 +1,9 @@
 // Private helpers for strict YAML reading (experiment and cluster files). Every accessor checks
 // the node's type and range and throws ConfigError at the node's file:line:column with the value
 // and the fix, so the parsers in experiment.cpp and cluster.cpp stay a flat list of fields.
-// Also: shortest round-trip number formatting for resolved YAML, and the cluster-file search the
-// experiment parser shares with cluster.cpp. "Did you mean" comes from core/base/suggest.hpp.
+// Also: shortest round-trip number formatting for resolved YAML. "Did you mean" comes from
+// core/base/suggest.hpp. Cluster profiles' own YAML functions are cluster.cpp's
+// (src/cluster_yaml.hpp); this file knows nothing of clusters.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,6 @@
 
 #include "core/base/errors.hpp"
 #include "core/base/suggest.hpp"
-#include "core/config/cluster.hpp"
 
 namespace muonbed::yaml_util {
 
@@ -124,24 +124,5 @@ std::vector<Field> list_items(const Context& ctx, const Field& field);
 std::vector<Field> map_entries(const Context& ctx, const Field& field, const std::string& example);
 // `text` for a message: quoted, and cut to 80 bytes with "..." when longer.
 std::string quote(std::string_view text);
-
-// --- cluster internals shared with experiment.cpp (implemented in cluster.cpp) ---------------
-
-// Reads the keys of a cluster map into `spec`. With `complete`, every required key must be
-// present (a cluster file or an inline cluster); otherwise the map overrides some fields of a
-// preset (and may contain the key "preset", which the caller handles).
-void read_cluster_map(const Context& ctx, const YAML::Node& node, const std::string& path,
-                      bool complete, ClusterSpec& spec);
-// The cluster file a name or path resolves to, or "" if none exists.
-std::string resolve_cluster_file(const std::string& name_or_path, const std::string& relative_to);
-// The folder `name_or_path` names (beside `relative_to`, or from the current directory), or ""
-// when it names none: a cluster given as a folder is refused saying so.
-std::string cluster_folder_at(const std::string& name_or_path, const std::string& relative_to);
-// Names of the cluster files reachable by name from `relative_to` (sorted, unique).
-std::vector<std::string> cluster_names(const std::string& relative_to);
-// Dotted paths of every cluster key ("gpu", "gpu.peak_tflops", ...), for sweep-key checks.
-std::vector<std::string> cluster_schema_paths();
-// Emits `spec` as a complete inline cluster map that read_cluster_map(complete) reads back.
-void emit_cluster(YAML::Emitter& out, const ClusterSpec& spec);
 
 }  // namespace muonbed::yaml_util

@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/config/src/cluster_yaml.hpp"
 #include "core/config/src/yaml_util.hpp"
 #include "core/model/hf_config.hpp"
 

@@ -8,6 +8,7 @@
 
 #include "core/base/errors.hpp"
 #include "core/config/cluster.hpp"
+#include "core/config/cluster_fields.hpp"
 #include "core/config/src/yaml_util.hpp"
 #include "core/experiment/backends.hpp"
 #include "core/model/model.hpp"
@@ -343,7 +344,8 @@ const std::vector<Group>& groups() {
       {"cluster", "cluster",
        "A cluster profile's keys (experiments/clusters/*.yaml), and the keys of an inline "
        "`cluster:` map; with `preset: NAME` any of them overrides that profile. \"required\" "
-       "means required in a whole profile."},
+       "means required in a whole profile; a default is what a whole profile without the key "
+       "gets."},
       {"mesh", "mesh", "The device mesh."},
       {"model", "model", "The model: exactly one of preset, hf_config, dense, moe or params."},
       {"parallel", "parallel", "Layout rules of tensors over the mesh dims."},
@@ -432,8 +434,10 @@ std::vector<KeyReferenceRow> key_reference_rows(std::string_view section) {
     for (const ClusterKeyDoc& d : cluster_key_reference()) {
       std::string meaning = d.doc;
       if (!d.calibrated.empty()) meaning += " Calibrated: " + d.calibrated + ".";
-      rows.push_back(
-          {"cluster." + d.path, d.type, d.range, d.required ? "required" : "-", meaning, ""});
+      const std::string default_value = d.required                ? "required"
+                                        : d.default_value.empty() ? "-"
+                                                                  : d.default_value;
+      rows.push_back({"cluster." + d.path, d.type, d.range, default_value, meaning, ""});
     }
     return rows;
   }

@@ -9,12 +9,14 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <tuple>
 
 #include <yaml-cpp/yaml.h>
 
 #include "core/base/errors.hpp"
-#include "core/config/src/yaml_util.hpp"
+#include "core/config/cluster_fields.hpp"
+#include "core/config/src/cluster_yaml.hpp"
 #include "core/engine/cost_model.hpp"
 #include "core/plan/strategy.hpp"
 
@@ -189,6 +191,20 @@ FitQuality fit_quality(const std::string& name, const std::vector<double>& model
               "; no profile was written; fix: rerun calibrate on a quiet machine (nothing else "
               "running, --note saying so), with more --repeats and --iters (and --runs) so that "
               "noise averages out");
+}
+
+// Writes a measured or fitted number into its profile field through the cluster field table
+// (core/config/cluster_fields.hpp): a value the profile loader would refuse (not finite, or outside
+// the field's range) is refused here, naming the field, the value with its unit, the range and
+// the rows it came from.
+void set_number(ClusterSpec& profile, std::string_view path, double value,
+                const std::string& rows) {
+  const ClusterNumber& field = cluster_number(path);
+  if (!field.allows(value))
+    refuse(field.path,
+           yaml_util::format_number(value) + (field.unit.empty() ? "" : " " + field.unit),
+           "a profile's " + field.path + " is finite and within " + field.range_text(), rows);
+  field.ref(profile) = value;
 }
 
 // Golden-section minimum of f on [lo, hi].
@@ -477,7 +493,7 @@ CalibrationResult calibrate_profile(const CalibrationInput& in) {
   c.gpus_per_node = std::max(8, in.ranks);
   c.nodes = 1;
   c.gpu.name = "cpu-rank";
-  c.gpu.memory_GiB = in.memory_GiB;
+  set_number(c, "gpu.memory_GiB", in.memory_GiB, "the machine's memory over the ranks");
   c.intra.kind = IntraNodeKind::pcie;
   c.intra.pcie_switch_GBps = 0;
   // One machine: the NIC is a placeholder the single-node model never uses (10 GbE).
@@ -563,8 +579,8 @@ CalibrationResult calibrate_profile(const CalibrationInput& in) {
     if (line.b_clamped)
       result.clamped.push_back("gpu.host_comm_ns_per_byte: least squares gave " +
                                num(line.free_b * 1e9) + " ns per byte from " + from + refit);
-    c.gpu.host_comm_us_per_message = line.a / 2 * 1e6;
-    c.gpu.host_comm_ns_per_byte = line.b * 1e9;
+    set_number(c, "gpu.host_comm_us_per_message", line.a / 2 * 1e6, from);
+    set_number(c, "gpu.host_comm_ns_per_byte", line.b * 1e9, from);
     std::vector<double> model;
     for (double b : x) model.push_back(line.a + line.b * b);
     result.fits.push_back(fit_quality(
@@ -577,7 +593,7 @@ CalibrationResult calibrate_profile(const CalibrationInput& in) {
   }
   if (!(peak > 0))
     throw Error("calibrate: no GEMM rate was measured; fix: check the compute benchmark");
-  c.gpu.peak_tflops = peak / 1e12;
+  set_number(c, "gpu.peak_tflops", peak / 1e12, "the fastest GEMM row");
   for (const auto& [dim, rate] : gemm_rate)
     c.gpu.gemm_efficiency.push_back({dim, std::clamp(rate / peak, 0.001, 1.0)});
   if (line_rows.size() >= 2) {
@@ -610,8 +626,8 @@ CalibrationResult calibrate_profile(const CalibrationInput& in) {
           " us per kernel" + (line.free_a >= 0 ? " (one size: no intercept)" : "") + " from " +
           from + "; refitted by non-negative least squares with it at 0: hbm_GBps " +
           num(1.0 / line.b / 1e9) + "; " + noisy_fix);
-    c.gpu.hbm_GBps = 1.0 / line.b / 1e9;
-    c.launch_overhead.kernel_us = line.a * 1e6;
+    set_number(c, "gpu.hbm_GBps", 1.0 / line.b / 1e9, from);
+    set_number(c, "launch_overhead_us.kernel", line.a * 1e6, from);
     std::vector<double> model;
     for (double b : x) model.push_back(line.a + line.b * b);
     result.fits.push_back(fit_quality(
@@ -623,7 +639,8 @@ CalibrationResult calibrate_profile(const CalibrationInput& in) {
                  num(y[i] * 1e6) + " us";
         }));
   } else {
-    c.gpu.hbm_GBps = 10;
+    set_number(c, "gpu.hbm_GBps", 10,
+               "a placeholder: fewer than two momentum and apply_update rows");
   }
 
   // Collectives: bandwidth per class, one latency, one launch overhead.
@@ -641,8 +658,9 @@ CalibrationResult calibrate_profile(const CalibrationInput& in) {
     bw[cls] = std::max(bw[cls], r.algbw_GBps);
   }
   if (bw.empty()) {
-    c.intra.bandwidth_GBps = 5;
-    c.intra.latency_us = 1;
+    const std::string none = "a placeholder: no bench collective rows";
+    set_number(c, "intra_node.bandwidth_GBps", 5, none);
+    set_number(c, "intra_node.latency_us", 1, none);
     return result;
   }
   double latency_us = 1, launch_us = 5;
@@ -700,17 +718,6 @@ CalibrationResult calibrate_profile(const CalibrationInput& in) {
   launch_us = std::max(0.0, launch_us);
   double line = 0;
   for (const auto& [cls, value] : bw) line = std::max(line, value);
-  c.intra.bandwidth_GBps = line;
-  c.intra.latency_us = latency_us;
-  c.launch_overhead.collective_us = launch_us;
-  const auto eff = [&](CollectiveClass cls) {
-    const auto it = bw.find(cls);
-    return it == bw.end() ? 1.0 : std::clamp(it->second / line, 0.001, 1.0);
-  };
-  c.efficiency.intra_node.ring = eff(CollectiveClass::ring);
-  c.efficiency.intra_node.all_to_all = eff(CollectiveClass::all_to_all);
-  c.efficiency.intra_node.p2p = eff(CollectiveClass::p2p);
-  c.efficiency.intra_node.nvls = 1;
   {
     std::vector<std::string> texts;
     for (const CollectiveBenchRow& r : rows) texts.push_back(collective_row_text(r));
@@ -724,6 +731,17 @@ CalibrationResult calibrate_profile(const CalibrationInput& in) {
     if (!std::isfinite(launch_us))
       refuse("launch_overhead_us.collective", num(launch_us), "a cost must be finite and >= 0",
              from);
+    set_number(c, "intra_node.bandwidth_GBps", line, from);
+    set_number(c, "intra_node.latency_us", latency_us, from);
+    set_number(c, "launch_overhead_us.collective", launch_us, from);
+    for (const auto& [cls, name] : {std::pair{CollectiveClass::ring, "ring"},
+                                    {CollectiveClass::all_to_all, "all_to_all"},
+                                    {CollectiveClass::p2p, "p2p"}}) {
+      const auto it = bw.find(cls);
+      set_number(c, std::string("efficiency.intra_node.") + name,
+                 it == bw.end() ? 1.0 : std::clamp(it->second / line, 0.001, 1.0), from);
+    }
+    set_number(c, "efficiency.intra_node.nvls", 1, "a constant: CPU ranks have no NVLink SHARP");
   }
 
   // How well the fitted closed form reproduces the rows, per collective.
@@ -796,6 +814,29 @@ std::vector<std::string> fit_quality_header(const CalibrationResult& result, dou
   return out;
 }
 
+std::vector<std::string> calibrated_fields_header() {
+  constexpr std::size_t kIndent = 28, kWidth = 100;
+  const std::string prefix = "calibrate (mpi): ";
+  std::vector<std::string> out;
+  for (const ClusterKeyDoc& d : cluster_key_reference()) {
+    if (!d.calibrated.starts_with(prefix)) continue;
+    std::string line = "  " + d.path;
+    line += std::string(line.size() + 1 < kIndent ? kIndent - line.size() : 1, ' ');
+    bool first = true;
+    std::istringstream words(d.calibrated.substr(prefix.size()));
+    for (std::string word; words >> word; first = false) {
+      if (!first && line.size() + 1 + word.size() > kWidth) {
+        out.push_back(line);
+        line = std::string(kIndent, ' ') + word;
+      } else {
+        line += (first ? "" : " ") + word;
+      }
+    }
+    out.push_back(line);
+  }
+  return out;
+}
+
 namespace {
 
 std::string fmt_hex_escape(unsigned char u) {
@@ -826,7 +867,7 @@ std::string calibrated_profile_yaml(const ClusterSpec& cluster,
     out += (text.empty() ? "#" : "# " + text) + "\n";
   }
   YAML::Emitter e;
-  yaml_util::emit_cluster(e, cluster);
+  emit_cluster(e, cluster);
   out += e.c_str();
   out += "\n";
   return out;
