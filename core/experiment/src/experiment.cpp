@@ -6,7 +6,7 @@
 #include "core/experiment/experiment.hpp"
 #include "core/experiment/backends.hpp"
 #include "core/experiment/keys.hpp"
-#include "core/results/results.hpp"
+#include "core/experiment/result_paths.hpp"
 
 #include <algorithm>
 #include <array>
@@ -29,6 +29,7 @@
 
 #include "core/config/src/yaml_util.hpp"
 #include "core/model/hf_config.hpp"
+#include "core/plan/training.hpp"
 
 namespace muonbed {
 
