@@ -219,7 +219,6 @@ class HostCommCharge {
   void compute_finished(int rank, double t);
   // Seconds to add to the compute op `rank` starts at `t`; the rank then owes nothing.
   double compute_started(int rank, double t);
-  double owed(int rank) const { return owed_.empty() ? 0 : owed_[rank]; }
 
  private:
   const StepPlan& plan_;

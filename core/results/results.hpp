@@ -404,10 +404,6 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster);
 // backend's name.
 std::string backend_label(const std::string& backend, const std::string& fidelity);
 
-// One-line summary of a record: point, backend, fidelity, average and worst step, per-GPU
-// throughput, computation vs communication time.
-std::string summary_line(const ResultRecord& record);
-
 // Seed 000's claims (parallel vs sequential ~N x, prefetch 2-3 x on top, 16-24 x total on 8 GPUs)
 // and the records that test them. This is the one classifier of the claims' configurations
 // (strategy name and prefetch_count from each record's resolved configuration: "sequential",

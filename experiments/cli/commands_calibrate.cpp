@@ -319,7 +319,7 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
       "  gpu.gemm_efficiency       each shape's GEMM rate over that peak, by its smallest dim",
       "  gpu.hbm_GBps, launch_overhead_us.kernel   least-squares fit of momentum and apply_update "
       "times",
-      "                            to kernel + model bytes / hbm (core/plan.hpp's "
+      "                            to kernel + model bytes / hbm (core/plan/plan.hpp's "
       "op_memory_bytes), "
       "at the NS shapes",
       "  gpu.elementwise_table     momentum, apply_update and adamw timed at the numbers of "
