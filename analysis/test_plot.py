@@ -163,7 +163,8 @@ def legacy_trace(world, ops=6, step_us=1000.0):
 
 
 def point_id(experiment, label, backend, config=""):
-    """A stand-in for core/results.cpp's point_identity (plot.py only compares them)."""
+    """A stand-in for core/results/src/result_json.cpp's point_identity (plot.py only compares
+    them)."""
     text = f"{experiment}\n{label}\n{backend}\n{config}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -1079,7 +1080,8 @@ class PlotTest(unittest.TestCase):
         self.assertLessEqual(len(common.file_part("x" * 5000)), 200)
 
     def test_checksum_matches_core(self):
-        # The same rule as core/results/src/results.cpp verify_checksum: any byte changed breaks it.
+        # The same rule as core/results/src/result_json.cpp verify_checksum: any byte changed
+        # breaks it.
         raw = result_bytes({"a": 1, "b": [1.5, "x"]})
         self.assertTrue(loader.verify_checksum(raw))
         for i in range(0, len(raw) - 70):

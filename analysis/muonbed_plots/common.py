@@ -147,8 +147,8 @@ def slug(text):
 
 
 def file_part(text):
-    """`text` as one safe file name component, as core/results/src/results.cpp's point_slug makes it:
-    every byte outside [A-Za-z0-9._=,-] percent-encoded (so distinct names stay distinct and none
+    """`text` as one safe file name component, as core/experiment/src/result_paths.cpp's point_slug
+    makes it: every byte outside [A-Za-z0-9._=,-] percent-encoded (so distinct names stay distinct and none
     climbs out of the folder with '/' or '..'), and names over 200 bytes cut to a prefix plus a
     64-bit FNV-1a hash of the whole."""
     data = str(text).encode("utf-8", "surrogateescape")

@@ -99,7 +99,8 @@ def read_json(path):
 
 def verify_checksum(raw):
     """True when the bytes end with a checksum field matching the rest of them (the value is the
-    SHA-256 of the file with the value left empty, as core/results/src/results.cpp writes it)."""
+    SHA-256 of the file with the value left empty, as core/results/src/result_json.cpp writes
+    it)."""
     m = CHECKSUM.search(raw)
     if not m:
         return False

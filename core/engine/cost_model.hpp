@@ -193,6 +193,18 @@ EstimateSummary estimate(const StepPlan& plan, const ClusterSpec& cluster,
 // parameter the op touches on the rank.
 double compute_time(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster);
 
+// Split Newton-Schulz (core/plan/split_ns.hpp): the time of one member's part of param p's split
+// NS on the cluster: its compute at the GPU's sustained rate for the slice (compute_time's rule
+// for NS) and the all-reduces over its group.
+struct SplitNsCost {
+  double compute_s = 0;
+  double all_reduce_s = 0;
+};
+SplitNsCost split_ns_cost(const StepPlan& plan, const Op& op, int p, int rank,
+                          const ClusterSpec& cluster);
+// Every param of the op, one after another (the analytic model's duration of an instance).
+double split_ns_time(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster);
+
 // The host work of communication on ranks that have no engine of their own for it
 // (gpu.host_comm_us_per_message or host_comm_ns_per_byte > 0: CPU ranks, whose MPI executor
 // packs, copies and unpacks messages at progress points inside its compute). Each collective a
@@ -214,7 +226,6 @@ class HostCommCharge {
   void compute_finished(int rank, double t);
   // Seconds to add to the compute op `rank` starts at `t`; the rank then owes nothing.
   double compute_started(int rank, double t);
-  double owed(int rank) const { return owed_.empty() ? 0 : owed_[rank]; }
 
  private:
   const StepPlan& plan_;

@@ -18,9 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/engine/measurement.hpp"
 #include "core/plan/plan.hpp"
 #include "core/plan/training.hpp"
-#include "core/results/results.hpp"
 
 namespace muonbed {
 

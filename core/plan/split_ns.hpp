@@ -28,7 +28,6 @@
 #include <cstdint>
 #include <string>
 
-#include "core/config/cluster.hpp"
 #include "core/plan/plan.hpp"
 
 namespace muonbed {
@@ -61,15 +60,7 @@ SplitNsExchange split_ns_exchange(const StepPlan& plan, const Op& op, int rank);
 // FLOPs a member computes (partial Grams, its A.A, its X_r update) over all steps.
 double split_ns_flops(const StepPlan& plan, const Op& op, int rank);
 
-// Time of one member's part of param p's split NS on the cluster: its compute at the GPU's
-// sustained rate for the slice (cost_model's rule for NS) and the all-reduces over its group.
-struct SplitNsCost {
-  double compute_s = 0;
-  double all_reduce_s = 0;
-};
-SplitNsCost split_ns_cost(const StepPlan& plan, const Op& op, int p, int rank,
-                          const ClusterSpec& cluster);
-// Every param of the op, one after another (the analytic model's duration of an instance).
-double split_ns_time(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster);
+// What a member's part costs on a modelled cluster (split_ns_cost, split_ns_time) is the cost
+// model's: core/engine/cost_model.hpp.
 
 }  // namespace muonbed

@@ -1,7 +1,7 @@
 // Results every backend writes (analytic, sim, and later mpi/nccl): one JSON record per
 // experiment point and backend, so predicted and measured lines up field by field. This header is
-// backend-neutral (no SimGrid, CUDA or MPI); core/results/src/results.cpp reads and writes the
-// JSON.
+// backend-neutral (no SimGrid, CUDA or MPI); core/results/src/record.cpp assembles a record and
+// core/results/src/result_json.cpp reads and writes its JSON.
 //
 // Schema (version 2). Times in seconds, sizes in bytes, bandwidths in GB/s (1e9 B/s). Keys appear
 // in this order; the same input gives a byte-identical file except "timestamp" (and "checksum",
@@ -131,6 +131,8 @@
 
 #include "core/base/output_files.hpp"
 #include "core/config/cluster.hpp"
+#include "core/engine/measurement.hpp"
+#include "core/experiment/result_paths.hpp"
 #include "core/plan/plan.hpp"
 #include "core/plan/training.hpp"
 
@@ -247,14 +249,6 @@ struct CollectiveResult {
   // Measured backends: per timed step, the mean instance time of that step (time_s is their
   // mean); empty for predictions, which compute one deterministic time.
   std::vector<double> step_times_s;
-};
-
-struct TimeBreakdown {
-  double compute_s = 0;
-  double communication_s = 0;
-  double exposed_comm_s = 0;
-  double idle_s = 0;
-  double finish_s = 0;
 };
 
 struct MemoryResult {
@@ -385,44 +379,8 @@ std::vector<std::size_t> cross_check_point(std::vector<ResultRecord*> records);
 
 // ---- Building records (shared by every backend) ------------------------------------------------
 
-// What a backend measured or predicted for one distinct step pattern.
-struct StepMeasurement {
-  int step = 0;
-  int count = 0;
-  double time_s = 0;
-  std::vector<TimeBreakdown> ranks;  // per rank
-  std::vector<double> bytes_sent;    // per rank (empty: unknown)
-  std::vector<double> bytes_received;
-  double intra_node_bytes = 0;
-  double network_bytes = 0;
-  double flops = 0;  // optimizer FLOPs of all ranks in this step
-  // A training step's plan (core/plan/training.hpp): per rank, the time each StepPhase had an op
-  // running, and when its last op of that phase ended; empty otherwise.
-  std::vector<std::array<double, kStepPhases>> phase_busy_s;
-  std::vector<std::array<double, kStepPhases>> phase_end_s;
-};
-
-// Per collective op and step pattern: instance times and sizes, accumulated by the backend.
-struct CollectiveMeasurement {
-  int op = -1;
-  int group_size = 0;
-  int instances = 0;
-  double bytes_sum = 0;
-  double time_sum = 0;
-  double time_max = 0;
-  bool crosses_nodes = false;
-};
-
-// The distinct step patterns of a plan's hyper-period: the first step k of each pattern (the set
-// of ops active in k) and how many steps of the hyper-period share it. Steps are counted up to
-// 2^20 (a longer hyper-period is averaged over its first 2^20 steps, as estimate() does).
-struct StepPatternSpec {
-  int step = 0;
-  int count = 0;
-};
-std::vector<StepPatternSpec> step_patterns(const StepPlan& plan);
-// Total number of steps the patterns cover (their counts' sum).
-std::int64_t pattern_steps(const std::vector<StepPatternSpec>& patterns);
+// The rows a backend hands in (StepMeasurement, CollectiveMeasurement, step_patterns) are the
+// engine's: core/engine/measurement.hpp.
 
 // Fills setup, step, bound (core/engine/bound.hpp), throughput, traffic, collectives and ranks
 // (memory from rank_memory) from per-pattern measurements. `collectives` holds, per pattern, the
@@ -445,10 +403,6 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster);
 // How tables name a result's backend: "sim/step", "sim/flow" (the simulator's fidelity), else the
 // backend's name.
 std::string backend_label(const std::string& backend, const std::string& fidelity);
-
-// One-line summary of a record: point, backend, fidelity, average and worst step, per-GPU
-// throughput, computation vs communication time.
-std::string summary_line(const ResultRecord& record);
 
 // Seed 000's claims (parallel vs sequential ~N x, prefetch 2-3 x on top, 16-24 x total on 8 GPUs)
 // and the records that test them. This is the one classifier of the claims' configurations
@@ -490,11 +444,6 @@ std::string point_identity(const std::string& experiment, const std::string& poi
                            const std::string& backend, const std::string& resolved_yaml);
 ResultRecord read_result_file(const std::string& path);
 
-// Where a point's results go: <output_dir>/<point slug>/<backend>.json. The slug is the point
-// label with every byte outside [A-Za-z0-9._=,-] percent-encoded ("a/b" -> "a%2Fb"), so distinct
-// labels never share a folder; "default" without a sweep; labels longer than 200 bytes keep a
-// prefix and a 64-bit hash of the whole label.
-std::string result_path(const Experiment& experiment, const std::string& backend);
-std::string point_slug(const std::string& point_label);
+// Where a point's results go (result_path, point_slug): core/experiment/result_paths.hpp.
 
 }  // namespace muonbed

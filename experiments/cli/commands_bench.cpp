@@ -458,7 +458,7 @@ Exit code 1 means a kernel disagreed with the CPU reference (it is reported, nev
   muonbed bench collective --backend analytic --op all_reduce --gpus 32 --sizes 1M:8G:8
   muonbed bench collective --op all_to_all --mesh dp=2,tp=8 --group tp --sizes 64M --json a2a.json
 size is nccl-tests' S (all_gather: the gathered buffer; all_to_all: one rank's send buffer);
-busbw = algbw x the bus factor of core/cost_model.hpp, so the columns compare with nccl-tests.)");
+busbw = algbw x the bus factor of core/engine/cost_model.hpp, so the columns compare with nccl-tests.)");
   coll->callback([c, &exit_code] { exit_code = run_bench_collective(*c); });
 }
 

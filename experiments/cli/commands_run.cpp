@@ -778,7 +778,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
   muonbed run experiments/mpi_quickstart.yaml        measure real steps, one MPI process per rank
   mpirun -np 2 muonbed run experiments/mpi_quickstart.yaml   the same in a world you started
                                                      (or srun -n 2 ...: every rank runs muonbed)
-Results: <output>/<point>/<backend>.json (schema in core/results.hpp) and <backend>.trace.json
+Results: <output>/<point>/<backend>.json (schema in core/results/results.hpp) and <backend>.trace.json
 (Chrome/Perfetto trace of the worst step: open in ui.perfetto.dev). Rerunning skips finished
 points; a killed sweep resumes where it stopped.)");
   cmd->callback([options, &exit_code] { exit_code = run_command(*options); });

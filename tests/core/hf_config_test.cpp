@@ -14,12 +14,11 @@
 #include <sstream>
 #include <string>
 
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 
 #include "core/model/hf_config.hpp"
 #include "muonbed/config.hpp"
+#include "tests/common/temp_dir.hpp"
 
 using namespace muonbed;
 using i64 = std::int64_t;
@@ -457,8 +456,8 @@ TEST_CASE("hf_config: errors name the file, the field and the fix", "[hf]") {
 }
 
 TEST_CASE("hf_config: files that cannot be read", "[hf]") {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("muonbed_hf_test_" + std::to_string(::getpid()));
+  const testing::TempDir temp("hf-config");
+  const std::filesystem::path& dir = temp.path();
   std::filesystem::create_directories(dir / "Qwen3-8B");
   REQUIRE_THROWS_MATCHES(load_hf_config((dir / "missing.json").string()), HfConfigError,
                          Catch::Predicate<HfConfigError>([](const HfConfigError& e) {
@@ -477,5 +476,4 @@ TEST_CASE("hf_config: files that cannot be read", "[hf]") {
   }
   REQUIRE_THROWS_WITH(load_hf_config((dir / "big.json").string()),
                       Catch::Contains("larger than 1 MiB"));
-  std::filesystem::remove_all(dir);
 }

@@ -88,11 +88,17 @@ TEST_CASE("provenance carries the build and the point", "[results][provenance]")
   CHECK(p.simgrid_version == "3.32");
   CHECK_FALSE(p.host_name.empty());
   CHECK(p.point.empty());
-  // The binary's hash names this checkout's HEAD (when this is a checkout and git is here).
-  const std::string head =
-      have_git() ? run(std::string("git -C \"") + MUONBED_SOURCE_DIR + "\" rev-parse HEAD") : "";
-  INFO("a mismatch after a commit means the test binary is stale: cmake --build BUILD first");
-  if (p.git_hash != "unknown" && head.size() == 40) CHECK(p.git_hash.substr(0, 40) == head);
+  // The binary's hash names this checkout's HEAD. git is a build dependency (see above); only a
+  // source tree that is no checkout (an unpacked archive) has no HEAD, and then the build could
+  // not know one either.
+  REQUIRE(have_git());
+  const std::string head = run(std::string("git -C \"") + MUONBED_SOURCE_DIR + "\" rev-parse HEAD");
+  if (head.size() == 40) {
+    INFO("a mismatch after a commit means the test binary is stale: cmake --build BUILD first");
+    CHECK(p.git_hash.substr(0, 40) == head);
+  } else {
+    CHECK(p.git_hash == "unknown");
+  }
 
   const auto points = parse_experiment(
       "name: prov\nmesh: {dims: {dp_shard: 2}}\nmodel: {preset: tiny-dense}\n"

@@ -4,8 +4,6 @@
 // and `parallel.dense_over_ep`.
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -14,6 +12,7 @@
 #include "core/experiment/experiment.hpp"
 #include "core/model/hf_config.hpp"
 #include "muonbed/config.hpp"
+#include "tests/common/temp_dir.hpp"
 
 using namespace muonbed;
 using Catch::Contains;
@@ -25,23 +24,15 @@ std::string hf_data(const std::string& name) {
   return std::string(MUONBED_SOURCE_DIR) + "/tests/core/data/hf/" + name + ".json";
 }
 
-// A folder of its own per test, removed at the end.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() /
-             ("muonbed_hf_exp_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string write(const std::string& name, const std::string& text) const {
-    const fs::path file = path / name;
-    fs::create_directories(file.parent_path());
-    std::ofstream(file) << text;
-    return file.string();
-  }
-};
+using testing::TempDir;
+
+// Writes `text` to `name` under the test's folder (making its folders); returns the file's path.
+std::string write_file(const TempDir& dir, const std::string& name, const std::string& text) {
+  const fs::path file = dir.path() / name;
+  fs::create_directories(file.parent_path());
+  std::ofstream(file) << text;
+  return file.string();
+}
 
 ConfigError config_error(const std::function<void()>& parse) {
   try {
@@ -76,16 +67,16 @@ const DistributedParam& sharded_param(const ShardedModel& m, const std::string& 
 
 TEST_CASE("hf_config: a path relative to the experiment file, and the resolved point",
           "[experiments][hf]") {
-  TempDir dir("path");
-  fs::create_directories(dir.path / "models" / "Qwen3-30B-A3B");
-  fs::copy_file(hf_data("Qwen3-30B-A3B"), dir.path / "models" / "Qwen3-30B-A3B" / "config.json");
-  const std::string file = dir.write("study/exp.yaml",
-                                     "name: hf\n"
-                                     "mesh: {dims: {ep: 8}}\n"
-                                     "model:\n"
-                                     "  hf_config: ../models/Qwen3-30B-A3B/config.json\n"
-                                     "  layers: 4\n"
-                                     "backend: analytic\n");
+  TempDir dir("hf-exp-path");
+  fs::create_directories(dir.path() / "models" / "Qwen3-30B-A3B");
+  fs::copy_file(hf_data("Qwen3-30B-A3B"), dir.path() / "models" / "Qwen3-30B-A3B" / "config.json");
+  const std::string file = write_file(dir, "study/exp.yaml",
+                                      "name: hf\n"
+                                      "mesh: {dims: {ep: 8}}\n"
+                                      "model:\n"
+                                      "  hf_config: ../models/Qwen3-30B-A3B/config.json\n"
+                                      "  layers: 4\n"
+                                      "backend: analytic\n");
   const std::vector<Experiment> points = load_experiment(file);
   REQUIRE(points.size() == 1);
   const Experiment& e = points[0];
@@ -110,15 +101,15 @@ TEST_CASE("hf_config: a path relative to the experiment file, and the resolved p
         std::vector<std::int64_t>{16, 768, 2048});
 
   // A sweep over config files: each point its own model.
-  fs::copy_file(hf_data("Qwen3-8B"), dir.path / "models" / "qwen3-8b.json");
-  const std::string sweep = dir.write("study/sweep.yaml",
-                                      "name: hf\n"
-                                      "mesh: {dims: {dp_shard: 8}}\n"
-                                      "model: {hf_config: ../models/qwen3-8b.json, layers: 2}\n"
-                                      "backend: analytic\n"
-                                      "sweep:\n"
-                                      "  model.hf_config: [../models/qwen3-8b.json, "
-                                      "../models/Qwen3-30B-A3B/config.json]\n");
+  fs::copy_file(hf_data("Qwen3-8B"), dir.path() / "models" / "qwen3-8b.json");
+  const std::string sweep = write_file(dir, "study/sweep.yaml",
+                                       "name: hf\n"
+                                       "mesh: {dims: {dp_shard: 8}}\n"
+                                       "model: {hf_config: ../models/qwen3-8b.json, layers: 2}\n"
+                                       "backend: analytic\n"
+                                       "sweep:\n"
+                                       "  model.hf_config: [../models/qwen3-8b.json, "
+                                       "../models/Qwen3-30B-A3B/config.json]\n");
   const std::vector<Experiment> swept = load_experiment(sweep);
   REQUIRE(swept.size() == 2);
   CHECK(swept[0].model.name == "qwen3-8b");
@@ -195,15 +186,15 @@ TEST_CASE("hf_config: inline fields and overrides", "[experiments][hf]") {
 
 TEST_CASE("hf_config: errors point at the experiment and name the config's field",
           "[experiments][hf]") {
-  TempDir dir("errors");
+  TempDir dir("hf-exp-errors");
   // A field missing from a config file: the error is at the hf_config value, names the file and
   // the field, and says what to add.
-  dir.write("cfg/no_layers.json",
-            "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 128, "
-            "\"num_attention_heads\": 4, \"vocab_size\": 100}");
+  write_file(dir, "cfg/no_layers.json",
+             "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 128, "
+             "\"num_attention_heads\": 4, \"vocab_size\": 100}");
   const std::string missing =
-      dir.write("missing.yaml",
-                "name: t\nmesh: {dims: {dp_shard: 2}}\nmodel:\n  hf_config: cfg/no_layers.json\n");
+      write_file(dir, "missing.yaml",
+                 "name: t\nmesh: {dims: {dp_shard: 2}}\nmodel:\n  hf_config: cfg/no_layers.json\n");
   ConfigError e = config_error([&] { load_experiment(missing); });
   CHECK(e.where().file == missing);
   CHECK(e.where().line == 4);
@@ -213,8 +204,8 @@ TEST_CASE("hf_config: errors point at the experiment and name the config's field
   CHECK_THAT(e.fix(), Contains("\"num_hidden_layers\":"));
 
   // A missing file: the resolved path and the hint that it is relative to the experiment.
-  const std::string absent = dir.write(
-      "absent.yaml", "name: t\nmesh: {dims: {dp_shard: 2}}\nmodel: {hf_config: nope.json}\n");
+  const std::string absent = write_file(
+      dir, "absent.yaml", "name: t\nmesh: {dims: {dp_shard: 2}}\nmodel: {hf_config: nope.json}\n");
   e = config_error([&] { load_experiment(absent); });
   CHECK(e.where().line == 3);
   CHECK_THAT(std::string(e.what()), Contains("nope.json") && Contains("cannot be opened"));
@@ -267,9 +258,9 @@ TEST_CASE("hf_config: errors point at the experiment and name the config's field
   CHECK_THAT(std::string(e.what()), Contains("must be a path or a map"));
 
   // TP must divide the config's heads and KV heads (Qwen3-30B-A3B: 32 and 4).
-  fs::copy_file(hf_data("Qwen3-30B-A3B"), dir.path / "q.json");
-  const std::string tp = dir.write(
-      "tp.yaml", "name: t\nmesh: {dims: {dp_shard: 2, tp: 8}}\nmodel: {hf_config: q.json}\n");
+  fs::copy_file(hf_data("Qwen3-30B-A3B"), dir.path() / "q.json");
+  const std::string tp = write_file(
+      dir, "tp.yaml", "name: t\nmesh: {dims: {dp_shard: 2, tp: 8}}\nmodel: {hf_config: q.json}\n");
   e = config_error([&] { load_experiment(tp); });
   CHECK_THAT(std::string(e.what()),
              Contains("tp = 8 does not divide heads = 32 and kv_heads = 4") && Contains("1, 2, 4"));

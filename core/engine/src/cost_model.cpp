@@ -21,9 +21,9 @@
 #include "core/base/errors.hpp"
 #include "core/engine/engine.hpp"
 #include "core/engine/link_sharing.hpp"
+#include "core/engine/measurement.hpp"
 #include "core/engine/timeline.hpp"
 #include "core/plan/split_ns.hpp"
-#include "core/results/results.hpp"
 
 namespace muonbed {
 

@@ -1,4 +1,4 @@
-// Text reports of result records: one summary line per record and seed 000's claims table
+// Text reports of result records: backend labels and seed 000's claims table
 // (declared in core/results/results.hpp). Backend-neutral: `muonbed run` prints them for any
 // backend.
 #include <yaml-cpp/yaml.h>
@@ -33,21 +33,6 @@ std::string duration(double s) {
 
 std::string backend_label(const std::string& backend, const std::string& fidelity) {
   return backend == "sim" && !fidelity.empty() ? "sim/" + fidelity : backend;
-}
-
-std::string summary_line(const ResultRecord& r) {
-  // CPU ranks are ranks, not GPUs.
-  const std::string unit = r.setup.rank_kind == "cpu" ? "rank" : "GPU";
-  std::ostringstream out;
-  out << (r.provenance.point.empty() ? r.provenance.experiment : r.provenance.point) << " ["
-      << backend_label(r.backend, r.fidelity) << "] " << r.setup.world_size << " " << unit
-      << "s: step avg " << duration(r.step.average_s) << ", worst " << duration(r.step.worst_s)
-      << "; per " << unit << " " << format("%.3g", r.throughput.params_per_s_per_gpu.average)
-      << " params/s avg, " << format("%.3g", r.throughput.params_per_s_per_gpu.worst)
-      << " worst; compute " << duration(r.throughput.compute_time_s.average) << ", comm "
-      << duration(r.throughput.comm_time_s.average) << " (exposed "
-      << duration(r.throughput.comm_exposed_time_s.average) << ")";
-  return out.str();
 }
 
 double SeedClaimRow::predicted() const {
