@@ -164,6 +164,21 @@ struct Communicator {
   bool operator==(const Communicator&) const = default;
 };
 
+// How executors make the communicators (MPI_Comm_split, ncclCommSplit): one split per
+// (stream, group dims) of the plan's collectives, in the one order of (stream, dims bits), which
+// every rank calls, so the splits match across ranks. For this rank: the color (its group
+// instance's leader; -1: the rank has no communicator of that identity and passes MPI_UNDEFINED or
+// NCCL_SPLIT_NOCOLOR) and the key (its position in the group, so a communicator's ranks are the
+// program's group indices), and which program communicator the split makes.
+struct CommunicatorSplit {
+  int stream = 0;
+  DimSet dims;
+  int color = -1;
+  int key = 0;
+  int communicator = -1;  // RankProgram::communicators index, -1 with color -1
+  bool operator==(const CommunicatorSplit&) const = default;
+};
+
 // One message between this rank and one peer in one phase.
 struct Transfer {
   int peer = -1;       // group-local index
@@ -296,9 +311,10 @@ struct RankProgram {
   int rank = 0;
   std::vector<ProgramTensor> tensors;
   std::vector<Communicator> communicators;
-  std::vector<RankOp> ops;          // the ops the rank takes part in, in plan order
-  std::vector<int> op_index;        // plan op id -> index in ops, -1 if the rank has no part
-  std::vector<ParamPieces> params;  // per plan param
+  std::vector<CommunicatorSplit> splits;  // every split of the plan, in the order all ranks call
+  std::vector<RankOp> ops;                // the ops the rank takes part in, in plan order
+  std::vector<int> op_index;              // plan op id -> index in ops, -1 if the rank has no part
+  std::vector<ParamPieces> params;        // per plan param
   std::int64_t static_bytes = 0;
   std::int64_t peak_transient_bytes = 0;  // live buffers along plan order
 

@@ -133,7 +133,7 @@ std::int64_t check_plan(const StepPlan& plan) {
   std::vector<RankProgram> programs;
   for (int r = 0; r < world; ++r) programs.push_back(lower_rank_program(plan, r));
   std::int64_t views = 0;
-  std::vector<std::vector<gpu::CommunicatorSplit>> splits;
+  std::vector<std::vector<CommunicatorSplit>> splits;  // RankProgram::splits, every rank
   for (const RankProgram& program : programs) {
     INFO("rank " << program.rank);
     const gpu::PoolLayout layout = gpu::plan_pool(plan, program);
@@ -228,7 +228,7 @@ std::int64_t check_plan(const StepPlan& plan) {
       }
       CHECK(seen.size() == op.newton_schulz.size());
     }
-    splits.push_back(gpu::communicator_splits(plan, program));
+    splits.push_back(program.splits);
     for (int step = 0; step < 2; ++step) CHECK(check_ordering(plan, program, layout, step) > 0);
   }
   // Wire layouts pair up: what i sends j in phase p is what j receives from i.

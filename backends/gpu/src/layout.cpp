@@ -238,35 +238,6 @@ std::vector<NsBatch> ns_batches(const RankOp& op) {
   return out;
 }
 
-std::vector<CommunicatorSplit> communicator_splits(const StepPlan& plan,
-                                                   const RankProgram& program) {
-  std::set<std::pair<int, std::uint32_t>> ids;
-  for (const Op& op : plan.ops)
-    if (is_collective(op.kind)) ids.insert({op.stream, op.group.bits});
-  std::vector<CommunicatorSplit> out;
-  for (const auto& [stream, bits] : ids) {
-    CommunicatorSplit s;
-    s.stream = stream;
-    s.dims = DimSet{bits};
-    for (const Communicator& c : program.communicators) {
-      if (c.stream != stream || c.dims.bits != bits) continue;
-      if (s.communicator >= 0)
-        throw ExecutionError("rank " + std::to_string(program.rank) +
-                             " has two communicators of stream " + std::to_string(stream) +
-                             " over the same dims");
-      const auto me = std::find(c.members.begin(), c.members.end(), program.rank);
-      if (me == c.members.end())
-        throw ExecutionError("rank " + std::to_string(program.rank) +
-                             " is not a member of its own communicator " + std::to_string(c.id));
-      s.communicator = c.id;
-      s.color = c.members.front();
-      s.key = static_cast<int>(me - c.members.begin());
-    }
-    out.push_back(s);
-  }
-  return out;
-}
-
 bool issued_in_step(const StepPlan& plan, const RankProgram& program, int plan_op, int step) {
   const RankOp* r = program.find(plan_op);
   return r != nullptr && !r->bystander &&

@@ -1266,6 +1266,37 @@ class Lowering {
   std::map<std::tuple<int, std::uint32_t, int>, int> communicators_;
 };
 
+// The splits every rank makes in one order (RankProgram::splits): one per (stream, group dims) of
+// the plan's collectives, ordered by (stream, dims bits), with this rank's communicator of each.
+std::vector<CommunicatorSplit> communicator_splits(const StepPlan& plan,
+                                                   const RankProgram& program) {
+  std::set<std::pair<int, std::uint32_t>> ids;
+  for (const Op& op : plan.ops)
+    if (is_collective(op.kind)) ids.insert({op.stream, op.group.bits});
+  std::vector<CommunicatorSplit> out;
+  for (const auto& [stream, bits] : ids) {
+    CommunicatorSplit s;
+    s.stream = stream;
+    s.dims = DimSet{bits};
+    for (const Communicator& c : program.communicators) {
+      if (c.stream != stream || c.dims.bits != bits) continue;
+      if (s.communicator >= 0)
+        throw PlanError("lowering: rank " + std::to_string(program.rank) +
+                        " has two communicators of stream " + std::to_string(stream) +
+                        " over the same dims");
+      const auto me = std::find(c.members.begin(), c.members.end(), program.rank);
+      if (me == c.members.end())
+        throw PlanError("lowering: rank " + std::to_string(program.rank) +
+                        " is not a member of its own communicator " + std::to_string(c.id));
+      s.communicator = c.id;
+      s.color = c.members.front();
+      s.key = static_cast<int>(me - c.members.begin());
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
 }  // namespace
 
 RankProgram lower_rank_program(const StepPlan& plan, int rank, const LowerOptions& options) {
@@ -1280,7 +1311,9 @@ RankProgram lower_rank_program(const StepPlan& plan, int rank, const LowerOption
   Lowering probe(plan, rank, probe_options, none, /*probe=*/true);
   probe.run();
   Lowering lowering(plan, rank, options, probe.keep_requests, /*probe=*/false);
-  return lowering.run();
+  RankProgram program = lowering.run();
+  program.splits = communicator_splits(plan, program);
+  return program;
 }
 
 }  // namespace muonbed
