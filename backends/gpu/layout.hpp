@@ -126,15 +126,6 @@ struct NsBatch {
 };
 std::vector<NsBatch> ns_batches(const RankOp& op);
 
-// Ordering on the device (device_rank.hpp). An op is *issued* in a step when it is active and the
-// rank is not only passing through it (a send/recv bystander); issued ops record an event on their
-// stream. wait_list: the issued ops on other streams whose events `plan_op` (issued) must wait for
-// so that the engine's semantics hold on the device: its deps, and the earlier ops on its stream;
-// an op not issued stands for what it waits for (inactive: its deps; a bystander: its deps and the
-// ops before it on its stream). Issued ops on the op's own stream are ordered by the stream.
-bool issued_in_step(const StepPlan& plan, const RankProgram& program, int plan_op, int step);
-std::vector<int> wait_list(const StepPlan& plan, const RankProgram& program, int plan_op, int step);
-
 // QK-clip's per-row float scales of a task's rows for a step (1 where the head does not clip):
 // what qk_clip_rows multiplies by, for scale_rows_cuda.
 std::vector<float> qk_row_scales(const QkClipRows& qk, const StepPlan& plan, std::uint64_t seed,

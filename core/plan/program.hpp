@@ -297,6 +297,9 @@ struct RankOp {
   // Copies the op makes after its main work: results it leaves in a transient buffer that
   // apply_update reads after the buffer's release.
   std::vector<LocalCopy> keep;
+  // For executors that queue each plan stream in order (CUDA streams): per step of the plan's
+  // hyper-period (index step % hyper_period()), wait_list of the op, empty where it is not issued.
+  std::vector<std::vector<int>> stream_waits;
   bool operator==(const RankOp&) const = default;
 };
 
@@ -327,6 +330,17 @@ struct RankProgram {
   RankMemory memory() const { return {static_bytes, peak_transient_bytes}; }
   bool operator==(const RankProgram&) const = default;
 };
+
+// Ordering on a device whose streams run their ops in order. An op is *issued* in a step when
+// the rank takes part in it, it is active in the step and the rank is not only passing through
+// it (a send/recv bystander); issued ops mark their completion on their stream. wait_list: the
+// issued ops on other streams whose completion `plan_op` (issued) must wait for so that the
+// engine's semantics hold on the device: its deps, and the earlier ops on its stream; an op not
+// issued stands for what it waits for (inactive: its deps; a bystander: its deps and the ops
+// before it on its stream). Issued ops on the op's own stream are ordered by the stream. The
+// lowering keeps every op's lists (RankOp::stream_waits).
+bool issued_in_step(const StepPlan& plan, const RankProgram& program, int plan_op, int step);
+std::vector<int> wait_list(const StepPlan& plan, const RankProgram& program, int plan_op, int step);
 
 // Lowers `plan` for `rank`. Throws PlanError naming the op, rank, param and piece when the plan
 // cannot be executed (a piece that fits no storage, a pack without its all_to_all, a read of

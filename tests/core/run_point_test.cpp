@@ -69,7 +69,8 @@ TEST_CASE("a registration carries its backend's facts, checked against the shipp
                     Catch::Contains("backend 'mpi' registers the facts") &&
                         Catch::Contains("predicted") && Catch::Contains("measured") &&
                         Catch::Contains("core/experiment/src/backends.cpp"));
-  CHECK(find_backend("mpi") == nullptr || find_backend("mpi")->facts == *backend_facts("mpi"));
+  const BackendInfo* mpi = find_backend("mpi");  // the refused registration left nothing behind
+  CHECK((mpi == nullptr || mpi->facts == *backend_facts("mpi")));
   CHECK(is_measured_backend("mpi"));
 }
 
