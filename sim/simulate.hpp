@@ -123,8 +123,8 @@ std::string simgrid_version();
 
 // Registers the "sim" backend with core/results/run_point.hpp's registry (again: harmless): it
 // simulates a point at its experiment's sim.fidelity in a child process, with the Chrome trace of
-// RunSettings::trace_max_ranks ranks. Static libraries drop self-registering objects, so programs
-// call this themselves (the CLI in experiments/cli/backends.cpp).
+// RunSettings::trace_max_ranks ranks. The CLI gets it from sim/registration.cpp (the backend's
+// one registration, linked whole); tests call it themselves.
 void register_sim_backend();
 
 }  // namespace muonbed

@@ -1,8 +1,9 @@
 // The host-side arithmetic of the GPU executors, in plain C++ so the CPU tests check it: where a
 // rank's tensors live in its one device pool, its element maps as run tables the gather/scatter
-// kernels read (kernels/gpu.hpp's DeviceRuns), the scratch and staging each stream needs, the
+// kernels read (kernels/gpu.hpp's DeviceRuns), the scratch and staging each stream needs, and the
 // byte layout of each exchange phase's messages (what grouped ncclSend/ncclRecv or
-// cudaMemcpyAsync move), and the communicator splits every rank issues in one order.
+// cudaMemcpyAsync move). The communicator splits every rank makes in one order are the
+// lowering's (core/plan/program.hpp RankProgram::splits).
 //
 // Pool. Every tensor is stored in its plan dtype (ProgramTensor::dtype, fp32 or bf16), as in
 // backends/cpu's RankStore: the pool holds the bytes the plan's rank_memory counts. Kernels compute
@@ -124,29 +125,6 @@ struct NsBatch {
   std::vector<int> tasks;  // indices into op.newton_schulz
 };
 std::vector<NsBatch> ns_batches(const RankOp& op);
-
-// The communicator splits of a plan, identical on every rank: one per (stream, group dims) of its
-// collectives, ordered by (stream, dims bits). For a rank: the color (its group instance's
-// leader, or -1: the rank has no such communicator and passes NCCL_SPLIT_NOCOLOR) and key (its
-// position in the group, so NCCL ranks are group indices), and the program communicator id.
-struct CommunicatorSplit {
-  int stream = 0;
-  DimSet dims;
-  int color = -1;
-  int key = 0;
-  int communicator = -1;  // RankProgram::communicators index, -1 with color -1
-};
-std::vector<CommunicatorSplit> communicator_splits(const StepPlan& plan,
-                                                   const RankProgram& program);
-
-// Ordering on the device (device_rank.hpp). An op is *issued* in a step when it is active and the
-// rank is not only passing through it (a send/recv bystander); issued ops record an event on their
-// stream. wait_list: the issued ops on other streams whose events `plan_op` (issued) must wait for
-// so that the engine's semantics hold on the device: its deps, and the earlier ops on its stream;
-// an op not issued stands for what it waits for (inactive: its deps; a bystander: its deps and the
-// ops before it on its stream). Issued ops on the op's own stream are ordered by the stream.
-bool issued_in_step(const StepPlan& plan, const RankProgram& program, int plan_op, int step);
-std::vector<int> wait_list(const StepPlan& plan, const RankProgram& program, int plan_op, int step);
 
 // QK-clip's per-row float scales of a task's rows for a step (1 where the head does not clip):
 // what qk_clip_rows multiplies by, for scale_rows_cuda.

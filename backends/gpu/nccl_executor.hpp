@@ -1,12 +1,12 @@
 // The NCCL executor of one rank: one process per GPU under mpirun (or srun), the rank's program on
 // its GPU through the CUDA handlers of device_rank.hpp, collectives on NCCL. MPI is used only
 // where it needs no GPU buffer (Debian's Open MPI is not CUDA-aware): to broadcast the
-// ncclUniqueId, for the barrier before each step, and to gather timings (backends/mpi/measure.hpp,
-// shared with the MPI executor, builds the record).
+// ncclUniqueId, for the barrier before each step, for the host map, and to gather timings
+// (backends/ranks/measure.hpp, shared with the MPI executor, builds the record).
 //
 // Communicators: one NCCL communicator per communicator identity of the plan (stream + group
 // dims), made once by ncclCommSplit of the world communicator, every rank calling every split in
-// one order (layout.hpp's communicator_splits; a rank without that communicator passes
+// one order (the lowering's RankProgram::splits; a rank without that communicator passes
 // NCCL_SPLIT_NOCOLOR), key = group index, so a communicator's NCCL ranks are the program's group
 // indices. comm and comm_scatter are distinct communicators on distinct CUDA streams.
 //
@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "backends/gpu/device_rank.hpp"
-#include "backends/mpi/executor.hpp"
-#include "backends/mpi/measure.hpp"
+#include "backends/launch/launch.hpp"
+#include "backends/ranks/measure.hpp"
 
 namespace muonbed::gpu {
 
@@ -46,9 +46,9 @@ struct NcclOptions {
   // Timed runs: data drawn on the device, none on the host (CudaLoopbackOptions'
   // random_device_data); store() then throws.
   bool random_device_data = false;
-  // backends/mpi's fault injection (MUONBED_MPI_FAULT): rank R exits, throws or hangs (its host
+  // The launcher's fault injection (MUONBED_MPI_FAULT): rank R exits, throws or hangs (its host
   // thread stops issuing) when it is about to issue plan op OP of step S.
-  mpi::Fault fault;
+  launch::Fault fault;
 };
 
 class NcclExecutor final : public mpi::MeasuredRank {
@@ -81,7 +81,7 @@ class NcclExecutor final : public mpi::MeasuredRank {
 };
 
 // The job runner of the `nccl` backend (registered by the GPU worker program, see
-// backends/mpi/measure.hpp's register_job_runner): NcclExecutor under measure_rank.
+// backends/ranks/jobs.hpp's register_job_runner): NcclExecutor under measure_rank.
 void register_nccl_job_runner();
 
 }  // namespace muonbed::gpu

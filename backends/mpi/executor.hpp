@@ -23,7 +23,9 @@
 // Failures are loud: any exception names the rank, step, op id and label; a watchdog ends a step
 // that stops progressing (timeout_s: a rank with a stuck op of its own after half of it, a rank
 // only waiting for others after all of it, so the stuck rank reports first); fault injection
-// (`Fault`) makes a rank exit, throw or hang at a given step and op, for the tests.
+// (backends/launch/launch.hpp's `Fault`) makes a rank exit, throw or hang at a given step and op,
+// for the tests. MPI checks, waits, host maps and step timings are the ranks' shared ones
+// (backends/ranks/).
 #pragma once
 
 #include <mpi.h>
@@ -36,27 +38,12 @@
 #include <vector>
 
 #include "backends/cpu/store.hpp"
+#include "backends/launch/launch.hpp"
+#include "backends/ranks/measure.hpp"
+#include "backends/ranks/world.hpp"
 #include "core/plan/program.hpp"
 
 namespace muonbed::mpi {
-
-// Throws ExecutionError with the call's text, file:line and MPI's error string.
-void check_mpi(int code, const char* call, const char* file, int line);
-#define MUONBED_MPI_CHECK(call) ::muonbed::mpi::check_mpi((call), #call, __FILE__, __LINE__)
-
-// Fault injection: rank `rank` exits (code 3, without finalizing MPI), throws, or hangs when it
-// reaches plan op `op` in step `step` (counted from 0 over warm-up and timed steps).
-enum class FaultKind { none, exit, raise, hang };
-struct Fault {
-  int rank = -1;
-  int step = -1;
-  int op = -1;
-  FaultKind kind = FaultKind::none;
-  bool active() const { return kind != FaultKind::none; }
-};
-// "RANK:STEP:OP:KIND" with KIND exit | throw | hang; "" is no fault. Throws Error on bad text.
-Fault parse_fault(const std::string& text);
-std::string to_string(const Fault& fault);
 
 // Where compute ops run beside communication.
 //   threads          one worker thread per stream with compute ops, while the main thread tests
@@ -77,7 +64,7 @@ ComputeMode parse_compute_mode(const std::string& text);
 struct ExecutorOptions {
   std::uint64_t seed = 1;  // backends/cpu/data.hpp's step data
   double timeout_s = 60;   // watchdog (see the header comment)
-  Fault fault;
+  launch::Fault fault;     // backends/launch/launch.hpp
   bool generic_exchange = false;
   // Compute ops on the main thread, one at a time (no overlap with communication): a
   // cross-check that isolates the executor's concurrency.
@@ -87,35 +74,6 @@ struct ExecutorOptions {
   LowerOptions lower;
   // Negative controls: edits the lowered program before anything runs (LoopbackOptions' hook).
   std::function<void(RankProgram&)> edit_program;
-};
-
-// One op of a step as this rank ran it, in seconds on the rank's monotonic clock from the step's
-// start (right after the barrier before it).
-struct OpTiming {
-  int op = -1;
-  double start = 0;  // compute: its run began on the worker; collective: posted (arrival)
-  double end = 0;    // compute: its run ended; collective: completion seen by this rank
-};
-
-struct StepTimings {
-  int step = 0;
-  double finish = 0;  // the rank's last op done
-  std::vector<OpTiming> ops;
-  double bytes_sent = 0, bytes_received = 0;       // of the program's messages
-  double intra_host_bytes = 0, network_bytes = 0;  // sent, split by the peer's host
-  double messages = 0;
-  // The main thread's CPU time (not wall time: ranks sharing cores would inflate that) in the
-  // engine and its bookkeeping, in the handlers (packing / unpacking messages, alloc, release,
-  // keep copies) and inside MPI calls (posting and testing, which progresses them); and the wall
-  // time it slept waiting for something to complete.
-  double engine_s = 0;
-  double handlers_s = 0;
-  double mpi_s = 0;
-  double idle_s = 0;
-  std::int64_t wrong_elements = 0;  // run_check_step: received elements off the pattern
-  // FLOPs of the GEMMs the rank's forward and backward ops ran (a training step), counted by the
-  // CPU handlers as they multiply: the check of the plan's op_flops.
-  double gemm_flops = 0;
 };
 
 class Executor {
@@ -149,25 +107,8 @@ class Executor {
   std::unique_ptr<Impl> impl_;
 };
 
-// How `wait_for` and the step loop wait for MPI. Open MPI moves data only inside MPI calls (the
-// shared-memory transport's single copy runs in the receiver's MPI_Test), so a rank that sleeps
-// between tests delays every message by its sleep: `spin` keeps testing, for a rank whose core
-// has nothing else to do; `sleep` backs off, leaving the core to another rank or to compute.
-enum class WaitMode { sleep, spin };
-
-// Tests `request` until it completes; throws ExecutionError "`where`: no progress for T s in
-// `what`" after `timeout_s`.
-void wait_for(MPI_Request& request, double timeout_s, const std::string& where,
-              const std::string& what, WaitMode mode = WaitMode::sleep);
-
-// Cores this process may run on (its affinity mask).
-int available_cores();
-
 // Freed memory stays with the process (as the executor keeps it, so steps after the warm-up pay
 // no page faults): what the compute benchmark of `muonbed calibrate` runs under too.
 void retain_freed_memory();
-
-// Prints "muonbed: error: `message`" on stderr and ends every rank with MPI_Abort.
-[[noreturn]] void abort_world(const std::string& message, int code = 1);
 
 }  // namespace muonbed::mpi

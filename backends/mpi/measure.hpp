@@ -1,114 +1,21 @@
-// Measuring a plan under MPI, nccl-tests' way: `warmup` untimed steps, then `timed` steps, each
-// after a barrier, every rank timing its own ops on its own monotonic clock. Rank 0 gathers every
-// rank's op intervals (MPI_Gatherv) and builds the same record as the simulator's
-// (core/results/results.hpp, with core/engine/timeline.hpp's StepTimeline and fill_record):
-//
-//   step time          per timed step, the slowest rank's time from the barrier to its last op;
-//                      average, worst, median, p95, standard deviation over the timed steps.
-//   collective time    per instance, from the last member's arrival to completion: the shortest
-//                      of the members' (completion - arrival), each on its own clock, so clocks of
-//                      different hosts never need to agree. A rank's span before that is waiting.
-//   per rank           compute / communication / exposed / idle from those intervals, and the
-//                      peak bytes its pool held for the plan's tensors (beside rank_memory's).
-//   traffic            the bytes of the program's messages per rank, split by whether the peer
-//                      runs on the same host (not the MPI library's internal transfers).
-//   trace              the slowest timed step of the first ranks, in the simulator's Chrome
-//                      trace format (so analysis/plot.py draws both alike).
-//   execution          MPI library and standard, hosts, ranks per host, oversubscription, BLAS
-//                      and its threads, and the executor's own host time (engine, handlers, MPI).
+// The MPI executor measured (backends/ranks/measure.hpp's loop and record over
+// backends/mpi/executor.hpp), and the compute side of `muonbed calibrate` on CPU ranks.
 #pragma once
 
 #include <mpi.h>
 
-#include <cstdint>
 #include <optional>
-#include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "backends/mpi/executor.hpp"
+#include "backends/ranks/measure.hpp"
 #include "core/results/calibration.hpp"
-#include "core/results/results.hpp"
 
 namespace muonbed::mpi {
-
-struct MeasureSettings {
-  int warmup_steps = 2;
-  int timed_steps = 10;
-  int trace_ranks = 64;
-  // What fill_record needs of the experiment's cluster (its name and the GPU's peak, for
-  // utilization); nodes and ranks per node come from the hosts the ranks ran on.
-  std::string cluster_name;
-  double peak_tflops = 0;
-  std::string launcher;
-  int blas_threads = 1;         // per rank (OpenBLAS, when the build uses it)
-  std::string backend = "mpi";  // the record's backend, and its notes' prefix
-  // Replaces the MPI library as the record's execution library when set (the NCCL executor:
-  // GPU, driver, CUDA, cuBLAS, NCCL versions), and notes added to the record.
-  std::string library;
-  std::vector<std::string> notes;
-  // After the timed steps, one untimed check step whose messages carry a known pattern
-  // (Executor::run_check_step); Measured::wrong_elements sums what the receivers found wrong.
-  bool check_data = false;
-};
-
-struct Measured {
-  ResultRecord record;  // provenance's experiment part left to the caller
-  nlohmann::json trace;
-  double wall_s = 0;
-  double peak_rss_bytes = 0;         // rank 0's
-  std::int64_t messages = 0;         // sent by all ranks over all steps run
-  std::int64_t wrong_elements = -1;  // check_data: elements received wrong (-1: not checked)
-};
 
 // Collective over `world`: runs the steps and returns the record on rank 0 (nullopt elsewhere).
 std::optional<Measured> measure(const StepPlan& plan, MPI_Comm world,
                                 const ExecutorOptions& options, const MeasureSettings& settings);
-
-// What measuring needs of a rank's executor, so that every executor under MPI (this one, the
-// NCCL executor of backends/gpu) shares the warm-up / timed loop, the gathering of timings and
-// the record: run a step (barrier included), report its timings on the rank's clock.
-class MeasuredRank {
- public:
-  virtual ~MeasuredRank() = default;
-  virtual void run_step(int step) = 0;
-  virtual const StepTimings& timings() const = 0;
-  virtual int rank() const = 0;
-  virtual const std::vector<int>& host_of() const = 0;
-  virtual const std::vector<std::string>& hosts() const = 0;
-  virtual int compute_threads() const = 0;
-  // ExecutionInfo::compute_mode ("" where it means nothing, as for a GPU's streams).
-  virtual std::string compute_mode() const { return ""; }
-  // One untimed step whose messages carry a known pattern; timings().wrong_elements counts what
-  // this rank received off it. Executors without it throw Error.
-  virtual void run_check_step(int step) = 0;
-  // What the rank's pool held for the plan's tensors at its peak so far (the record's
-  // ranks[].memory.measured_peak_bytes, beside rank_memory), or -1 where it is not measured.
-  virtual std::int64_t pool_peak_bytes() const { return -1; }
-};
-
-// measure() with any executor: `settings.backend` names the record's backend.
-std::optional<Measured> measure_rank(const StepPlan& plan, MPI_Comm world, MeasuredRank& executor,
-                                     double timeout_s, const MeasureSettings& settings);
-
-// Jobs of other backends that run under this launcher and worker (backends/mpi/mpi_backend.hpp):
-// a program that can run them registers a runner (the GPU worker registers `nccl`); `job` is the
-// whole job, for the backend's own settings. Collective over `world`, the record on rank 0.
-using JobRunner = std::optional<Measured> (*)(const StepPlan& plan, MPI_Comm world,
-                                              const ExecutorOptions& options,
-                                              const MeasureSettings& settings,
-                                              const nlohmann::json& job);
-void register_job_runner(const std::string& backend, JobRunner runner);
-JobRunner find_job_runner(const std::string& backend);  // null when none is registered
-
-// OpenBLAS found in this process (by its exported symbols, without linking it): its
-// configuration text and thread count, after setting the count to `threads` when > 0.
-struct BlasInfo {
-  std::string name;  // "" when no OpenBLAS is loaded
-  int threads = 0;
-};
-BlasInfo set_blas_threads(int threads);
 
 // Collective over `world`: the compute half of `muonbed calibrate`. Each plan is a
 // compute_bench_plan (core/results/calibration.hpp); every rank runs its momentum, newton_schulz

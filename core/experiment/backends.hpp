@@ -1,8 +1,10 @@
-// The backends an experiment may name, and what each one is: the one table of backend facts.
-// Whether this build has a backend (and can run it here) is the registry's business
-// (core/results/run_point.hpp: each backend library registers its run function and its
-// availability check); this table says what every name means even where it is not built, so an
-// experiment file validates on any machine and a missing backend is explained with its fix.
+// The backends an experiment may name, and what each one is. A backend's facts are what its
+// registration carries (core/results/run_point.hpp register_backend: its folder registers its run
+// function, its availability check and these facts). The table here adds the backends this
+// project ships, so that their names mean something even in a build without them: an experiment
+// file validates on any machine and a missing backend is explained with its fix. A shipped
+// backend registers the table's entry (backend_facts("mpi")), and a registration that disagrees
+// with the table is refused; a backend the table does not know becomes known when it registers.
 #pragma once
 
 #include <string>
@@ -18,10 +20,15 @@ struct BackendFacts {
   // get it, for "not built" messages; empty for the core's own (analytic).
   std::string needs;
   std::string install;
+  bool operator==(const BackendFacts&) const = default;
 };
 
-// In the order the docs list them: sim, analytic, mpi, nccl.
+// The table's backends in the order the docs list them (sim, analytic, mpi, nccl), then the
+// backends registered in this process that the table does not know, in registration order.
 const std::vector<BackendFacts>& known_backends();
+// Called by register_backend: a name of the table must carry the table's facts (Error otherwise,
+// naming both); another name is added, or its facts replaced.
+void add_backend_facts(const BackendFacts& facts);
 const BackendFacts* backend_facts(const std::string& name);  // null for an unknown name
 std::vector<std::string> known_backend_names();
 bool is_measured_backend(const std::string& name);  // false for unknown names

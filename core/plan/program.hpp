@@ -165,6 +165,21 @@ struct Communicator {
   bool operator==(const Communicator&) const = default;
 };
 
+// How executors make the communicators (MPI_Comm_split, ncclCommSplit): one split per
+// (stream, group dims) of the plan's collectives, in the one order of (stream, dims bits), which
+// every rank calls, so the splits match across ranks. For this rank: the color (its group
+// instance's leader; -1: the rank has no communicator of that identity and passes MPI_UNDEFINED or
+// NCCL_SPLIT_NOCOLOR) and the key (its position in the group, so a communicator's ranks are the
+// program's group indices), and which program communicator the split makes.
+struct CommunicatorSplit {
+  int stream = 0;
+  DimSet dims;
+  int color = -1;
+  int key = 0;
+  int communicator = -1;  // RankProgram::communicators index, -1 with color -1
+  bool operator==(const CommunicatorSplit&) const = default;
+};
+
 // One message between this rank and one peer in one phase.
 struct Transfer {
   int peer = -1;       // group-local index
@@ -283,6 +298,9 @@ struct RankOp {
   // Copies the op makes after its main work: results it leaves in a transient buffer that
   // apply_update reads after the buffer's release.
   std::vector<LocalCopy> keep;
+  // For executors that queue each plan stream in order (CUDA streams): per step of the plan's
+  // hyper-period (index step % hyper_period()), wait_list of the op, empty where it is not issued.
+  std::vector<std::vector<int>> stream_waits;
   bool operator==(const RankOp&) const = default;
 };
 
@@ -297,9 +315,10 @@ struct RankProgram {
   int rank = 0;
   std::vector<ProgramTensor> tensors;
   std::vector<Communicator> communicators;
-  std::vector<RankOp> ops;          // the ops the rank takes part in, in plan order
-  std::vector<int> op_index;        // plan op id -> index in ops, -1 if the rank has no part
-  std::vector<ParamPieces> params;  // per plan param
+  std::vector<CommunicatorSplit> splits;  // every split of the plan, in the order all ranks call
+  std::vector<RankOp> ops;                // the ops the rank takes part in, in plan order
+  std::vector<int> op_index;              // plan op id -> index in ops, -1 if the rank has no part
+  std::vector<ParamPieces> params;        // per plan param
   std::int64_t static_bytes = 0;
   std::int64_t peak_transient_bytes = 0;  // live buffers along plan order
 
@@ -312,6 +331,17 @@ struct RankProgram {
   RankMemory memory() const { return {static_bytes, peak_transient_bytes}; }
   bool operator==(const RankProgram&) const = default;
 };
+
+// Ordering on a device whose streams run their ops in order. An op is *issued* in a step when
+// the rank takes part in it, it is active in the step and the rank is not only passing through
+// it (a send/recv bystander); issued ops mark their completion on their stream. wait_list: the
+// issued ops on other streams whose completion `plan_op` (issued) must wait for so that the
+// engine's semantics hold on the device: its deps, and the earlier ops on its stream; an op not
+// issued stands for what it waits for (inactive: its deps; a bystander: its deps and the ops
+// before it on its stream). Issued ops on the op's own stream are ordered by the stream. The
+// lowering keeps every op's lists (RankOp::stream_waits).
+bool issued_in_step(const StepPlan& plan, const RankProgram& program, int plan_op, int step);
+std::vector<int> wait_list(const StepPlan& plan, const RankProgram& program, int plan_op, int step);
 
 // Lowers `plan` for `rank`. Throws PlanError naming the op, rank, param and piece when the plan
 // cannot be executed (a piece that fits no storage, a pack without its all_to_all, a read of

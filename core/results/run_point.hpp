@@ -1,10 +1,11 @@
 // Running one experiment point on a backend, whatever the backend: build the point's plan, run it
 // on the backend the name picks, and write its results. A registry maps backend names to run
-// functions: core registers `analytic`; the SimGrid library registers `sim`
-// (register_sim_backend in sim/simulate.hpp), the real executors in backends/ will register
-// `mpi` and `nccl`. Static libraries drop objects nothing refers to, so backends do not register
-// themselves: a program calls each backend library's register function (the CLI does so in the
-// one place that lists its compiled-in backends, experiments/cli/backends.cpp).
+// functions: core registers `analytic`; every other backend is one folder that registers itself
+// (its facts, run function and availability check) from one registration file, an object that
+// programs running experiments link whole (a static library would drop it): sim/ (`sim`),
+// backends/mpi (`mpi`), backends/gpu (`nccl`). The CLI links every registration its build has
+// (experiments/CMakeLists.txt, from the backends' MUONBED_BACKEND_REGISTRATIONS list). Tests
+// call a backend library's register function (register_sim_backend, ...) instead.
 //
 //   PointRun r = run_point(experiment_point, "analytic");  // plan + run
 //   write_point(experiment_point, r);                      // <output>/<point>/analytic.json
@@ -16,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/experiment/backends.hpp"
 #include "core/experiment/experiment.hpp"
 #include "core/plan/plan.hpp"
 #include "core/results/results.hpp"
@@ -80,18 +82,19 @@ using BackendRun = PointRun (*)(const Experiment& experiment, const StepPlan& pl
 using BackendAvailability = std::string (*)();
 
 struct BackendInfo {
-  std::string name;  // as experiments name it (backend: [...]); core/experiment/backends.hpp
-                     // says what it is (measured or predicted, what a build needs for it)
-  std::string description;
+  // Its name as experiments name it (backend: [...]), whether it measures, what a build needs
+  // for it: core/experiment/backends.hpp (a shipped backend registers the table's entry).
+  BackendFacts facts;
   BackendRun run = nullptr;
   BackendAvailability unavailable = nullptr;  // null: runs wherever it is built
 };
 
-// Adds a backend, or replaces the one of the same name (so registering twice is harmless).
+// Adds a backend, or replaces the one of the same name (so registering twice is harmless), and
+// its facts to known_backends (Error when they contradict the table of shipped backends).
 void register_backend(const BackendInfo& backend);
 // The registered backend of this name, or null.
 const BackendInfo* find_backend(const std::string& name);
-// Registered backends' names: analytic first, then in registration order.
+// Registered backends' names: analytic first, then in known_backends' order.
 std::vector<std::string> registered_backends();
 // "" when `backend` is registered and can run here; else why (not built: what the build needs
 // and how to get it, core/experiment/backends.hpp; built but unusable: its availability check),

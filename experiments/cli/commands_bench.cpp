@@ -243,7 +243,7 @@ int run_bench_collective(const BenchCollectiveOptions& o) {
   factor.precision(4);
   factor << bus_factor(kind, n);
   std::cout << "# muonbed bench collective: " << o.op << " on backend " << backend << " ("
-            << find_backend(backend)->description << "), cluster " << e.cluster.name << "\n"
+            << find_backend(backend)->facts.description << "), cluster " << e.cluster.name << "\n"
             << "# " << world << " GPUs on " << nodes << (nodes == 1 ? " node" : " nodes") << " ("
             << gpn << " per node); " << instances << (instances == 1 ? " group" : " groups")
             << " of " << n << " (mesh " << spec.mesh.describe() << ")\n"

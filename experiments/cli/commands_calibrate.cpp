@@ -126,7 +126,7 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
   struct EndMpi {
     ~EndMpi() { mpi_command_end(); }
   } end_mpi;
-  const MpiEnvironment env = mpi_environment();
+  const launch::MpiEnvironment env = launch::mpi_environment();
   if (env.size != 0 && env.size != o.ranks)
     throw calibrate_error("this MPI world has " + std::to_string(env.size) +
                               " ranks but --ranks is " + std::to_string(o.ranks),
@@ -390,7 +390,8 @@ int run_calibrate(CalibrateOptions& o) {
   // Check the workload before starting any rank (a wrong --ranks is an error here, not in mpirun).
   if (!points.empty()) (void)calibration_workload(points, o.ranks);
 #if MUONBED_HAVE_MPI
-  if (!mpi_environment().inside) return relaunch_under_mpirun(o.ranks, relaunch_args(o));
+  if (!launch::mpi_environment().inside)
+    return launch::relaunch_under_mpirun(o.ranks, relaunch_args(o));
   return calibrate_inside(o, points);
 #else
   return 1;  // require_backend threw

@@ -54,7 +54,6 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("muonbed ") + MUONBED_VERSION);
   int exit_code = 0;
   try {
-    muonbed::cli::register_compiled_backends();
     muonbed::cli::add_validate_command(app, exit_code);
     muonbed::cli::add_plan_command(app, exit_code);
     muonbed::cli::add_presets_command(app, exit_code);

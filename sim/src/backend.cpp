@@ -30,7 +30,7 @@ PointRun run_sim(const Experiment& experiment, const StepPlan& plan, const RunSe
 
 void register_sim_backend() {
   // No simgrid_version() here: it would load the SimGrid module in every command.
-  register_backend({"sim", "SimGrid replay on the modelled cluster", &run_sim});
+  register_backend({*backend_facts("sim"), &run_sim});
 }
 
 }  // namespace muonbed

@@ -57,17 +57,18 @@ void for_each_view(const RankOp& op, Fn&& fn) {
   }
 }
 
-// The device ordering (layout.hpp's wait_list) against the engine's semantics, for every rank and
-// step: R(X), the issued ops the engine completes before issued op X starts (earlier ops on its
-// stream and its deps; an inactive op completes with its deps, a pass-through send/recv with its
-// deps and earlier ops on its stream), must be inside D(X), what the device orders before X (the
-// previous issued op on its stream, the ops of wait_list(X) and an alloc's reuse waits, with
-// everything ordered before those). Returns the number of (rank, step, op) checked.
+// The device ordering (core/plan/program.hpp's wait_list, as the lowering keeps it) against the
+// engine's semantics, for every rank and step: R(X), the issued ops the engine completes before
+// issued op X starts (earlier ops on its stream and its deps; an inactive op completes with its
+// deps, a pass-through send/recv with its deps and earlier ops on its stream), must be inside D(X),
+// what the device orders before X (the previous issued op on its stream, the ops of wait_list(X)
+// and an alloc's reuse waits, with everything ordered before those). Returns the number of (rank,
+// step, op) checked.
 std::int64_t check_ordering(const StepPlan& plan, const RankProgram& program,
                             const gpu::PoolLayout& layout, int step) {
   const std::size_t n = program.ops.size();
   auto index = [&](int op) { return program.op_index.at(static_cast<std::size_t>(op)); };
-  auto issued = [&](int op) { return gpu::issued_in_step(plan, program, op, step); };
+  auto issued = [&](int op) { return issued_in_step(plan, program, op, step); };
   auto stream_of = [&](int op) { return plan.ops.at(static_cast<std::size_t>(op)).stream; };
   // Requirements of op at program index i, as program indices.
   auto requirements = [&](std::size_t i) {
@@ -103,7 +104,12 @@ std::int64_t check_ordering(const StepPlan& plan, const RankProgram& program,
     const auto s = static_cast<std::size_t>(stream_of(op));
     REQUIRE(s < 64);
     if (last_on_stream[s] != static_cast<std::size_t>(-1)) order_after(last_on_stream[s]);
-    for (int w : gpu::wait_list(plan, program, op, step)) {
+    // What the GPU executors wait for: the lists the lowering kept, one per hyper-period step.
+    const std::vector<std::vector<int>>& kept = program.ops[i].stream_waits;
+    REQUIRE(kept.size() == static_cast<std::size_t>(plan.hyper_period()));
+    const std::vector<int>& waits = kept[static_cast<std::size_t>(step) % kept.size()];
+    CHECK(waits == wait_list(plan, program, op, step));
+    for (int w : waits) {
       REQUIRE(index(w) >= 0);
       CHECK(static_cast<std::size_t>(index(w)) < i);  // backwards in plan order: no cycle
       CHECK(issued(w));
@@ -133,7 +139,7 @@ std::int64_t check_plan(const StepPlan& plan) {
   std::vector<RankProgram> programs;
   for (int r = 0; r < world; ++r) programs.push_back(lower_rank_program(plan, r));
   std::int64_t views = 0;
-  std::vector<std::vector<gpu::CommunicatorSplit>> splits;
+  std::vector<std::vector<CommunicatorSplit>> splits;  // RankProgram::splits, every rank
   for (const RankProgram& program : programs) {
     INFO("rank " << program.rank);
     const gpu::PoolLayout layout = gpu::plan_pool(plan, program);
@@ -228,7 +234,7 @@ std::int64_t check_plan(const StepPlan& plan) {
       }
       CHECK(seen.size() == op.newton_schulz.size());
     }
-    splits.push_back(gpu::communicator_splits(plan, program));
+    splits.push_back(program.splits);
     for (int step = 0; step < 2; ++step) CHECK(check_ordering(plan, program, layout, step) > 0);
   }
   // Wire layouts pair up: what i sends j in phase p is what j receives from i.
@@ -414,11 +420,11 @@ TEST_CASE("GPU layout: ops not issued stand for what the engine waits for", "[gp
     program.op_index.push_back(static_cast<int>(program.ops.size()));
     program.ops.push_back(r);
   }
-  CHECK_FALSE(gpu::issued_in_step(plan, program, 2, 0));
-  CHECK(gpu::wait_list(plan, program, 3, 0) == std::vector<int>{1});
-  CHECK(gpu::wait_list(plan, program, 5, 0) == std::vector<int>{4});
-  CHECK_FALSE(gpu::issued_in_step(plan, program, 4, 1));
-  CHECK(gpu::wait_list(plan, program, 5, 1) == std::vector<int>{0});
+  CHECK_FALSE(issued_in_step(plan, program, 2, 0));
+  CHECK(wait_list(plan, program, 3, 0) == std::vector<int>{1});
+  CHECK(wait_list(plan, program, 5, 0) == std::vector<int>{4});
+  CHECK_FALSE(issued_in_step(plan, program, 4, 1));
+  CHECK(wait_list(plan, program, 5, 1) == std::vector<int>{0});
   // Op 4 itself waits for op 0 (a dep on another stream), not for op 1 (its own stream).
-  CHECK(gpu::wait_list(plan, program, 4, 0) == std::vector<int>{0});
+  CHECK(wait_list(plan, program, 4, 0) == std::vector<int>{0});
 }

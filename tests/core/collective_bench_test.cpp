@@ -184,7 +184,8 @@ TEST_CASE("measured rows report min, median and max over the iterations; modelle
   CHECK((none.min == 0 && none.median == 0 && none.max == 0));
 
   // Through the harness: a backend whose four iterations took 30, 10, 20 and 12 us.
-  register_backend({"known_iterations", "test: known iteration times", &known_iterations});
+  register_backend({{.name = "known_iterations", .description = "test: known iteration times"},
+                    &known_iterations});
   g_iteration_s = {30e-6, 10e-6, 20e-6, 12e-6};
   const ClusterSpec c = profile("dgx-h100");
   const CollectiveBenchSpec spec = spec_of("all_gather", 2);

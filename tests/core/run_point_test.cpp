@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "core/base/errors.hpp"
+#include "core/experiment/backends.hpp"
 #include "core/experiment/experiment.hpp"
 #include "core/results/run_point.hpp"
 #include "muonbed/config.hpp"
@@ -41,6 +42,38 @@ PointRun fake_run(const Experiment& experiment, const StepPlan& plan, const RunS
 
 }  // namespace
 
+TEST_CASE("a registration carries its backend's facts, checked against the shipped table",
+          "[run_point]") {
+  // A backend the table does not know becomes known by registering: experiments may name it,
+  // and whether it measures is what it registered.
+  CHECK(backend_facts("measured-double") == nullptr);
+  register_backend(
+      {{.name = "measured-double", .description = "a measured test double", .measures = true},
+       &fake_run});
+  REQUIRE(backend_facts("measured-double") != nullptr);
+  CHECK(is_measured_backend("measured-double"));
+  const std::vector<std::string> known = known_backend_names();
+  CHECK(std::vector<std::string>(known.begin(), known.begin() + 4) ==
+        std::vector<std::string>{"sim", "analytic", "mpi", "nccl"});
+  CHECK(std::count(known.begin(), known.end(), "measured-double") == 1);
+  // Registering it again with other facts replaces them (no second entry).
+  register_backend({{.name = "measured-double", .description = "now predicted"}, &fake_run});
+  CHECK(!is_measured_backend("measured-double"));
+  const std::vector<std::string> again = known_backend_names();
+  CHECK(std::count(again.begin(), again.end(), "measured-double") == 1);
+
+  // A shipped name registers the table's entry; other facts for it are refused, naming both.
+  BackendFacts wrong = *backend_facts("mpi");
+  wrong.measures = false;
+  CHECK_THROWS_WITH(register_backend({wrong, &fake_run}),
+                    Catch::Contains("backend 'mpi' registers the facts") &&
+                        Catch::Contains("predicted") && Catch::Contains("measured") &&
+                        Catch::Contains("core/experiment/src/backends.cpp"));
+  const BackendInfo* mpi = find_backend("mpi");  // the refused registration left nothing behind
+  CHECK((mpi == nullptr || mpi->facts == *backend_facts("mpi")));
+  CHECK(is_measured_backend("mpi"));
+}
+
 TEST_CASE("analytic is built in; other backends are registered by name", "[run_point]") {
   REQUIRE(find_backend("analytic") != nullptr);
   CHECK(registered_backends().front() == "analytic");
@@ -55,12 +88,13 @@ TEST_CASE("analytic is built in; other backends are registered by name", "[run_p
   CHECK_THROWS_AS(run_point(e, "no-such-backend"), Error);
   CHECK_THROWS_WITH(run_point(e, "no-such-backend"), Catch::Contains("analytic"));
 
-  register_backend({"fake", "a test double", &fake_run});
-  register_backend({"fake", "registered twice", &fake_run});
+  register_backend({{.name = "fake", .description = "a test double"}, &fake_run});
+  register_backend({{.name = "fake", .description = "registered twice"}, &fake_run});
   const auto names = registered_backends();
   CHECK(std::count(names.begin(), names.end(), "fake") == 1);
-  CHECK(find_backend("fake")->description == "registered twice");
-  CHECK_THROWS_AS(register_backend({"broken", "no run function", nullptr}), Error);
+  CHECK(find_backend("fake")->facts.description == "registered twice");
+  CHECK_THROWS_AS(register_backend({{.name = "broken", .description = "no run function"}, nullptr}),
+                  Error);
 
   RunSettings settings;
   settings.trace_max_ranks = 3;

@@ -403,9 +403,12 @@ void DeviceRank::end_step(CUstream_st* join, const std::function<CUevent_st*()>&
 }
 
 void DeviceRank::wait_deps(int plan_op, int step) {
-  // layout.hpp's wait_list: the engine's semantics on the device (CPU-tested).
+  // The lowering's wait lists (core/plan/program.hpp wait_list): the engine's semantics on the
+  // device (CPU-tested).
   cudaStream_t s = stream(impl_->plan->ops.at(static_cast<std::size_t>(plan_op)).stream);
-  for (int d : wait_list(*impl_->plan, *program_, plan_op, step))
+  const RankOp* op = program_->find(plan_op);
+  if (op == nullptr || op->stream_waits.empty()) return;
+  for (int d : op->stream_waits[static_cast<std::size_t>(step) % op->stream_waits.size()])
     MUONBED_GPU_CHECK(cudaStreamWaitEvent(s, done_event(d), 0));
 }
 

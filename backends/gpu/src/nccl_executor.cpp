@@ -15,7 +15,8 @@
 
 #include "backends/cpu/data.hpp"
 #include "backends/cpu/handlers.hpp"
-#include "backends/mpi/executor.hpp"
+#include "backends/ranks/jobs.hpp"
+#include "backends/ranks/world.hpp"
 #include "core/base/errors.hpp"
 #include "core/engine/engine.hpp"
 #include "core/plan/plan_json.hpp"
@@ -250,18 +251,9 @@ class NcclExecutor::Impl {
 
  private:
   void find_hosts() {
-    char name[256] = {};
-    gethostname(name, sizeof name - 1);
-    std::vector<char> all(static_cast<std::size_t>(size_) * sizeof name);
-    MUONBED_MPI_CHECK(
-        MPI_Allgather(name, sizeof name, MPI_CHAR, all.data(), sizeof name, MPI_CHAR, world_));
-    host_of_.assign(static_cast<std::size_t>(size_), 0);
-    for (int r = 0; r < size_; ++r) {
-      const std::string h(all.data() + static_cast<std::size_t>(r) * sizeof name);
-      const auto it = std::find(hosts_.begin(), hosts_.end(), h);
-      host_of_[static_cast<std::size_t>(r)] = static_cast<int>(it - hosts_.begin());
-      if (it == hosts_.end()) hosts_.push_back(h);
-    }
+    mpi::HostMap map = mpi::exchange_hosts(world_);
+    host_of_ = std::move(map.host_of);
+    hosts_ = std::move(map.hosts);
   }
 
   void make_communicators() {
@@ -271,8 +263,8 @@ class NcclExecutor::Impl {
     MUONBED_NCCL_CHECK(ncclCommInitRank(&world_comm_, size_, id, rank_), nullptr);
     owned_.push_back(world_comm_);
     comms_.assign(program_.communicators.size(), nullptr);
-    // Every rank calls every split, in the one order of communicator_splits.
-    for (const CommunicatorSplit& s : communicator_splits(plan_, program_)) {
+    // Every rank calls every split, in the lowering's one order.
+    for (const CommunicatorSplit& s : program_.splits) {
       ncclComm_t comm = nullptr;
       MUONBED_NCCL_CHECK(ncclCommSplit(world_comm_, s.color < 0 ? NCCL_SPLIT_NOCOLOR : s.color,
                                        s.key, &comm, nullptr),
@@ -326,18 +318,18 @@ class NcclExecutor::Impl {
   }
 
   void inject_fault(int step, int op) const {
-    const mpi::Fault& f = options_.fault;
+    const launch::Fault& f = options_.fault;
     if (!f.active() || f.rank != rank_ || f.step != step || f.op != op) return;
     switch (f.kind) {
-      case mpi::FaultKind::exit:
+      case launch::FaultKind::exit:
         std::cerr << "muonbed: fault injected: rank " << rank_ << " exits at step " << step
                   << ", plan op " << op << std::endl;
         std::_Exit(3);
-      case mpi::FaultKind::raise:
+      case launch::FaultKind::raise:
         throw ExecutionError("fault injected (throw)");
-      case mpi::FaultKind::hang:
+      case launch::FaultKind::hang:
         while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
-      case mpi::FaultKind::none:
+      case launch::FaultKind::none:
         break;
     }
   }
@@ -519,23 +511,22 @@ std::string NcclExecutor::device_description() const {
 namespace {
 
 std::optional<mpi::Measured> run_nccl_job(const StepPlan& plan, MPI_Comm world,
-                                          const mpi::ExecutorOptions& options,
-                                          const mpi::MeasureSettings& settings,
-                                          const nlohmann::json& job) {
+                                          const launch::Job& job,
+                                          const mpi::MeasureSettings& settings) {
   NcclOptions n;
-  n.seed = options.seed;
-  n.timeout_s = options.timeout_s;
+  n.seed = job.seed;
+  n.timeout_s = job.timeout_s;
   n.device.device = -1;
-  n.device.ns_version = job.value("ns_version", 2);
-  n.device.time_ops = !job.value("graph", false);
-  n.graph = job.value("graph", false);
-  n.fault = options.fault;
+  n.device.ns_version = job.options.value("ns_version", 2);
+  n.graph = job.options.value("graph", false);
+  n.device.time_ops = !n.graph;
+  n.fault = launch::parse_fault(job.fault);
   // A timed run reads no values back: its data are drawn on the device (a host fill costs about
   // a minute per billion parameters and step; the GPU work is the same).
   n.random_device_data = true;
   NcclExecutor executor(plan, world, n);
   mpi::MeasureSettings s = settings;
-  s.backend = "nccl";
+  s.messages_what = "NCCL messages";
   s.library = executor.device_description();
   s.notes.push_back(std::string("nccl: one process per GPU; op times from CUDA events on each "
                                 "rank's streams, ") +
@@ -544,7 +535,7 @@ std::optional<mpi::Measured> run_nccl_job(const StepPlan& plan, MPI_Comm world,
                     "; NS kernel v" + std::to_string(n.device.ns_version) +
                     " (bf16); data drawn on the device (timed, not checked: nccl_equivalence "
                     "checks the executor against the fp32 reference within bf16 NS tolerance)");
-  return mpi::measure_rank(plan, world, executor, options.timeout_s, s);
+  return mpi::measure_rank(plan, world, executor, job.timeout_s, s);
 }
 
 }  // namespace

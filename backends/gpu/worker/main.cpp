@@ -2,9 +2,9 @@
 // never links CUDA or NCCL (a command that needs no GPU loads neither).
 //
 //   muonbed-gpu-worker mpi-worker JOB RESULT
-//       what `muonbed run EXP --backend nccl` starts under mpirun for each point: the MPI
-//       backend's worker protocol (backends/mpi/mpi_backend.hpp) with the `nccl` job runner, one
-//       process per GPU (backends/gpu/nccl_executor.hpp).
+//       what `muonbed run EXP --backend nccl` starts under mpirun for each point
+//       (backends/launch/): the ranks' job protocol (backends/ranks/worker.hpp) with the `nccl`
+//       job runner, one process per GPU (backends/gpu/nccl_executor.hpp).
 //   muonbed-gpu-worker loopback EXP.yaml [--point LABEL] [--warmup N] [--repeats N]
 //                      [--mode eager|graph|both] [--ns-version V] [--check] [--op-times]
 //                      [--json FILE]
@@ -31,7 +31,7 @@
 #include "backends/cpu/check.hpp"
 #include "backends/gpu/cuda_loopback.hpp"
 #include "backends/gpu/nccl_executor.hpp"
-#include "backends/mpi/mpi_backend.hpp"
+#include "backends/ranks/worker.hpp"
 #include "core/base/errors.hpp"
 #include "core/base/output_files.hpp"
 #include "core/experiment/experiment.hpp"

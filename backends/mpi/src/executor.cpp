@@ -4,7 +4,6 @@
 #include "backends/mpi/executor.hpp"
 
 #include <malloc.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,10 +39,7 @@ double seconds(Clock::duration d) {
 }
 
 // A message that already names the rank, step and op: passed on as it is.
-class Located : public ExecutionError {
- public:
-  using ExecutionError::ExecutionError;
-};
+using Located = LocatedError;
 
 // CPU time of the calling thread: the executor's own cost, which ranks sharing cores (or a busy
 // machine) would inflate in wall time.
@@ -151,94 +147,6 @@ Call call_for(OpKind kind, std::size_t phase, bool generic) {
 
 }  // namespace
 
-void check_mpi(int code, const char* call, const char* file, int line) {
-  if (code == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING] = {};
-  int length = 0;
-  MPI_Error_string(code, text, &length);
-  throw ExecutionError(std::string(call) + " failed at " + file + ":" + std::to_string(line) +
-                       ": " + std::string(text, static_cast<std::size_t>(length)));
-}
-
-Fault parse_fault(const std::string& text) {
-  Fault f;
-  if (text.empty()) return f;
-  std::vector<std::string> parts;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t at = text.find(':', start);
-    parts.push_back(text.substr(start, at == std::string::npos ? std::string::npos : at - start));
-    if (at == std::string::npos) break;
-    start = at + 1;
-  }
-  const auto bad = [&] {
-    return Error("fault injection '" + text +
-                 "': expected RANK:STEP:OP:KIND with KIND exit, throw or hang (e.g. 1:2:17:hang)");
-  };
-  if (parts.size() != 4) throw bad();
-  int* fields[] = {&f.rank, &f.step, &f.op};
-  for (int i = 0; i < 3; ++i) {
-    try {
-      std::size_t used = 0;
-      *fields[i] = std::stoi(parts[i], &used);
-      if (used != parts[i].size() || *fields[i] < 0) throw bad();
-    } catch (const std::logic_error&) {
-      throw bad();
-    }
-  }
-  if (parts[3] == "exit")
-    f.kind = FaultKind::exit;
-  else if (parts[3] == "throw")
-    f.kind = FaultKind::raise;
-  else if (parts[3] == "hang")
-    f.kind = FaultKind::hang;
-  else
-    throw bad();
-  return f;
-}
-
-std::string to_string(const Fault& f) {
-  if (!f.active()) return "";
-  const char* kind = f.kind == FaultKind::exit    ? "exit"
-                     : f.kind == FaultKind::raise ? "throw"
-                                                  : "hang";
-  return std::to_string(f.rank) + ":" + std::to_string(f.step) + ":" + std::to_string(f.op) + ":" +
-         kind;
-}
-
-void abort_world(const std::string& message, int code) {
-  std::cerr << "muonbed: error: " << message << std::endl;
-  std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, code);
-  std::_Exit(code);  // MPI_Abort does not return; in case it does
-}
-
-void wait_for(MPI_Request& request, double timeout_s, const std::string& where,
-              const std::string& what, WaitMode mode) {
-  const auto start = Clock::now();
-  int sleep_us = 0;
-  while (true) {
-    int done = 0;
-    MUONBED_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    if (done) return;
-    const double waited = seconds(Clock::now() - start);
-    if (waited > timeout_s)
-      throw Located(where + ": no progress for " + std::to_string(static_cast<int>(waited)) +
-                    " s in " + what + " (timeout " + std::to_string(timeout_s) +
-                    " s): another rank stopped before it (its message names it)");
-    if (mode == WaitMode::spin) continue;
-    sleep_us = std::min(std::max(2 * sleep_us, 10), 1000);
-    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-  }
-}
-
-int available_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-}
-
 // ------------------------------------------------------------------------------------------------
 
 class Executor::Impl final : public OpHandler {
@@ -259,7 +167,7 @@ class Executor::Impl final : public OpHandler {
     if (options_.edit_program) options_.edit_program(program_);
     store_ = std::make_unique<cpu::RankStore>(program_);
     cpu::fill_parameters(plan_, program_, *store_, options_.seed);
-    exchange_hosts();
+    find_hosts();
     split_communicators();
     engine_ = std::make_unique<Engine>(index_, *this, std::vector<int>{rank_});
     mode_ = resolve_compute_mode();
@@ -277,7 +185,7 @@ class Executor::Impl final : public OpHandler {
       w->cv.notify_one();
       if (w->thread.joinable()) w->thread.join();
     }
-    for (auto& [key, comm] : comms_)
+    for (MPI_Comm& comm : comms_)
       if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
   }
 
@@ -352,21 +260,21 @@ class Executor::Impl final : public OpHandler {
 
   void reached(int /*rank*/, int op) override {
     current_op_ = op;
-    const Fault& f = options_.fault;
+    const launch::Fault& f = options_.fault;
     if (!f.active() || f.rank != rank_ || f.step != step_ || f.op != op) return;
     switch (f.kind) {
-      case FaultKind::exit:
+      case launch::FaultKind::exit:
         std::cerr << "muonbed: error: " << where(op)
                   << ": fault injection: this rank exits with code 3 without finalizing MPI"
                   << std::endl;
         std::fflush(stderr);
         std::_Exit(3);
-      case FaultKind::raise:
+      case launch::FaultKind::raise:
         throw ExecutionError("fault injection: this rank throws");
-      case FaultKind::hang:
+      case launch::FaultKind::hang:
         hang_op_ = op;  // start_compute / start_collective never start it
         break;
-      case FaultKind::none:
+      case launch::FaultKind::none:
         break;
     }
   }
@@ -497,52 +405,37 @@ class Executor::Impl final : public OpHandler {
 
   // ---- setup
 
-  void exchange_hosts() {
-    char name[256] = {};
-    gethostname(name, sizeof name - 1);
-    std::vector<char> all(static_cast<std::size_t>(size_) * sizeof name);
-    MUONBED_MPI_CHECK(
-        MPI_Allgather(name, sizeof name, MPI_CHAR, all.data(), sizeof name, MPI_CHAR, world_));
-    host_of_.assign(size_, 0);
-    for (int r = 0; r < size_; ++r) {
-      const std::string h(all.data() + static_cast<std::size_t>(r) * sizeof name);
-      const auto it = std::find(hosts_.begin(), hosts_.end(), h);
-      host_of_[r] = static_cast<int>(it - hosts_.begin());
-      if (it == hosts_.end()) hosts_.push_back(h);
-    }
+  void find_hosts() {
+    HostMap map = exchange_hosts(world_);
+    host_of_ = std::move(map.host_of);
+    hosts_ = std::move(map.hosts);
     // A rank spins on MPI only when every rank of its host has a core: oversubscribed, a spinning
     // rank would take the core of the peer it waits for.
     const auto neighbours = std::count(host_of_.begin(), host_of_.end(), host_of_[rank_]);
-    idle_mode_ = neighbours <= available_cores() ? WaitMode::spin : WaitMode::sleep;
+    idle_mode_ = neighbours <= launch::available_cores() ? WaitMode::spin : WaitMode::sleep;
   }
 
-  // One communicator per (stream, group dims) of the plan's collectives, split in one order on
-  // every rank: color = the group instance's leader, key = the position in the group, so a
-  // communicator's MPI ranks are the program's group indices.
+  // One communicator per (stream, group dims) of the plan's collectives: the lowering's splits
+  // (RankProgram::splits), called in their one order on every rank, color = the group instance's
+  // leader, key = the position in the group, so a communicator's MPI ranks are the program's
+  // group indices.
   void split_communicators() {
-    std::set<std::pair<int, std::uint32_t>> ids;
-    for (const Op& op : plan_.ops)
-      if (index_.op_class(op.id) == OpClass::collective) ids.insert({op.stream, op.group.bits});
-    const DeviceMesh& mesh = plan_.mesh();
-    for (const auto& id : ids) {
-      const DimSet dims{id.second};
-      const std::vector<int> members = mesh.group_members(rank_, dims);
+    comms_.assign(program_.communicators.size(), MPI_COMM_NULL);
+    for (const CommunicatorSplit& s : program_.splits) {
       MPI_Comm comm = MPI_COMM_NULL;
       MUONBED_MPI_CHECK(
-          MPI_Comm_split(world_, members.front(), mesh.group_index(rank_, dims), &comm));
-      comms_[id] = comm;
+          MPI_Comm_split(world_, s.color < 0 ? MPI_UNDEFINED : s.color, s.key, &comm));
+      if (s.color < 0) continue;
+      comms_.at(static_cast<std::size_t>(s.communicator)) = comm;
       int n = 0, me = 0;
       MUONBED_MPI_CHECK(MPI_Comm_size(comm, &n));
       MUONBED_MPI_CHECK(MPI_Comm_rank(comm, &me));
-      if (n != static_cast<int>(members.size()) || me != mesh.group_index(rank_, dims))
-        throw ExecutionError("internal: communicator of stream " + std::to_string(id.first) +
+      const Communicator& c = program_.communicators.at(static_cast<std::size_t>(s.communicator));
+      if (n != static_cast<int>(c.members.size()) || me != s.key)
+        throw ExecutionError("internal: communicator of stream " + std::to_string(s.stream) +
                              " has " + std::to_string(n) + " ranks, rank " + std::to_string(me) +
-                             "; the plan's group has " + std::to_string(members.size()));
+                             "; the plan's group has " + std::to_string(c.members.size()));
     }
-    comm_of_.assign(plan_.ops.size(), MPI_COMM_NULL);
-    for (const Op& op : plan_.ops)
-      if (index_.op_class(op.id) == OpClass::collective)
-        comm_of_[op.id] = comms_.at({op.stream, op.group.bits});
   }
 
   void start_workers() {
@@ -614,7 +507,8 @@ class Executor::Impl final : public OpHandler {
       if (index_.op_class(op.id) == OpClass::compute) compute_streams.insert(op.stream);
     const auto neighbours = std::count(host_of_.begin(), host_of_.end(), host_of_[rank_]);
     const auto threads = neighbours * (1 + static_cast<long>(compute_streams.size()));
-    return threads <= available_cores() ? ComputeMode::threads : ComputeMode::progress_points;
+    return threads <= launch::available_cores() ? ComputeMode::threads
+                                                : ComputeMode::progress_points;
   }
 
   // progress_points: runs the next compute op the engine started on this thread, testing the
@@ -733,7 +627,7 @@ class Executor::Impl final : public OpHandler {
   void post(Active& a) {
     const RankOp& rop = *a.rop;
     const Op& op = plan_.ops[a.op];
-    MPI_Comm comm = comm_of_.at(a.op);
+    MPI_Comm comm = comms_.at(static_cast<std::size_t>(rop.communicator));
     const Call call = call_for(op.kind, a.phase, options_.generic_exchange);
     if (call == Call::barrier) {
       CpuTimed t(timings_.mpi_s);
@@ -961,8 +855,7 @@ class Executor::Impl final : public OpHandler {
   std::vector<int> host_of_;
   WaitMode idle_mode_ = WaitMode::sleep;
   std::vector<std::string> hosts_;
-  std::map<std::pair<int, std::uint32_t>, MPI_Comm> comms_;
-  std::vector<MPI_Comm> comm_of_;  // per plan op (collectives)
+  std::vector<MPI_Comm> comms_;  // per program communicator
 
   std::vector<std::unique_ptr<Worker>> workers_;  // per stream; null without compute ops
   std::mutex done_m_;

@@ -1,9 +1,13 @@
 // The table of backend facts (core/experiment/backends.hpp).
 #include "core/experiment/backends.hpp"
 
+#include "core/base/errors.hpp"
+
 namespace muonbed {
 
-const std::vector<BackendFacts>& known_backends() {
+namespace {
+
+const std::vector<BackendFacts>& shipped_backends() {
   static const std::vector<BackendFacts> table = {
       {.name = "sim",
        .description = "SimGrid replay of the plan on the modelled cluster (sim/)",
@@ -25,6 +29,39 @@ const std::vector<BackendFacts>& known_backends() {
        .install = "install the CUDA Toolkit with NCCL and libopenmpi-dev and rebuild"},
   };
   return table;
+}
+
+std::vector<BackendFacts>& all_backends() {
+  static std::vector<BackendFacts> all = shipped_backends();
+  return all;
+}
+
+std::string describe(const BackendFacts& f) {
+  return "'" + f.description + "', " + (f.measures ? "measured" : "predicted") + ", needs '" +
+         f.needs + "', install '" + f.install + "'";
+}
+
+}  // namespace
+
+const std::vector<BackendFacts>& known_backends() {
+  return all_backends();
+}
+
+void add_backend_facts(const BackendFacts& facts) {
+  for (const BackendFacts& shipped : shipped_backends())
+    if (shipped.name == facts.name) {
+      if (facts == shipped) return;
+      throw Error("backend '" + facts.name + "' registers the facts " + describe(facts) +
+                  ", but core/experiment/src/backends.cpp's table says " + describe(shipped) +
+                  "; fix: register backend_facts(\"" + facts.name +
+                  "\") (the table's entry), or change the table");
+    }
+  for (BackendFacts& known : all_backends())
+    if (known.name == facts.name) {
+      known = facts;
+      return;
+    }
+  all_backends().push_back(facts);
 }
 
 const BackendFacts* backend_facts(const std::string& name) {

@@ -6,6 +6,7 @@
 #include "core/plan/training.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <tuple>
@@ -1271,7 +1272,77 @@ class Lowering {
   std::map<std::tuple<int, std::uint32_t, int>, int> communicators_;
 };
 
+// The splits every rank makes in one order (RankProgram::splits): one per (stream, group dims) of
+// the plan's collectives, ordered by (stream, dims bits), with this rank's communicator of each.
+std::vector<CommunicatorSplit> communicator_splits(const StepPlan& plan,
+                                                   const RankProgram& program) {
+  std::set<std::pair<int, std::uint32_t>> ids;
+  for (const Op& op : plan.ops)
+    if (is_collective(op.kind)) ids.insert({op.stream, op.group.bits});
+  std::vector<CommunicatorSplit> out;
+  for (const auto& [stream, bits] : ids) {
+    CommunicatorSplit s;
+    s.stream = stream;
+    s.dims = DimSet{bits};
+    for (const Communicator& c : program.communicators) {
+      if (c.stream != stream || c.dims.bits != bits) continue;
+      if (s.communicator >= 0)
+        throw PlanError("lowering: rank " + std::to_string(program.rank) +
+                        " has two communicators of stream " + std::to_string(stream) +
+                        " over the same dims");
+      const auto me = std::find(c.members.begin(), c.members.end(), program.rank);
+      if (me == c.members.end())
+        throw PlanError("lowering: rank " + std::to_string(program.rank) +
+                        " is not a member of its own communicator " + std::to_string(c.id));
+      s.communicator = c.id;
+      s.color = c.members.front();
+      s.key = static_cast<int>(me - c.members.begin());
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
 }  // namespace
+
+bool issued_in_step(const StepPlan& plan, const RankProgram& program, int plan_op, int step) {
+  const RankOp* r = program.find(plan_op);
+  return r != nullptr && !r->bystander &&
+         plan.active_in_step(plan.ops.at(static_cast<std::size_t>(plan_op)), step);
+}
+
+std::vector<int> wait_list(const StepPlan& plan, const RankProgram& program, int plan_op,
+                           int step) {
+  const int stream = plan.ops.at(static_cast<std::size_t>(plan_op)).stream;
+  std::vector<int> out;
+  std::set<int> visited;
+  std::function<void(int)> wait_for;
+  auto issued = [&](int op) { return issued_in_step(plan, program, op, step); };
+  // The ops before program op index `i` on plan stream `on`, back to the first issued one.
+  auto wait_for_stream_before = [&](int i, int on) {
+    for (int k = i - 1; k >= 0; --k) {
+      const int q = program.ops[static_cast<std::size_t>(k)].op;
+      if (plan.ops[static_cast<std::size_t>(q)].stream != on) continue;
+      wait_for(q);
+      if (issued(q)) break;
+    }
+  };
+  wait_for = [&](int d) {
+    const int i = program.op_index.at(static_cast<std::size_t>(d));
+    if (i < 0 || !visited.insert(d).second) return;
+    const Op& op = plan.ops[static_cast<std::size_t>(d)];
+    if (issued(d)) {
+      if (op.stream != stream) out.push_back(d);
+      return;
+    }
+    for (int dep : op.deps) wait_for(dep);
+    if (plan.active_in_step(op, step)) wait_for_stream_before(i, op.stream);  // a bystander
+  };
+  for (int d : plan.ops.at(static_cast<std::size_t>(plan_op)).deps) wait_for(d);
+  wait_for_stream_before(program.op_index.at(static_cast<std::size_t>(plan_op)), stream);
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 RankProgram lower_rank_program(const StepPlan& plan, int rank, const LowerOptions& options) {
   if (rank < 0 || rank >= plan.model.mesh.world_size())
@@ -1285,7 +1356,16 @@ RankProgram lower_rank_program(const StepPlan& plan, int rank, const LowerOption
   Lowering probe(plan, rank, probe_options, none, /*probe=*/true);
   probe.run();
   Lowering lowering(plan, rank, options, probe.keep_requests, /*probe=*/false);
-  return lowering.run();
+  RankProgram program = lowering.run();
+  program.splits = communicator_splits(plan, program);
+  const int hyper_period = plan.hyper_period();
+  for (RankOp& op : program.ops) {
+    op.stream_waits.assign(static_cast<std::size_t>(hyper_period), {});
+    for (int step = 0; step < hyper_period; ++step)
+      if (issued_in_step(plan, program, op.op, step))
+        op.stream_waits[static_cast<std::size_t>(step)] = wait_list(plan, program, op.op, step);
+  }
+  return program;
 }
 
 }  // namespace muonbed

@@ -26,18 +26,18 @@ PointRun run_analytic(const Experiment& experiment, const StepPlan& plan, const 
 }
 
 std::vector<BackendInfo>& registry() {
-  static std::vector<BackendInfo> backends = {
-      {"analytic", backend_facts("analytic")->description, &run_analytic}};
+  static std::vector<BackendInfo> backends = {{*backend_facts("analytic"), &run_analytic}};
   return backends;
 }
 
 }  // namespace
 
 void register_backend(const BackendInfo& backend) {
-  if (backend.name.empty() || backend.run == nullptr)
+  if (backend.facts.name.empty() || backend.run == nullptr)
     throw Error("register_backend: a backend needs a name and a run function");
+  add_backend_facts(backend.facts);
   for (BackendInfo& b : registry())
-    if (b.name == backend.name) {
+    if (b.facts.name == backend.facts.name) {
       b = backend;
       return;
     }
@@ -46,13 +46,17 @@ void register_backend(const BackendInfo& backend) {
 
 const BackendInfo* find_backend(const std::string& name) {
   for (const BackendInfo& b : registry())
-    if (b.name == name) return &b;
+    if (b.facts.name == name) return &b;
   return nullptr;
 }
 
 std::vector<std::string> registered_backends() {
-  std::vector<std::string> names;
-  for (const BackendInfo& b : registry()) names.push_back(b.name);
+  // Registrations run as static initializers, in an order the linker picks: list them in
+  // known_backends' order instead, analytic (core's own) first.
+  std::vector<std::string> names = {"analytic"};
+  for (const BackendFacts& known : known_backends())
+    if (known.name != "analytic" && find_backend(known.name) != nullptr)
+      names.push_back(known.name);
   return names;
 }
 
