@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/model/mesh.hpp"
@@ -117,6 +118,17 @@ class TensorLayout {
   ShardIndexSet index_set(const DeviceMesh& mesh, int rank, DimSet gathered) const;
   std::int64_t shard_numel(const DeviceMesh& mesh, int rank) const;
   std::int64_t shard_numel(const DeviceMesh& mesh, int rank, DimSet gathered) const;
+  // The size of each tensor dim of index_set(mesh, rank, gathered), without building its lists
+  // (their product is shard_numel; all 0 where !holds(rank)).
+  std::vector<std::int64_t> shard_shape(const DeviceMesh& mesh, int rank, DimSet gathered) const;
+
+  // Appends the coordinates of mesh dim `dim` at which what a rank holds of this tensor may
+  // change: between two consecutive breaks (0 and the dim's size bound the first and last
+  // interval) nothing differs. Ranks whose coordinates lie, dim by dim, in the same intervals
+  // agree on holds() and on shard_numel(mesh, rank, gathered) for every `gathered` (their index
+  // sets may differ). The planner computes memory once per such class of ranks (core/plan).
+  // Unsorted, possibly repeated; none for a replicated dim.
+  void size_breaks(int dim, std::vector<int>& out) const;
 
   std::string describe(const DeviceMesh& mesh) const;  // "[4096,11008] dp_shard:S(0) tp:S(1)"
 
@@ -124,6 +136,13 @@ class TensorLayout {
   // Throws LayoutError if `mesh` has other dimension sizes than the one this layout was built
   // for, or `rank` is outside it.
   void check_mesh(const DeviceMesh& mesh, int rank) const;
+  // Reused buffers of extent(): size distributions as (size, count) pairs.
+  struct SizeScratch {
+    std::vector<std::pair<std::int64_t, std::int64_t>> dist, next, values;
+  };
+  // The size of tensor dim d of index_set(mesh, rank, gathered) for a rank that holds the tensor.
+  std::int64_t extent(const DeviceMesh& mesh, int rank, DimSet gathered, int d,
+                      SizeScratch& scratch) const;
 
   std::vector<std::int64_t> shape_;
   std::vector<Placement> placements_;

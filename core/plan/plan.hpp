@@ -351,6 +351,10 @@ struct TrainingMemory {
   }
 };
 TrainingMemory training_memory(const StepPlan& plan, int rank);
+// Every rank's training_memory (index = rank), each computed once per class of ranks that hold
+// the same: the same pieces' sizes of every param, in the same op boxes, owning nothing (an owner
+// is a class of its own). Equal to calling training_memory for every rank (memory_test checks).
+std::vector<TrainingMemory> training_memories(const StepPlan& plan);
 // What any plan of this model on this mesh holds on `rank` at least, before a strategy is chosen:
 // parameters, master weights, the gradient shard (in the wider of the param and comm dtypes),
 // activations and reserved; optimizer state and transients are 0 (they depend on the strategy).

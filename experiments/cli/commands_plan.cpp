@@ -75,9 +75,7 @@ void print_point(const Experiment& e, std::size_t index, std::size_t count, int 
 
   const int world = e.mesh.world_size();
   // Every rank's training state once: the feasibility below and the table's peak column.
-  std::vector<TrainingMemory> training;
-  training.reserve(world);
-  for (int r = 0; r < world; ++r) training.push_back(training_memory(plan, r));
+  const std::vector<TrainingMemory> training = training_memories(plan);
   const std::vector<RankSummary> ranks = summarize_ranks(plan, &training);
 
   Table table({"rank", "node", "matrices", "NS GFLOP", "sent MiB", "recv MiB", "peak GiB"});

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <iostream>
+#include <map>
 #include <numeric>
 #include <random>
 
@@ -346,6 +347,55 @@ TEST_CASE("index sets over random meshes, shapes and placements", "[layout][prop
   }
   CHECK(nonempty_strided > 500);
   CHECK(stacked_shards > 300);  // cases with several mesh dims cutting one tensor dim
+}
+
+TEST_CASE("shard shapes and size breaks agree with the index sets", "[layout][property]") {
+  // shard_shape is index_set's per-dim sizes without the lists; size_breaks cut each mesh dim into
+  // intervals over which nothing a rank holds changes size (the planner's memory classes rely on
+  // it): ranks whose coordinates lie in the same intervals, dim by dim, must agree on holds() and
+  // every gathered size, checked here against index_set for every gathered subset.
+  std::mt19937 rng(4242);
+  int merged = 0;  // pairs of distinct ranks the breaks put in one class
+  for (int trial = 0; trial < 1500; ++trial) {
+    const Case c = random_case(rng);
+    const DeviceMesh& mesh = c.mesh;
+    const TensorLayout& layout = c.layout;
+    INFO("case " << trial << ": mesh " << mesh.describe() << ", layout " << layout.describe(mesh));
+    const int nd = mesh.ndims();
+    std::vector<std::vector<int>> breaks(nd);
+    for (int i = 0; i < nd; ++i) {
+      layout.size_breaks(i, breaks[i]);
+      for (int b : breaks[i]) REQUIRE((b >= 0 && b <= mesh.size(i)));
+    }
+    const auto interval = [&](int rank, int i) {
+      int n = 0;
+      for (int b : breaks[i]) n += b > 0 && b <= mesh.coord(rank, i);
+      return n;
+    };
+    std::map<std::vector<int>, int> first_of_class;  // intervals, dim by dim -> lowest rank
+    const std::uint32_t subsets = 1u << nd;
+    for (int r = 0; r < mesh.world_size(); ++r) {
+      for (std::uint32_t bits = 0; bits < subsets; ++bits) {
+        const DimSet g{bits};
+        const ShardIndexSet set = layout.index_set(mesh, r, g);
+        const std::vector<std::int64_t> shape = layout.shard_shape(mesh, r, g);
+        REQUIRE(shape.size() == set.dims.size());
+        for (std::size_t d = 0; d < shape.size(); ++d)
+          REQUIRE(shape[d] == (layout.holds(mesh, r) ? set.dims[d].size() : 0));
+      }
+      std::vector<int> key;
+      for (int i = 0; i < nd; ++i) key.push_back(interval(r, i));
+      const int q = first_of_class.try_emplace(key, r).first->second;
+      if (q != r) {
+        ++merged;
+        REQUIRE(layout.holds(mesh, q) == layout.holds(mesh, r));
+        for (std::uint32_t bits = 0; bits < subsets; ++bits)
+          REQUIRE(layout.index_set(mesh, q, DimSet{bits}).numel() ==
+                  layout.index_set(mesh, r, DimSet{bits}).numel());
+      }
+    }
+  }
+  CHECK(merged > 1000);  // the breaks do merge ranks (else the check above checks nothing)
 }
 
 TEST_CASE("gathered sizes on larger uneven layouts match the gathered sets", "[layout][property]") {

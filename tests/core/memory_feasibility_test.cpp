@@ -251,3 +251,56 @@ TEST_CASE("memory, cross-check and useful FLOPs survive the result file", "[memo
   // Written again, the same text: nothing is lost or added by a round trip.
   CHECK(result_to_json(back) == result_to_json(r));
 }
+
+TEST_CASE("every rank's training memory at once equals rank by rank", "[memory]") {
+  // training_memories computes one rank per class of ranks holding the same (core/plan/plan.cpp
+  // memory_classes); the direct per-rank computation is the reference, on meshes where ranks
+  // differ: uneven shards (sizes that do not divide the tiny models' dims), EP, TP, PP and a 4-D
+  // hybrid, under every strategy variant of the invariant matrix (owners, split NS, all_to_all).
+  using testing::Topology;
+  const std::vector<Topology> meshes = {
+      {"FSDP 6", {{"dp_shard", 6, DimRole::fsdp}}, "tiny-dense"},
+      {"FSDP 5 x TP 2", {{"dp_shard", 5, DimRole::fsdp}, {"tp", 2, DimRole::tp}}, "tiny-dense"},
+      {"TP 3", {{"tp", 3, DimRole::tp}}, "tiny-dense"},
+      {"FSDP 3 x EP 2", {{"dp_shard", 3, DimRole::fsdp}, {"ep", 2, DimRole::ep}}, "tiny-moe"},
+      {"PP 2 x FSDP 7", {{"pp", 2, DimRole::pp}, {"dp_shard", 7, DimRole::fsdp}}, "tiny-dense"},
+      {"4-D",
+       {{"pp", 2, DimRole::pp},
+        {"dp_replicate", 2, DimRole::replicate},
+        {"dp_shard", 3, DimRole::fsdp},
+        {"tp", 2, DimRole::tp}},
+       "tiny-dense"},
+  };
+  int plans = 0;
+  for (const Topology& t : meshes) {
+    // One GPU per node: these world sizes do not fill the matrix's 4-GPU nodes.
+    const ShardedModel model = parallelize(*find_preset(t.model), DeviceMesh(t.dims, 1), {});
+    for (const StrategyOptions& o : testing::strategies()) {
+      INFO(t.name << ", strategy " << o.name);
+      StepPlan plan;
+      try {
+        plan = build_plan(model, o, PlanSettings{});
+      } catch (const Error&) {
+        continue;  // a strategy this topology does not support
+      }
+      ++plans;
+      const std::vector<TrainingMemory> all = training_memories(plan);
+      REQUIRE(static_cast<int>(all.size()) == model.mesh.world_size());
+      for (int r = 0; r < model.mesh.world_size(); ++r) {
+        INFO("rank " << r);
+        const TrainingMemory one = training_memory(plan, r);
+        CHECK(all[r].parameters == one.parameters);
+        CHECK(all[r].master_weights == one.master_weights);
+        CHECK(all[r].gradients == one.gradients);
+        CHECK(all[r].optimizer_state == one.optimizer_state);
+        CHECK(all[r].step_buffers == one.step_buffers);
+        CHECK(all[r].ns_workspace == one.ns_workspace);
+        CHECK(all[r].peak_bytes() == one.peak_bytes());
+        const RankMemory step = rank_memory(plan, r);
+        CHECK(all[r].optimizer_step().static_bytes == step.static_bytes);
+        CHECK(all[r].optimizer_step().peak_transient_bytes == step.peak_transient_bytes);
+      }
+    }
+  }
+  CHECK(plans > 50);
+}

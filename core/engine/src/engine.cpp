@@ -3,6 +3,7 @@
 #include "core/engine/engine.hpp"
 
 #include <algorithm>
+#include <bit>
 
 #include "core/base/errors.hpp"
 
@@ -145,6 +146,8 @@ Engine::Engine(const PlanIndex& index, OpHandler& handler, std::vector<int> loca
   dep_next_.assign(slots, 0);
   busy_.assign(slots, 0);
   ended_.assign(slots, 1);
+  words_ = (ns_ + 63) / 64;
+  waiting_.assign(local_.size() * static_cast<std::size_t>(words_), 0);
   streams_left_.assign(local_.size(), 0);
   queued_.assign(local_.size(), 0);
 }
@@ -155,8 +158,7 @@ void Engine::begin_step(int step) {
   step_ = step;
   std::fill(pos_.begin(), pos_.end(), 0);
   std::fill(dep_op_.begin(), dep_op_.end(), -1);
-  std::fill(busy_.begin(), busy_.end(), 0);
-  std::fill(ended_.begin(), ended_.end(), 0);
+  for (std::size_t k = 0; k < busy_.size(); ++k) set_state(k, false, false);
   std::fill(streams_left_.begin(), streams_left_.end(), ns_);
   ranks_left_ = static_cast<int>(local_.size());
   for (std::size_t i = 0; i < local_.size(); ++i) schedule(static_cast<int>(i));
@@ -207,13 +209,37 @@ void Engine::schedule(int local) {
   }
 }
 
+void Engine::set_state(std::size_t k, bool busy, bool ended) {
+  busy_[k] = busy;
+  ended_[k] = ended;
+  const std::size_t local = k / ns_, s = k % ns_;
+  std::uint64_t& word = waiting_[local * words_ + s / 64];
+  const std::uint64_t bit = std::uint64_t{1} << (s % 64);
+  word = busy || ended ? word & ~bit : word | bit;
+}
+
+// The first stream >= from of a local rank that is neither busy nor ended (ns_ if none).
+int Engine::next_waiting(int local, int from) const {
+  if (from >= ns_) return ns_;
+  const std::uint64_t* words = waiting_.data() + static_cast<std::size_t>(local) * words_;
+  int w = from / 64;
+  std::uint64_t word = words[w] & (~std::uint64_t{0} << (from % 64));
+  while (word == 0) {
+    if (++w == words_) return ns_;
+    word = words[w];
+  }
+  return w * 64 + std::countr_zero(word);
+}
+
 void Engine::drain() {
   if (draining_) return;  // a completion reported from inside a handler call: the loop below
   draining_ = true;
   while (head_ < queue_.size()) {
     const int local = queue_[head_++];
     queued_[local] = 0;
-    for (int s = 0; s < ns_; ++s) advance(local, s);
+    // Every stream in order, as advance(local, s) for s = 0 .. ns_-1 would (it returns at once on
+    // a busy or ended stream); the state is read afresh after each call, which may change it.
+    for (int s = next_waiting(local, 0); s < ns_; s = next_waiting(local, s + 1)) advance(local, s);
   }
   queue_.clear();
   head_ = 0;
@@ -230,7 +256,7 @@ void Engine::advance(int local, int s) {
   while (true) {
     while (pos < static_cast<int>(list.size()) && !index_.contains(list[pos], rank)) ++pos;
     if (pos == static_cast<int>(list.size())) {
-      ended_[k] = 1;
+      set_state(k, false, true);
       if (--streams_left_[local] == 0) {
         --ranks_left_;
         handler_.rank_done(rank);
@@ -252,11 +278,11 @@ void Engine::advance(int local, int s) {
         schedule(local);
         continue;
       case OpClass::compute:
-        busy_[k] = 1;
+        set_state(k, true, false);
         handler_.start_compute(rank, op);
         return;
       case OpClass::collective:
-        busy_[k] = 1;
+        set_state(k, true, false);
         arrive(rank, op);
         return;
     }
@@ -266,7 +292,7 @@ void Engine::advance(int local, int s) {
 void Engine::complete(int rank, int stream) {
   const int local = local_of_[rank];
   const std::size_t k = slot(local, stream);
-  busy_[k] = 0;
+  set_state(k, false, false);
   ++pos_[k];
   schedule(local);
 }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <iterator>
 
 #include "core/base/errors.hpp"
 
@@ -56,19 +57,15 @@ std::int64_t kept_size(const Placement& p, std::int64_t s, std::int64_t k, std::
   return full * chunk_size(oc, k, c) + (rem > 0 ? chunk_size(rem, k, c) : 0);
 }
 
-// The distinct values of kept_size over c = 0..k-1 with their multiplicities. kept_size is
-// piecewise constant in c: chunk_size(m, k, c) is q for c < m/q, m%q at c = m/q, then 0.
-void kept_size_distribution(const Placement& p, std::int64_t s, std::int64_t k,
-                            std::vector<std::pair<std::int64_t, std::int64_t>>& out) {
-  out.clear();
-  if (s <= 0) {
-    out.push_back({0, k});
-    return;
-  }
+// The coordinates where kept_size(p, s, k, c) may change as c runs over 0..k-1, sorted, with 0
+// and k among them: it is constant from each cut to the next. kept_size is piecewise constant in c
+// because chunk_size(m, k, c) is q for c < m/q, m%q at c = m/q, then 0 (m = oc and m = rem).
+std::array<std::int64_t, 6> kept_size_cuts(const Placement& p, std::int64_t s, std::int64_t k) {
+  std::array<std::int64_t, 6> cuts{0, k, k, k, k, k};  // unused cuts sit at k
+  if (s <= 0) return cuts;
   const std::int64_t f = split_of(p);
   const std::int64_t oc = (s + f - 1) / f;
   const std::int64_t rem = s % oc;
-  std::array<std::int64_t, 6> cuts{0, k, k, k, k, k};  // unused cuts sit at k
   for (int j = 0; j < 2; ++j) {
     const std::int64_t m = j == 0 ? oc : rem;
     if (m <= 0) continue;
@@ -78,6 +75,18 @@ void kept_size_distribution(const Placement& p, std::int64_t s, std::int64_t k,
     cuts[3 + 2 * j] = std::min(t + 1, k);
   }
   std::sort(cuts.begin(), cuts.end());
+  return cuts;
+}
+
+// The distinct values of kept_size over c = 0..k-1 with their multiplicities.
+void kept_size_distribution(const Placement& p, std::int64_t s, std::int64_t k,
+                            std::vector<std::pair<std::int64_t, std::int64_t>>& out) {
+  out.clear();
+  if (s <= 0) {
+    out.push_back({0, k});
+    return;
+  }
+  const std::array<std::int64_t, 6> cuts = kept_size_cuts(p, s, k);
   for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
     if (cuts[i] == cuts[i + 1]) continue;
     out.push_back({kept_size(p, s, k, cuts[i]), cuts[i + 1] - cuts[i]});
@@ -366,7 +375,6 @@ ShardIndexSet TensorLayout::index_set(const DeviceMesh& mesh, int rank, DimSet g
   if (!holds(mesh, rank)) return set;
   const int mnd = mesh.ndims();
   std::vector<int> ops;  // mesh dims sharding tensor dim d, outermost first
-  std::vector<IndexRange> positions;
   std::vector<IndexRange> acc;
   for (int d = 0; d < nd; ++d) {
     ops.clear();
@@ -377,27 +385,59 @@ ShardIndexSet TensorLayout::index_set(const DeviceMesh& mesh, int rank, DimSet g
         ops.push_back(i);
       }
     }
-    // Shards after the last non-gathered one are all gathered: their union is the list they cut.
-    acc.clear();
-    auto descend = [&](auto& self, int at, const IndexList& list) -> void {
+    // Appends to `out` what the shards from ops[at] on leave of `list`. Shards after the last
+    // non-gathered one are all gathered: their union is the list they cut.
+    auto descend = [&](auto& self, int at, const IndexList& list,
+                       std::vector<IndexRange>& out) -> void {
       if (at > last_fixed) {
-        acc.insert(acc.end(), list.ranges().begin(), list.ranges().end());
+        out.insert(out.end(), list.ranges().begin(), list.ranges().end());
         return;
       }
       const int i = ops[at];
       const Placement& p = placements_[i];
       const std::int64_t k = mesh_sizes_[i];
+      std::vector<IndexRange> positions;
       if (!gathered.contains(i)) {
         kept_positions(p, list.size(), k, mesh.coord(rank, i), positions);
-        self(self, at + 1, select_positions(list, positions));
+        self(self, at + 1, select_positions(list, positions), out);
         return;
       }
+      if (list.ranges().size() != 1) {
+        for (std::int64_t c = 0; c < k; ++c) {
+          kept_positions(p, list.size(), k, c, positions);
+          self(self, at + 1, select_positions(list, positions), out);
+        }
+        return;
+      }
+      // A gathered shard of one contiguous range: the coordinates whose kept positions have the
+      // same pattern up to a shift keep the same ranges shifted by as much (what follows depends
+      // on positions only), so each pattern is descended once (a few per dim, not k: k is 2,048
+      // for dp_shard at 16,384 GPUs).
+      const std::int64_t begin = list.ranges().front().begin;
+      struct Pattern {
+        std::vector<IndexRange> positions;  // kept positions, shifted to start at 0
+        std::vector<IndexRange> result;     // what descending from them leaves, for that shift
+      };
+      std::vector<Pattern> seen;
       for (std::int64_t c = 0; c < k; ++c) {
         kept_positions(p, list.size(), k, c, positions);
-        self(self, at + 1, select_positions(list, positions));
+        if (positions.empty()) continue;
+        const std::int64_t shift = positions.front().begin;
+        for (IndexRange& r : positions) r = {r.begin - shift, r.end - shift};
+        auto known = std::find_if(seen.begin(), seen.end(),
+                                  [&](const Pattern& q) { return q.positions == positions; });
+        if (known == seen.end()) {
+          seen.push_back({positions, {}});
+          known = std::prev(seen.end());
+          std::vector<IndexRange> at_zero;
+          for (const IndexRange& r : positions) at_zero.push_back({begin + r.begin, begin + r.end});
+          self(self, at + 1, IndexList::from_ranges(std::move(at_zero)), known->result);
+        }
+        for (const IndexRange& r : known->result) out.push_back({r.begin + shift, r.end + shift});
       }
     };
-    descend(descend, 0, IndexList::range(0, shape_[d]));
+    acc.clear();
+    descend(descend, 0, IndexList::range(0, shape_[d]), acc);
     set.dims[d] = IndexList::from_ranges(std::move(acc));
     acc = {};
   }
@@ -426,65 +466,108 @@ std::int64_t TensorLayout::shard_numel(const DeviceMesh& mesh, int rank, DimSet 
   check_mesh(mesh, rank);
   if (!holds(mesh, rank)) return 0;
   const int nd = static_cast<int>(shape_.size());
-  const int mnd = static_cast<int>(placements_.size());
-  // Per tensor dim: the distribution (size -> how many coordinate tuples) of the list sizes over
-  // the gathered coordinates. The lists of distinct tuples are disjoint, so the union's size is
-  // the sum of sizes. kept_size depends only on the size it cuts, so sizes suffice.
-  std::vector<std::pair<std::int64_t, std::int64_t>> dist, next, values;
+  SizeScratch scratch;
   std::int64_t n = 1;
-  for (int d = 0; d < nd && n > 0; ++d) {
-    int last_fixed = -1;
-    bool any_gathered = false;
-    for (int i = 0; i < mnd; ++i) {
-      const Placement& p = placements_[i];
-      if (!p.is_shard() || p.tensor_dim != d) continue;
-      if (gathered.contains(i))
-        any_gathered = true;
-      else
-        last_fixed = i;
-    }
-    if (last_fixed < 0) {  // every shard of this dim is gathered (or there is none)
-      n *= shape_[d];
-      continue;
-    }
-    if (!any_gathered) {
-      std::int64_t s = shape_[d];
-      for (int i = 0; i <= last_fixed; ++i) {
-        const Placement& p = placements_[i];
-        if (p.is_shard() && p.tensor_dim == d)
-          s = kept_size(p, s, mesh_sizes_[i], mesh.coord(rank, i));
-      }
-      n *= s;
-      continue;
-    }
-    dist.assign(1, {shape_[d], 1});
+  for (int d = 0; d < nd && n > 0; ++d) n *= extent(mesh, rank, gathered, d, scratch);
+  return n;
+}
+
+std::vector<std::int64_t> TensorLayout::shard_shape(const DeviceMesh& mesh, int rank,
+                                                    DimSet gathered) const {
+  check_mesh(mesh, rank);
+  const int nd = static_cast<int>(shape_.size());
+  std::vector<std::int64_t> shape(nd, 0);
+  if (!holds(mesh, rank)) return shape;
+  SizeScratch scratch;
+  for (int d = 0; d < nd; ++d) shape[d] = extent(mesh, rank, gathered, d, scratch);
+  return shape;
+}
+
+std::int64_t TensorLayout::extent(const DeviceMesh& mesh, int rank, DimSet gathered, int d,
+                                  SizeScratch& scratch) const {
+  const int mnd = static_cast<int>(placements_.size());
+  // The distribution (size -> how many coordinate tuples) of the list sizes over the gathered
+  // coordinates. The lists of distinct tuples are disjoint, so the union's size is the sum of
+  // sizes. kept_size depends only on the size it cuts, so sizes suffice.
+  auto& [dist, next, values] = scratch;
+  int last_fixed = -1;
+  bool any_gathered = false;
+  for (int i = 0; i < mnd; ++i) {
+    const Placement& p = placements_[i];
+    if (!p.is_shard() || p.tensor_dim != d) continue;
+    if (gathered.contains(i))
+      any_gathered = true;
+    else
+      last_fixed = i;
+  }
+  if (last_fixed < 0) return shape_[d];  // every shard of this dim is gathered (or there is none)
+  if (!any_gathered) {
+    std::int64_t s = shape_[d];
     for (int i = 0; i <= last_fixed; ++i) {
       const Placement& p = placements_[i];
-      if (!p.is_shard() || p.tensor_dim != d) continue;
-      const std::int64_t k = mesh_sizes_[i];
-      next.clear();
-      for (const auto& [s, count] : dist) {
-        if (!gathered.contains(i)) {
-          next.push_back({kept_size(p, s, k, mesh.coord(rank, i)), count});
-          continue;
-        }
-        kept_size_distribution(p, s, k, values);
-        for (const auto& [v, mult] : values) next.push_back({v, count * mult});
-      }
-      std::sort(next.begin(), next.end());
-      dist.clear();
-      for (const auto& e : next) {
-        if (!dist.empty() && dist.back().first == e.first)
-          dist.back().second += e.second;
-        else
-          dist.push_back(e);
-      }
+      if (p.is_shard() && p.tensor_dim == d)
+        s = kept_size(p, s, mesh_sizes_[i], mesh.coord(rank, i));
     }
-    std::int64_t total = 0;
-    for (const auto& [s, count] : dist) total += s * count;
-    n *= total;
+    return s;
   }
-  return n;
+  dist.assign(1, {shape_[d], 1});
+  for (int i = 0; i <= last_fixed; ++i) {
+    const Placement& p = placements_[i];
+    if (!p.is_shard() || p.tensor_dim != d) continue;
+    const std::int64_t k = mesh_sizes_[i];
+    next.clear();
+    for (const auto& [s, count] : dist) {
+      if (!gathered.contains(i)) {
+        next.push_back({kept_size(p, s, k, mesh.coord(rank, i)), count});
+        continue;
+      }
+      kept_size_distribution(p, s, k, values);
+      for (const auto& [v, mult] : values) next.push_back({v, count * mult});
+    }
+    std::sort(next.begin(), next.end());
+    dist.clear();
+    for (const auto& e : next) {
+      if (!dist.empty() && dist.back().first == e.first)
+        dist.back().second += e.second;
+      else
+        dist.push_back(e);
+    }
+  }
+  std::int64_t total = 0;
+  for (const auto& [s, count] : dist) total += s * count;
+  return total;
+}
+
+void TensorLayout::size_breaks(int dim, std::vector<int>& out) const {
+  const Placement& p = placements_.at(dim);
+  if (p.kind == PlacementKind::independent) {  // held at p.coord only
+    out.push_back(p.coord);
+    out.push_back(p.coord + 1);
+    return;
+  }
+  if (!p.is_shard()) return;
+  // The sizes the list of tensor dim d can have when this placement cuts it: the outer shards of
+  // d cut it first, at any of their coordinates (gathered ones too: a gathered union's size is a
+  // sum of such sizes, shard_numel(gathered)).
+  const int d = p.tensor_dim;
+  std::vector<std::int64_t> sizes{shape_[d]}, next;
+  std::vector<std::pair<std::int64_t, std::int64_t>> values;
+  for (int i = 0; i < dim; ++i) {
+    const Placement& outer = placements_[i];
+    if (!outer.is_shard() || outer.tensor_dim != d) continue;
+    next.clear();
+    for (std::int64_t s : sizes) {
+      kept_size_distribution(outer, s, mesh_sizes_[i], values);
+      for (const auto& [v, count] : values) next.push_back(v);
+    }
+    std::sort(next.begin(), next.end());
+    next.erase(std::unique(next.begin(), next.end()), next.end());
+    sizes.swap(next);
+  }
+  const std::int64_t k = mesh_sizes_[dim];
+  for (std::int64_t s : sizes)
+    for (std::int64_t c : kept_size_cuts(p, s, k))
+      if (c > 0 && c < k) out.push_back(static_cast<int>(c));
 }
 
 std::string TensorLayout::describe(const DeviceMesh& mesh) const {

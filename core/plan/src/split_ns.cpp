@@ -26,18 +26,21 @@ SplitNsSlice slice_of(const ShardedModel& model, int p, int rank, DimSet gathere
     why = "rank " + std::to_string(rank) + " holds nothing of '" + dp.name + "'";
     return s;
   }
-  const ShardIndexSet piece = dp.layout.index_set(model.mesh, rank, gathered);
-  const bool whole_rows = piece.dims[0].size() == dp.shape[0];
-  const bool whole_cols = piece.dims[1].size() == dp.shape[1];
+  // Sizes suffice here (the lists are built for the message only): this runs for every member of
+  // every candidate group and every NS op's cost.
+  const std::vector<std::int64_t> piece = dp.layout.shard_shape(model.mesh, rank, gathered);
+  const bool whole_rows = piece[0] == dp.shape[0];
+  const bool whole_cols = piece[1] == dp.shape[1];
   if (whole_rows == whole_cols) {
-    why = "rank " + std::to_string(rank) + "'s piece " + piece.to_string() + " of '" + dp.name +
-          "' " + (whole_rows ? "is the whole matrix" : "is whole along neither dim");
+    why = "rank " + std::to_string(rank) + "'s piece " +
+          dp.layout.index_set(model.mesh, rank, gathered).to_string() + " of '" + dp.name + "' " +
+          (whole_rows ? "is the whole matrix" : "is whole along neither dim");
     return s;
   }
   s.rows = whole_cols;  // whole columns: a slice of rows
   s.gram = s.rows ? dp.shape[1] : dp.shape[0];
   s.split = s.rows ? dp.shape[0] : dp.shape[1];
-  s.part = s.rows ? piece.dims[0].size() : piece.dims[1].size();
+  s.part = s.rows ? piece[0] : piece[1];
   if (s.gram > s.split)
     why = "'" + dp.name + "' [" + std::to_string(dp.shape[0]) + ", " + std::to_string(dp.shape[1]) +
           "] would split along its short dim (" + std::to_string(s.split) +
