@@ -118,65 +118,40 @@ std::vector<int> emit_grad_sync(PlanBuilder& b, const StrategyOptions& o, bool f
       shard_dims = shard_dims.without(d);
       replicate_dims = replicate_dims.without(d);
     }
+    // One sync op of this bucket's gradients.
+    const auto sync_op = [&](OpKind kind, DimSet group, DimSet gathered, std::vector<int> deps,
+                             const std::string& label) {
+      Op op;
+      op.kind = kind;
+      op.stream = stream;
+      op.ranks = b.holders_box(ps[0]);
+      op.group = group;
+      op.params = ps;
+      op.gathered = gathered;
+      op.tensor = TensorRole::gradient;
+      op.period = period;
+      op.deps = std::move(deps);
+      op.label = label + what;
+      return b.emit(std::move(op));
+    };
     if (full_gradients || shard_dims.empty()) {
       const DimSet group = shard_dims | replicate_dims;
       std::vector<int> synced_ids = ready;
-      if (!group.empty()) {
-        Op op;
-        op.kind = OpKind::all_reduce;
-        op.stream = stream;
-        op.ranks = b.holders_box(ps[0]);
-        op.group = group;
-        op.params = ps;
-        op.gathered = shard_dims;
-        op.period = period;
-        op.deps = ready;
-        op.label = "all_reduce " + what;
-        synced_ids = {b.emit(std::move(op))};
-      }
+      if (!group.empty())
+        synced_ids = {sync_op(OpKind::all_reduce, group, shard_dims, ready, "all_reduce ")};
       // A strategy that keeps whole matrices on every rank (full_gradients) needs the other TP
       // ranks' slices too: they are gathered, not summed.
-      if (full_gradients && !tp_shard_dims.empty()) {
-        Op ag;
-        ag.kind = OpKind::all_gather;
-        ag.stream = stream;
-        ag.ranks = b.holders_box(ps[0]);
-        ag.group = tp_shard_dims;
-        ag.params = ps;
-        ag.gathered = shard_dims;
-        ag.tensor = TensorRole::gradient;
-        ag.period = period;
-        ag.deps = synced_ids;
-        ag.label = "all_gather tp slices of " + what;
-        synced_ids = {b.emit(std::move(ag))};
-      }
+      if (full_gradients && !tp_shard_dims.empty())
+        synced_ids = {sync_op(OpKind::all_gather, tp_shard_dims, shard_dims, synced_ids,
+                              "all_gather tp slices of ")};
       for (int id : synced_ids) record(id);
       if (!group.empty() || (full_gradients && !tp_shard_dims.empty()))
         done.insert(done.end(), synced_ids.begin(), synced_ids.end());
       continue;
     }
-    Op rs;
-    rs.kind = OpKind::reduce_scatter;
-    rs.stream = stream;
-    rs.ranks = b.holders_box(ps[0]);
-    rs.group = shard_dims;
-    rs.params = ps;
-    rs.period = period;
-    rs.deps = ready;
-    rs.label = "reduce_scatter " + what;
-    int id = b.emit(std::move(rs));
-    if (!replicate_dims.empty()) {
-      Op ar;
-      ar.kind = OpKind::all_reduce;
-      ar.stream = stream;
-      ar.ranks = b.holders_box(ps[0]);
-      ar.group = replicate_dims;
-      ar.params = ps;
-      ar.period = period;
-      ar.deps = {id};
-      ar.label = "all_reduce " + what;
-      id = b.emit(std::move(ar));
-    }
+    int id = sync_op(OpKind::reduce_scatter, shard_dims, DimSet{}, ready, "reduce_scatter ");
+    if (!replicate_dims.empty())
+      id = sync_op(OpKind::all_reduce, replicate_dims, DimSet{}, {id}, "all_reduce ");
     done.push_back(id);
     record(id);
   }
