@@ -36,6 +36,7 @@
 #include "core/results/results.hpp"
 #include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"
+#include "experiments/cli/format.hpp"
 #include "kernels/bench.hpp"
 #include "kernels/gpu.hpp"
 #include "kernels/newton_schulz.hpp"
@@ -53,8 +54,9 @@ namespace {
 struct CalibrateOptions {
   std::string backend = "mpi";
   std::string experiment;
-  std::string base;        // nccl: the profile whose compute tables are replaced
-  int kernel_version = 2;  // nccl: the NS kernel version (the GPU executor's default)
+  std::string base;                 // nccl: the profile whose compute tables are replaced
+  int kernel_version = 2;           // nccl: the NS kernel version (the GPU executor's default)
+  std::vector<std::string> shapes;  // nccl: NS shapes to time besides the plans' and defaults
   bool warmup_given = false, repeats_given = false;
   int ranks = 0;  // 0: the experiment's smallest mesh, else 2
   std::string out;
@@ -110,6 +112,7 @@ std::vector<std::string> gpu_args(const CalibrateOptions& o) {
   args.insert(args.end(), {"--base", o.base, "--out", o.out, "--kernel-version",
                            std::to_string(o.kernel_version), "--warmup", std::to_string(o.warmup),
                            "--repeats", std::to_string(o.repeats)});
+  for (const std::string& shape : o.shapes) args.insert(args.end(), {"--shape", shape});
   if (!o.name.empty()) args.insert(args.end(), {"--name", o.name});
   if (!o.note.empty()) args.insert(args.end(), {"--note", o.note});
   return args;
@@ -424,10 +427,12 @@ class GpuComputeTimer : public ComputeTimer {
   GpuCalibrationTimes times_;
 };
 
-std::vector<NsCallShape> gpu_table_shapes() {
+// bench ns's default GPU shapes and the --shape ones.
+std::vector<NsCallShape> gpu_table_shapes(const CalibrateOptions& o) {
+  std::vector<MatrixShape> list = default_gpu_bench_shapes();
+  for (const std::string& text : o.shapes) list.push_back(parse_shape(text));
   std::vector<NsCallShape> shapes;
-  for (const MatrixShape& s : default_gpu_bench_shapes())
-    shapes.push_back({s.batch, s.rows, s.cols});
+  for (const MatrixShape& s : list) shapes.push_back({s.batch, s.rows, s.cols});
   return shapes;
 }
 
@@ -435,7 +440,7 @@ std::vector<NsCallShape> gpu_table_shapes() {
 int calibrate_gpu(const CalibrateOptions& o, const std::vector<Experiment>& points,
                   const ClusterSpec& base) {
   // Every point's NS calls, whatever its world size: one GPU times any rank's compute.
-  const CalibrationWorkload w = calibrate_workload(points, 0, gpu_table_shapes());
+  const CalibrationWorkload w = calibrate_workload(points, 0, gpu_table_shapes(o));
   const Provenance prov = make_provenance(nullptr, "");
   const std::string date = utc_timestamp();
   std::cout << "# muonbed calibrate --backend nccl on " << prov.host_name << ", base profile '"
@@ -540,7 +545,8 @@ int run_calibrate(CalibrateOptions& o) {
                           "write the profile to another file, e.g. --out " +
                               (out.parent_path() / "my-machine.yaml").string());
   if (o.backend == "nccl") {
-    // Every path first (a wrong one is said on any machine), then the GPU, then the base.
+    // Every path and shape first (a wrong one is said on any machine), then the GPU, the base.
+    for (const std::string& text : o.shapes) (void)parse_shape(text);
     std::optional<ClusterSpec> base;
     if (!o.base.empty()) base = load_cluster_file(find_cluster_file(o.base, ""));
     if (!o.warmup_given) o.warmup = 5;  // bench ns's GPU defaults
@@ -563,6 +569,9 @@ int run_calibrate(CalibrateOptions& o) {
           "see muonbed bench ns --list-versions");
     return calibrate_gpu(o, points, *base);
   }
+  if (!o.shapes.empty())
+    throw calibrate_error("--shape is an option of --backend nccl",
+                          "drop it: --backend mpi times the shapes the plans use");
   if (o.ranks == 0) {
     o.ranks = 2;
     if (!points.empty()) {
@@ -602,6 +611,9 @@ void add_calibrate_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--kernel-version", o->kernel_version,
                   "nccl: the Newton-Schulz kernel version to time (bench ns --list-versions)")
       ->capture_default_str();
+  cmd->add_option("--shape", o->shapes,
+                  "nccl: ROWSxCOLS or BATCHxROWSxCOLS to time besides the plans' shapes and bench "
+                  "ns's default GPU list (repeatable)");
   cmd->add_option("--experiment", o->experiment,
                   "time the NS shapes and collectives this experiment's plans use");
   cmd->add_option("--ranks", o->ranks,
