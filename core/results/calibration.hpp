@@ -156,6 +156,7 @@ struct CalibrationInput {
   std::string name = "local-cpu";
   int ranks = 2;
   int ns_steps = 5;
+  std::string ns_version = "cpu-fp32";  // the timer's (ComputeTimer::ns_version)
   std::vector<ComputeBenchRow> compute;
   std::vector<CollectiveBenchRow> collectives;
   CalibrationInfo info;

@@ -289,6 +289,7 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
   in.name = o.name.empty() ? std::filesystem::path(o.out).stem().string() : o.name;
   in.ranks = o.ranks;
   in.ns_steps = w.ns_steps;
+  in.ns_version = timer.ns_version();
   in.compute = all_compute;
   in.collectives = rows;
   in.memory_GiB = memory_GiB_per_rank(o.ranks);

@@ -359,9 +359,11 @@ std::vector<StepPlan> calibration_bench_plans(const CalibrationWorkload& w,
 std::vector<ComputeBenchRow> calibration_compute_rows(const CalibrationWorkload& w) {
   const DeviceMesh one({{"g", 1, DimRole::replicate}}, 8);
   std::vector<ComputeBenchRow> rows;
-  for (const StepPlan& plan : calibration_bench_plans(w, one)) {
+  const std::vector<StepPlan> plans = calibration_bench_plans(w, one);
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const StepPlan& plan = plans[i];
     const DistributedParam& p = plan.model.params.front();
-    const bool elementwise = plan.ops.size() == 4;  // elementwise_bench_plan adds adamw
+    const bool elementwise = i >= w.ns_shapes.size();  // the elementwise_bench_plans come last
     // Ops 0, 1, 2: momentum, newton_schulz, apply_update; op 3: adamw (elementwise plans).
     const std::vector<int> ops =
         elementwise ? std::vector<int>{0, 2, 3} : std::vector<int>{0, 1, 2};
@@ -707,7 +709,7 @@ CalibrationResult calibrate_profile(const CalibrationInput& in) {
   c.nic.latency_us = 20;
   c.network.topology = TopologyKind::single_switch;
   c.calibration = in.info;
-  fit_compute(in.compute, "cpu-fp32", in.ns_steps, result);
+  fit_compute(in.compute, in.ns_version, in.ns_steps, result);
 
   // Collectives: bandwidth per class, one latency, one launch overhead.
   std::vector<CollectiveBenchRow> rows;
