@@ -495,19 +495,14 @@ int calibrate_gpu(const CalibrateOptions& o, const std::vector<Experiment>& poin
       "figure is per call,",
       "the median of " + std::to_string(o.repeats) + " runs after " + std::to_string(o.warmup) +
           " warm-ups, the L2 flushed before each run: bench ns's timer; NS kernel " + t.kernel +
-          (fallback.empty() ? std::string()
-                            : "; shapes it cannot run took v1, as the executor does: " +
-                                  [&] {
-                                    std::string list;
-                                    for (const std::string& f : fallback)
-                                      list += (list.empty() ? "" : ", ") + f;
-                                    return list;
-                                  }()) +
+          (fallback.empty()
+               ? std::string()
+               : "; shapes it cannot run took v1, as the executor does: " + join(fallback)) +
           "):",
   };
-  const ClusterSpec back = write_calibrated_profile(
-      o.out, fitted, header, {"  everything else            the base profile's, unchanged"}, "nccl",
-      o.max_fit_error);
+  write_calibrated_profile(o.out, fitted, header,
+                           {"  everything else            the base profile's, unchanged"}, "nccl",
+                           o.max_fit_error);
   const ClusterSpec& profile = fitted.profile;
   std::cout << fmt::format(
       "# profile '{}': NS table {} shapes of {} (of {} rows); elementwise table {} rows; hbm "
@@ -522,7 +517,6 @@ int calibrate_gpu(const CalibrateOptions& o, const std::vector<Experiment>& poin
                     ? std::string()
                     : " (with the warnings above in its header)")
             << "\n";
-  (void)back;
   return 0;
 }
 
@@ -540,16 +534,23 @@ int run_calibrate(CalibrateOptions& o) {
   check_output_file(o.out, "--out");
   std::vector<Experiment> points;
   if (!o.experiment.empty()) points = load_experiment(o.experiment);
+  // nccl: every path and shape first (a wrong one is said on any machine), then the GPU.
+  std::optional<ClusterSpec> base;
+  if (o.backend == "nccl" && !o.base.empty()) {
+    const std::string path = find_cluster_file(o.base, "");
+    if (std::filesystem::exists(out) && std::filesystem::equivalent(out, path))
+      throw calibrate_error("--out '" + o.out + "' is the --base profile this command reads",
+                            "write the profile to another file, e.g. --out " +
+                                (out.parent_path() / "my-gpu.yaml").string());
+    base = load_cluster_file(path);
+  }
   // Refused now, not after minutes of measuring (write_output_file would refuse it too).
   if (is_input_file(o.out))
     throw calibrate_error("--out '" + o.out + "' is the experiment this command reads",
                           "write the profile to another file, e.g. --out " +
                               (out.parent_path() / "my-machine.yaml").string());
   if (o.backend == "nccl") {
-    // Every path and shape first (a wrong one is said on any machine), then the GPU, the base.
     for (const std::string& text : o.shapes) (void)parse_shape(text);
-    std::optional<ClusterSpec> base;
-    if (!o.base.empty()) base = load_cluster_file(find_cluster_file(o.base, ""));
     if (!o.warmup_given) o.warmup = 5;  // bench ns's GPU defaults
     if (!o.repeats_given) o.repeats = 30;
     if (std::string why; !cuda_device_available(&why))
