@@ -10,6 +10,7 @@
 // on 256^2, 512^2, 1024^2, 512x1376, saying so plainly.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -17,6 +18,7 @@
 
 #include "core/model/model.hpp"
 #include "kernels/newton_schulz.hpp"
+#include "kernels/optimizer_math.hpp"
 
 namespace muonbed {
 
@@ -47,6 +49,36 @@ int run_ns_benchmark(const NsBenchOptions& options, std::ostream& out);
 inline constexpr double kMaxCpuBenchFlops = 2e14;
 inline constexpr double kMaxGpuBenchFlops = 1e18;
 void check_ns_bench_options(const NsBenchOptions& options, bool on_gpu);
+
+// `muonbed calibrate --backend nccl`'s timer (core/results/calibration.hpp's ComputeTimer, in
+// experiments/cli/commands_calibrate.cpp): the CUDA kernels the GPU executor runs, timed by the
+// same code as bench ns's rows (warm-ups, then per run the L2 flushed and the run timed with CUDA
+// events; the median), with the optimizer settings of the experiment's plans.
+struct GpuCalibrationRequest {
+  std::vector<MatrixShape> ns_shapes;
+  std::vector<std::int64_t> elementwise_numels;
+  int version = 2;  // the GPU executor's default; a shape it cannot run takes v1, as the executor
+  NsConfig config;
+  MomentumParams momentum;
+  ApplyParams apply;
+  AdamWConfig adamw;
+  int warmup = 5;
+  int repeats = 30;
+  std::uint64_t seed = 1;
+};
+struct GpuCalibrationTimes {
+  std::string device_name;
+  std::string versions;                               // cuda_versions_text()
+  std::string kernel;                                 // "v2 (name)", the requested version
+  std::vector<double> ns_ms;                          // per request.ns_shapes, the median
+  std::vector<int> ns_version;                        // the version that ran it (v1 as a fallback)
+  std::vector<std::array<double, 3>> elementwise_ms;  // per numel: momentum, apply_update, adamw
+};
+// Validates the kernel against the CPU reference first (as bench ns does; a wrong kernel is an
+// Error, never timed); throws Error when no GPU is usable or a shape cannot run (out of memory).
+// Progress lines go to `out`.
+GpuCalibrationTimes time_calibration_kernels_gpu(const GpuCalibrationRequest& request,
+                                                 std::ostream& out);
 
 // The default shape lists.
 std::vector<MatrixShape> default_gpu_bench_shapes();

@@ -30,6 +30,10 @@ namespace muonbed {
 // says what is missing: "built without CUDA", "no CUDA device (cudaGetDeviceCount: ...)".
 bool cuda_device_available(std::string* why = nullptr);
 
+// The versions a GPU measurement depends on, for provenance: "driver 12080 (CUDA 12.8), CUDA
+// runtime 12080, cuBLAS 120803, compute capability 9.0" (the numbers as CUDA reports them).
+std::string cuda_versions_text(int device = 0);
+
 // One device, one stream, one cuBLAS handle. Kernels of this library run on stream().
 class CudaContext {
  public:

@@ -17,9 +17,15 @@
 #   loopback   the quickstart's five strategies as 8 logical ranks on the GPU, eager and graph
 #   llama      llama-7b (16 layers on an 80 GB card) at world size 1, eager vs graph, with op
 #              times (host overhead); then `muonbed run --backend nccl` of it, eager and graph
+#   calibrate  `muonbed calibrate --backend nccl`: the NS and elementwise tables of this GPU at
+#              the shapes of experiments/hf_qwen3_moe.yaml's plans (Qwen3-30B-A3B: expert stacks
+#              [16, 768, 2048] per EP rank), the whole 128 x [768, 2048] stack and bench ns's
+#              default shapes, into dgx-h100.yaml (dgx-h200.yaml on a card of 120 GB or more):
+#              $OUT/h100-measured.yaml (h200-measured.yaml)
 #   validate8  the 8-rank validate_cpu points on this machine's cores: calibrate --backend mpi
 #              at 8 ranks, run them with that profile, compare (CPU only; no oversubscription)
 #   ns         `muonbed bench ns` per kernel version, PyTorch's Muon NS, the comparison table
+#              (last: the plans' shapes are timed by calibrate)
 #
 # Knobs for a rerun of part of it (environment): MUONBED_SHARE_<stage>=SECONDS,
 # MUONBED_GPU_TESTS_FILTER (a Catch2 spec, e.g. "[loopback]"), MUONBED_LOOPBACK_REPEATS,
@@ -37,9 +43,9 @@ torch_python=${MUONBED_TORCH_PYTHON:-$(command -v python3 || echo /usr/bin/pytho
 root=$(cd "$here/.." && pwd)
 start_s=$(date +%s)
 budget=${MUONBED_BUNDLE_BUDGET:-400}
-declare -A STAGE_SECONDS=([tests]=90 [nccl]=40 [loopback]=60 [llama]=110 [validate8]=140
-  [ns]=90)
-default_stages=(tests nccl loopback llama validate8 ns)
+declare -A STAGE_SECONDS=([tests]=90 [nccl]=40 [loopback]=60 [llama]=110 [calibrate]=40
+  [validate8]=140 [ns]=50)
+default_stages=(tests nccl loopback llama calibrate validate8 ns)
 
 dest=${OUT:-$here/out}
 mkdir -p "$dest"
@@ -170,6 +176,21 @@ stage_llama() {
   rm -f "$results/clusters"
 }
 
+# The GPU's compute tables at the plans' shapes, batched MoE expert stacks included, written into
+# the base profile of this kind of machine (the network is the base's: one GPU cannot measure it).
+stage_calibrate() {
+  local base=$root/experiments/clusters/dgx-h100.yaml name=h100-measured
+  if [ "${memory_mib:-0}" -ge 120000 ]; then
+    base=$root/experiments/clusters/dgx-h200.yaml
+    name=h200-measured
+  fi
+  run calibrate_nccl "$mb" calibrate --backend nccl --experiment \
+    "$root/experiments/hf_qwen3_moe.yaml" --base "$base" --shape 128x768x2048 \
+    --shape 32x768x2048 --out "$out/$name.yaml" \
+    --note "the lent GPU machine ($(hostname)), one GPU, gpu-bundle"
+  cp "$out/$name.yaml" "$dest/" 2>/dev/null
+}
+
 # validate_cpu's 8-rank points with a profile calibrated here, at 8 ranks (the 2-core VMs can
 # only oversubscribe them). Analytic predictions beside the measured steps (no SimGrid here).
 stage_validate8() {
@@ -212,13 +233,6 @@ stage_ns() {
       --json "$out/bench_ns_v$v.json"
     [ -s "$out/bench_ns_v$v.json" ] && jsons+=("$out/bench_ns_v$v.json")
   done
-  # The shapes calibration needs beyond the default list: a batched MoE expert stack (DeepSeek-
-  # style 128 experts of 768 x 2048) and llama-7b's attention / MLP matrices, with the newest
-  # version alone.
-  local newest=${versions##*$'\n'}
-  [ -n "$newest" ] && run bench_ns_plan_shapes "$mb" bench ns --device gpu --kernel-version \
-    "$newest" --model "" --shape 128x768x2048 --shape 32x768x2048 --shape 4096x4096 \
-    --shape 4096x11008 --json "$out/bench_ns_plan_shapes.json"
   PYTHONUNBUFFERED=1 run bench_torch "$torch_python" "$here/bench_torch_muon.py" --json \
     "$out/bench_torch.json"
   if [ ${#jsons[@]} -gt 0 ]; then

@@ -72,10 +72,18 @@ struct CalibrationWorkload {
 // in; other points are skipped). Throws ConfigError when no point has that many ranks. Collective
 // sizes: factor-4 steps from the smallest S the plans move (at least 1 KiB) up past the largest.
 CalibrationWorkload calibration_workload(const std::vector<Experiment>& points, int ranks);
+// `ranks` 0: every point, whatever its mesh (one device timing compute alone: calibrate --backend
+// nccl); its collectives are then not meant to be benched.
 // Without an experiment: NS on 256^2, 256x688 (hidden x MLP of the llama-shaped CPU model of
 // experiments/mpi_quickstart.yaml), 512^2 and 1024^2; every bench collective over all `ranks`
 // ranks, 4 KiB to 16 MiB by 4.
 CalibrationWorkload default_calibration_workload(int ranks);
+// What `muonbed calibrate` measures, for every backend: the experiment's workload
+// (calibration_workload at `ranks`, 0 = every point) or without points the default one, plus
+// `table_shapes` (a backend's default table, e.g. bench ns's GPU list, so that a profile keeps
+// the shapes other experiments interpolate between), distinct and sorted.
+CalibrationWorkload calibrate_workload(const std::vector<Experiment>& points, int ranks,
+                                       const std::vector<NsCallShape>& table_shapes);
 
 // The synthetic plan the compute benchmark runs on every rank: one replicated Muon matrix of
 // `shape` (every rank holds all of it), momentum -> newton_schulz -> apply_update on every rank,
@@ -118,10 +126,37 @@ struct ComputeBenchRow {
   bool step_sized = false;  // an elementwise row at a plan op's size (elementwise_bench_plan)
 };
 
+// The synthetic plans of a workload's compute rows on `mesh`: compute_bench_plan per NS shape,
+// then elementwise_bench_plan per elementwise size (what every rank of the mpi backend runs).
+std::vector<StepPlan> calibration_bench_plans(const CalibrationWorkload& workload,
+                                              const DeviceMesh& mesh);
+
+// The compute rows a device timer fills in (seconds = 0 until then), with what the model counts
+// for each from the bench plans on one device: per NS shape momentum (model_bytes),
+// newton_schulz (flops) and apply_update (model_bytes), the rows of the gpu.hbm_GBps /
+// launch_overhead_us.kernel line; per elementwise size momentum, apply_update and adamw
+// (step_sized, model_bytes), the gpu.elementwise_table.
+std::vector<ComputeBenchRow> calibration_compute_rows(const CalibrationWorkload& workload);
+
+// What times calibrate's compute rows: the only part that differs between backends. The mpi
+// backend's ranks (the CPU handlers under mpirun, experiments/cli/commands_calibrate.cpp) or one
+// GPU with the CUDA kernels the nccl executor runs (kernels/bench.hpp's
+// time_calibration_kernels_gpu); a test implements it on the host. `time` returns rows of the
+// kinds calibrate_profile / calibrate_compute fit (calibration_compute_rows' kinds, and the mpi
+// ranks' gemm, pack and host_comm rows).
+class ComputeTimer {
+ public:
+  virtual ~ComputeTimer() = default;
+  // The gpu.ns_table version its Newton-Schulz rows are written under ("cpu-fp32", "v2").
+  virtual std::string ns_version() const = 0;
+  virtual std::vector<ComputeBenchRow> time(const CalibrationWorkload& workload) = 0;
+};
+
 struct CalibrationInput {
   std::string name = "local-cpu";
   int ranks = 2;
   int ns_steps = 5;
+  std::string ns_version = "cpu-fp32";  // the timer's (ComputeTimer::ns_version)
   std::vector<ComputeBenchRow> compute;
   std::vector<CollectiveBenchRow> collectives;
   CalibrationInfo info;
@@ -160,6 +195,29 @@ CalibrationResult calibrate_profile(const CalibrationInput& input);
 // calibrate_profile(input).profile.
 ClusterSpec calibrated_profile(const CalibrationInput& input);
 
+// A device's compute measured into a base profile (calibrate --backend nccl: one GPU cannot
+// measure the network, so the base profile keeps everything else): `base` with the entries of
+// gpu.ns_table of version `ns_version` replaced by the newton_schulz rows (the base's other
+// versions kept), gpu.ns_kernel set to it, gpu.elementwise_table replaced by the step-sized
+// rows, and gpu.hbm_GBps and launch_overhead_us.kernel refitted from the momentum and
+// apply_update rows, by the same fits as calibrate_profile (refusals, clamps, fit quality);
+// name and calibration info set from the arguments.
+CalibrationResult calibrate_compute(const ClusterSpec& base,
+                                    const std::vector<ComputeBenchRow>& rows,
+                                    const std::string& ns_version, int ns_steps,
+                                    const std::string& name, const CalibrationInfo& info);
+
+// Writes a fitted profile as calibrate does for every backend: a warning about the fits above
+// `max_fit_error` and the clamped terms appended to its source line, the header (`header`, then
+// what each number is: calibrated_fields_header(backend) and `after_fields`, then
+// fit_quality_header), written atomically with the project's one writer
+// (core/base/output_files.hpp) and read back by the cluster loader before it replaces `path`.
+// Returns the profile as the loader read it back.
+ClusterSpec write_calibrated_profile(const std::string& path, CalibrationResult& fitted,
+                                     std::vector<std::string> header,
+                                     const std::vector<std::string>& after_fields,
+                                     const std::string& backend, double max_fit_error);
+
 // `muonbed calibrate --max-fit-error`'s default: a fit whose largest row error exceeds it (in %)
 // is warned about and recorded in the profile's header.
 constexpr double kDefaultMaxFitErrorPct = 25;
@@ -173,7 +231,8 @@ std::vector<std::string> fit_quality_header(const CalibrationResult& result, dou
 // The profile header's "what each number is": per profile field calibrate measures or fits, its
 // path and how (the cluster field table's calibrated column, core/config/cluster_fields.hpp, as
 // the key reference prints it), wrapped under a 28-column path.
-std::vector<std::string> calibrated_fields_header();
+// `backend` mpi or nccl: the fields whose calibrated text has a "calibrate (BACKEND): " part.
+std::vector<std::string> calibrated_fields_header(const std::string& backend = "mpi");
 
 // The model's closed-form time (seconds) of one bench row on `cluster`: what the analytic
 // backend predicts for the bench's one-op plan (tests check that the two agree).

@@ -28,6 +28,7 @@
 #include "core/results/run_point.hpp"
 #include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"
+#include "experiments/cli/format.hpp"
 #include "kernels/bench.hpp"
 #include "kernels/gpu.hpp"
 
@@ -324,33 +325,6 @@ struct BenchNsOptions {
   std::vector<std::string> shapes;
   bool list_versions = false;
 };
-
-// "ROWSxCOLS" or "BATCHxROWSxCOLS".
-MatrixShape parse_shape(const std::string& text) {
-  std::vector<std::int64_t> dims;
-  std::size_t pos = 0;
-  while (true) {
-    const std::size_t x = text.find('x', pos);
-    const std::string part = text.substr(pos, x == std::string::npos ? std::string::npos : x - pos);
-    std::size_t used = 0;
-    long long value = 0;
-    try {
-      value = std::stoll(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (part.empty() || used != part.size() || value < 1)
-      throw ConfigError(SourceLocation{}, "bad shape '" + text + "'",
-                        "write ROWSxCOLS or BATCHxROWSxCOLS with positive sizes, e.g. 4096x4096");
-    dims.push_back(value);
-    if (x == std::string::npos) break;
-    pos = x + 1;
-  }
-  if (dims.size() == 2) return {1, dims[0], dims[1]};
-  if (dims.size() == 3) return {dims[0], dims[1], dims[2]};
-  throw ConfigError(SourceLocation{}, "bad shape '" + text + "'",
-                    "write ROWSxCOLS or BATCHxROWSxCOLS, e.g. 4096x4096 or 8x1024x4096");
-}
 
 int run_bench_ns(BenchNsOptions& o) {
   if (o.list_versions) {

@@ -3,17 +3,24 @@
 // process per rank, as `muonbed run` runs mpi points), then rank 0 leads: the compute benchmark on
 // every rank at once (Newton-Schulz, momentum, apply_update, GEMM, packing at the experiment's
 // shapes), then `bench collective` rows of every collective the experiment's plans run, over the
-// group shapes and sizes they use, each checked (#wrong) like nccl-tests. The fitted profile is
+// group shapes and sizes they use, each checked (#wrong) like nccl-tests. With `--backend nccl`
+// (a CUDA build, one GPU) it times the CUDA kernels the GPU executor runs (Newton-Schulz at every
+// shape the plans use and bench ns's default shapes, momentum, apply_update and adamw) with bench
+// ns's timer and writes them into a base profile (--base: one GPU cannot measure the network).
+// Only the timer differs between the two (core/results/calibration.hpp's ComputeTimer): the
+// shapes measured, the fits and the profile writing are one code path. The fitted profile is
 // written atomically and read back with the loader before the command reports success.
 #include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -29,7 +36,11 @@
 #include "core/results/results.hpp"
 #include "experiments/cli/backends.hpp"
 #include "experiments/cli/commands.hpp"
+#include "experiments/cli/format.hpp"
+#include "kernels/bench.hpp"
+#include "kernels/gpu.hpp"
 #include "kernels/newton_schulz.hpp"
+#include "kernels/optimizer_math.hpp"
 #include "muonbed/config.hpp"
 
 #if MUONBED_HAVE_MPI
@@ -43,6 +54,10 @@ namespace {
 struct CalibrateOptions {
   std::string backend = "mpi";
   std::string experiment;
+  std::string base;                 // nccl: the profile whose compute tables are replaced
+  int kernel_version = 2;           // nccl: the NS kernel version (the GPU executor's default)
+  std::vector<std::string> shapes;  // nccl: NS shapes to time besides the plans' and defaults
+  bool warmup_given = false, repeats_given = false;
   int ranks = 0;  // 0: the experiment's smallest mesh, else 2
   std::string out;
   std::string name;  // "": the output file's stem
@@ -90,7 +105,21 @@ double memory_GiB_per_rank(int ranks) {
   return std::max(0.001, std::floor(gib / std::max(1, ranks) * 10) / 10);
 }
 
+// The options of a --backend nccl run, as given.
+std::vector<std::string> gpu_args(const CalibrateOptions& o) {
+  std::vector<std::string> args = {"calibrate", "--backend", o.backend};
+  if (!o.experiment.empty()) args.insert(args.end(), {"--experiment", o.experiment});
+  args.insert(args.end(), {"--base", o.base, "--out", o.out, "--kernel-version",
+                           std::to_string(o.kernel_version), "--warmup", std::to_string(o.warmup),
+                           "--repeats", std::to_string(o.repeats)});
+  for (const std::string& shape : o.shapes) args.insert(args.end(), {"--shape", shape});
+  if (!o.name.empty()) args.insert(args.end(), {"--name", o.name});
+  if (!o.note.empty()) args.insert(args.end(), {"--note", o.note});
+  return args;
+}
+
 std::vector<std::string> relaunch_args(const CalibrateOptions& o) {
+  if (o.backend == "nccl") return gpu_args(o);
   std::vector<std::string> args = {"calibrate", "--backend", o.backend};
   if (!o.experiment.empty()) args.insert(args.end(), {"--experiment", o.experiment});
   args.insert(args.end(), {"--ranks", std::to_string(o.ranks), "--out", o.out, "--warmup",
@@ -121,6 +150,71 @@ std::string shape_text(const NsCallShape& s) {
 }
 
 #if MUONBED_HAVE_MPI
+// The mpi backend's timer: every rank runs the bench plans (compute_bench under mpirun, rank 0
+// leads), one rank at a time unless --concurrent; prints its table as it goes.
+class MpiComputeTimer : public ComputeTimer {
+ public:
+  explicit MpiComputeTimer(const CalibrateOptions& o) : o_(o) {}
+  std::string ns_version() const override { return "cpu-fp32"; }
+  std::vector<ComputeBenchRow> time(const CalibrationWorkload& w) override {
+    const CalibrateOptions& o = o_;
+    const DeviceMesh mesh({{"g", o.ranks, DimRole::replicate}}, std::max(8, o.ranks));
+    const std::vector<StepPlan> plans = calibration_bench_plans(w, mesh);
+    std::cout << "# compute: " << w.ns_shapes.size() << " Newton-Schulz shapes; per kernel "
+              << o.warmup << " warm-up calls, then " << o.repeats
+              << " rounds of back-to-back calls (>= 30 ms), "
+              << (o.concurrent ? "all ranks at once" : "one rank at a time")
+              << ": the median round "
+                 "of the slowest rank, per call (ms)\n";
+    const std::vector<ComputeBenchRow> all_compute =
+        run_compute_bench(plans, o.warmup, o.repeats, o.concurrent);
+    std::vector<ComputeBenchRow> compute, host_comm;
+    for (const ComputeBenchRow& r : all_compute)
+      (r.kernel == "host_comm" ? host_comm : compute).push_back(r);
+    std::cout << fmt::format("# {:>16} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10}\n", "shape", "NS",
+                             "momentum", "apply", "gemm XX^T", "pack bf16", "NS GFLOP/s");
+    std::size_t i = 0;
+    for (; i + 5 <= compute.size() && !compute[i].step_sized; i += 5) {
+      const auto& m = compute[i];
+      const auto& ns = compute[i + 1];
+      std::cout << fmt::format(
+          "  {:>16} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f} {:>10.2f}\n",
+          shape_text(m.shape), ns.seconds * 1e3, m.seconds * 1e3, compute[i + 2].seconds * 1e3,
+          compute[i + 3].seconds * 1e3, compute[i + 4].seconds * 1e3, ns.flops / ns.seconds / 1e9);
+    }
+    if (i < compute.size()) {
+      std::cout << "# elementwise ops at the sizes the plans' ops have on one rank (ms; GB/s of "
+                   "the model's bytes)\n"
+                << fmt::format("# {:>16} {:>12} {:>12} {:>12} {:>8} {:>8} {:>8}\n", "elements",
+                               "momentum", "apply", "adamw", "GB/s", "GB/s", "GB/s");
+      for (; i + 3 <= compute.size(); i += 3) {
+        const auto rate = [](const ComputeBenchRow& r) { return r.model_bytes / r.seconds / 1e9; };
+        std::cout << fmt::format(
+            "  {:>16} {:>12.3f} {:>12.3f} {:>12.3f} {:>8.2f} {:>8.2f} {:>8.2f}\n", compute[i].numel,
+            compute[i].seconds * 1e3, compute[i + 1].seconds * 1e3, compute[i + 2].seconds * 1e3,
+            rate(compute[i]), rate(compute[i + 1]), rate(compute[i + 2]));
+      }
+    }
+
+    if (!host_comm.empty()) {
+      std::cout << "# host cost of messages: each Newton-Schulz back to back, every rank at once, "
+                   "quiet and then exchanging messages with a partner rank at its progress points "
+                   "(packed and unpacked as the executor does); extra time per exchange (one "
+                   "message each way), the median round of the slowest rank (us)\n"
+                << fmt::format("# {:>16} {:>12} {:>12} {:>12}\n", "shape", "2x16 KiB", "2x64 KiB",
+                               "2x256 KiB");
+      for (std::size_t k = 0; k + 3 <= host_comm.size(); k += 3)
+        std::cout << fmt::format("  {:>16} {:>12.1f} {:>12.1f} {:>12.1f}\n",
+                                 shape_text(host_comm[k].shape), host_comm[k].seconds * 1e6,
+                                 host_comm[k + 1].seconds * 1e6, host_comm[k + 2].seconds * 1e6);
+    }
+    return all_compute;
+  }
+
+ private:
+  const CalibrateOptions& o_;
+};
+
 int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points) {
   if (const int code = mpi_command_begin(); code >= 0) return code;
   struct EndMpi {
@@ -132,8 +226,7 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
                               " ranks but --ranks is " + std::to_string(o.ranks),
                           "start it with mpirun -np " + std::to_string(o.ranks) +
                               ", or run muonbed calibrate outside mpirun (it starts mpirun)");
-  const CalibrationWorkload w = points.empty() ? default_calibration_workload(o.ranks)
-                                               : calibration_workload(points, o.ranks);
+  const CalibrationWorkload w = calibrate_workload(points, o.ranks, {});
   const Provenance prov = make_provenance(nullptr, "");
   const std::string date = utc_timestamp();
   std::cout << "# muonbed calibrate --backend mpi: " << o.ranks << " ranks on " << prov.host_name
@@ -143,61 +236,8 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
     std::cout << "# warning: more ranks than cores: oversubscribed, these figures are not a "
                  "benchmark\n";
 
-  // Compute.
-  const DeviceMesh mesh({{"g", o.ranks, DimRole::replicate}}, std::max(8, o.ranks));
-  std::vector<StepPlan> plans;
-  for (const NsCallShape& s : w.ns_shapes)
-    plans.push_back(compute_bench_plan(mesh, s, w.optimizer));
-  for (const std::int64_t n : w.elementwise_numels)
-    plans.push_back(elementwise_bench_plan(mesh, n, w.optimizer));
-  std::cout << "# compute: " << w.ns_shapes.size() << " Newton-Schulz shapes; per kernel "
-            << o.warmup << " warm-up calls, then " << o.repeats
-            << " rounds of back-to-back calls (>= 30 ms), "
-            << (o.concurrent ? "all ranks at once" : "one rank at a time")
-            << ": the median round "
-               "of the slowest rank, per call (ms)\n";
-  const std::vector<ComputeBenchRow> all_compute =
-      run_compute_bench(plans, o.warmup, o.repeats, o.concurrent);
-  std::vector<ComputeBenchRow> compute, host_comm;
-  for (const ComputeBenchRow& r : all_compute)
-    (r.kernel == "host_comm" ? host_comm : compute).push_back(r);
-  std::cout << fmt::format("# {:>16} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10}\n", "shape", "NS",
-                           "momentum", "apply", "gemm XX^T", "pack bf16", "NS GFLOP/s");
-  std::size_t i = 0;
-  for (; i + 5 <= compute.size() && !compute[i].step_sized; i += 5) {
-    const auto& m = compute[i];
-    const auto& ns = compute[i + 1];
-    std::cout << fmt::format(
-        "  {:>16} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f} {:>10.2f}\n",
-        shape_text(m.shape), ns.seconds * 1e3, m.seconds * 1e3, compute[i + 2].seconds * 1e3,
-        compute[i + 3].seconds * 1e3, compute[i + 4].seconds * 1e3, ns.flops / ns.seconds / 1e9);
-  }
-  if (i < compute.size()) {
-    std::cout << "# elementwise ops at the sizes the plans' ops have on one rank (ms; GB/s of "
-                 "the model's bytes)\n"
-              << fmt::format("# {:>16} {:>12} {:>12} {:>12} {:>8} {:>8} {:>8}\n", "elements",
-                             "momentum", "apply", "adamw", "GB/s", "GB/s", "GB/s");
-    for (; i + 3 <= compute.size(); i += 3) {
-      const auto rate = [](const ComputeBenchRow& r) { return r.model_bytes / r.seconds / 1e9; };
-      std::cout << fmt::format(
-          "  {:>16} {:>12.3f} {:>12.3f} {:>12.3f} {:>8.2f} {:>8.2f} {:>8.2f}\n", compute[i].numel,
-          compute[i].seconds * 1e3, compute[i + 1].seconds * 1e3, compute[i + 2].seconds * 1e3,
-          rate(compute[i]), rate(compute[i + 1]), rate(compute[i + 2]));
-    }
-  }
-
-  if (!host_comm.empty()) {
-    std::cout << "# host cost of messages: each Newton-Schulz back to back, every rank at once, "
-                 "quiet and then exchanging messages with a partner rank at its progress points "
-                 "(packed and unpacked as the executor does); extra time per exchange (one "
-                 "message each way), the median round of the slowest rank (us)\n"
-              << fmt::format("# {:>16} {:>12} {:>12} {:>12}\n", "shape", "2x16 KiB", "2x64 KiB",
-                             "2x256 KiB");
-    for (std::size_t k = 0; k + 3 <= host_comm.size(); k += 3)
-      std::cout << fmt::format("  {:>16} {:>12.1f} {:>12.1f} {:>12.1f}\n",
-                               shape_text(host_comm[k].shape), host_comm[k].seconds * 1e6,
-                               host_comm[k + 1].seconds * 1e6, host_comm[k + 2].seconds * 1e6);
-  }
+  MpiComputeTimer timer(o);
+  const std::vector<ComputeBenchRow> all_compute = timer.time(w);
 
   // Collectives, through `bench collective`'s harness on the mpi backend.
   Experiment e;
@@ -249,6 +289,7 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
   in.name = o.name.empty() ? std::filesystem::path(o.out).stem().string() : o.name;
   in.ranks = o.ranks;
   in.ns_steps = w.ns_steps;
+  in.ns_version = timer.ns_version();
   in.compute = all_compute;
   in.collectives = rows;
   in.memory_GiB = memory_GiB_per_rank(o.ranks);
@@ -281,19 +322,8 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
     std::cerr << ("muonbed: warning: calibrate: CLAMPED at 0 by non-negative least squares: " + c +
                   "\n")
               << std::flush;
-  if (!fit_warnings.empty() || !fitted.clamped.empty())
-    profile.source +=
-        "; WARNING: " +
-        (fit_warnings.empty()
-             ? std::string()
-             : std::to_string(fit_warnings.size()) + " fit(s) above --max-fit-error " +
-                   fmt::format("{:g}", o.max_fit_error) + " %") +
-        (!fit_warnings.empty() && !fitted.clamped.empty() ? ", " : "") +
-        (fitted.clamped.empty() ? std::string()
-                                : std::to_string(fitted.clamped.size()) + " term(s) clamped at 0") +
-        " (see the header)";
 
-  std::vector<std::string> header = {
+  const std::vector<std::string> header = {
       in.name +
           ": a cluster profile MEASURED by `muonbed calibrate` (microbenchmarks only, never "
           "step times)",
@@ -315,18 +345,11 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
           (o.concurrent ? "running at once" : "taking turns (each with the machine to itself)") +
           "):",
   };
-  // From the cluster field table, as the key reference (docs/KEYS.md) says it.
-  for (const std::string& line : calibrated_fields_header()) header.push_back(line);
-  header.push_back("  nic, network              placeholders: one machine, no network is measured");
-  header.push_back("");
-  for (const std::string& line : fit_quality_header(fitted, o.max_fit_error))
-    header.push_back(line);
-  const std::string yaml = calibrated_profile_yaml(profile, header);
   // The new profile replaces an old one only after the loader users run has read it back.
-  WriteOptions write;
-  write.what = "cluster profile";
-  write.validate = [](const std::string& temp) { (void)load_cluster_file(temp); };
-  write_output_file(o.out, yaml, write);
+  write_calibrated_profile(
+      o.out, fitted, header,
+      {"  nic, network              placeholders: one machine, no network is measured"}, "mpi",
+      o.max_fit_error);
   const ClusterSpec& back = profile;  // validate above read the file back with the loader
   std::cout << fmt::format(
       "# profile '{}': NS table {} shapes; GEMM peak {:.1f} GFLOP/s; elementwise {:.2f} GB/s + "
@@ -349,17 +372,159 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
 }
 #endif
 
+// The nccl backend's timer: one GPU, the CUDA kernels the GPU executor runs, timed by bench ns's
+// code (kernels/bench.hpp's time_calibration_kernels_gpu). Momentum and apply_update are also
+// timed at every NS shape's size: those rows fit gpu.hbm_GBps and launch_overhead_us.kernel.
+class GpuComputeTimer : public ComputeTimer {
+ public:
+  explicit GpuComputeTimer(const CalibrateOptions& o) : o_(o) {}
+  std::string ns_version() const override { return "v" + std::to_string(o_.kernel_version); }
+  const GpuCalibrationTimes& times() const { return times_; }
+  std::vector<ComputeBenchRow> time(const CalibrationWorkload& w) override {
+    std::vector<ComputeBenchRow> rows = calibration_compute_rows(w);
+    GpuCalibrationRequest q;
+    std::vector<std::int64_t> numels;
+    for (const ComputeBenchRow& r : rows) {
+      if (r.kernel == "newton_schulz")
+        q.ns_shapes.push_back({r.shape.batch, r.shape.rows, r.shape.cols});
+      if (r.kernel == "momentum") numels.push_back(r.numel);
+    }
+    std::sort(numels.begin(), numels.end());
+    numels.erase(std::unique(numels.begin(), numels.end()), numels.end());
+    q.elementwise_numels = numels;
+    q.version = o_.kernel_version;
+    const MuonConfig& muon = w.optimizer.muon;
+    q.config = make_ns_config(muon);
+    q.momentum = momentum_params(muon);
+    q.apply = apply_params(muon, 1024, 1024);  // the scalars do not change the kernel's time
+    q.adamw = w.optimizer.adamw;
+    q.warmup = o_.warmup;
+    q.repeats = o_.repeats;
+    std::cout << "# compute: " << q.ns_shapes.size() << " Newton-Schulz shapes (the plans' and "
+              << "bench ns's default GPU list), elementwise kernels at " << numels.size()
+              << " sizes (the plans' ops on one rank and the NS shapes)\n";
+    times_ = time_calibration_kernels_gpu(q, std::cout);
+    const auto numel_index = [&](std::int64_t n) {
+      return static_cast<std::size_t>(std::lower_bound(numels.begin(), numels.end(), n) -
+                                      numels.begin());
+    };
+    std::size_t ns = 0;
+    for (ComputeBenchRow& r : rows) {
+      if (r.kernel == "newton_schulz") {
+        r.seconds = times_.ns_ms.at(ns++) * 1e-3;
+        continue;
+      }
+      const std::array<double, 3>& ms = times_.elementwise_ms.at(numel_index(r.numel));
+      r.seconds = (r.kernel == "momentum"       ? ms[0]
+                   : r.kernel == "apply_update" ? ms[1]
+                                                : ms[2]) *
+                  1e-3;
+    }
+    return rows;
+  }
+
+ private:
+  const CalibrateOptions& o_;
+  GpuCalibrationTimes times_;
+};
+
+// bench ns's default GPU shapes and the --shape ones.
+std::vector<NsCallShape> gpu_table_shapes(const CalibrateOptions& o) {
+  std::vector<MatrixShape> list = default_gpu_bench_shapes();
+  for (const std::string& text : o.shapes) list.push_back(parse_shape(text));
+  std::vector<NsCallShape> shapes;
+  for (const MatrixShape& s : list) shapes.push_back({s.batch, s.rows, s.cols});
+  return shapes;
+}
+
+// calibrate --backend nccl after its checks: measure, fit into the base profile, write.
+int calibrate_gpu(const CalibrateOptions& o, const std::vector<Experiment>& points,
+                  const ClusterSpec& base) {
+  // Every point's NS calls, whatever its world size: one GPU times any rank's compute.
+  const CalibrationWorkload w = calibrate_workload(points, 0, gpu_table_shapes(o));
+  const Provenance prov = make_provenance(nullptr, "");
+  const std::string date = utc_timestamp();
+  std::cout << "# muonbed calibrate --backend nccl on " << prov.host_name << ", base profile '"
+            << base.name << "' (" << o.base << ")\n";
+  GpuComputeTimer timer(o);
+  const std::vector<ComputeBenchRow> rows = timer.time(w);
+  const GpuCalibrationTimes& t = timer.times();
+  std::vector<std::string> fallback;
+  for (std::size_t i = 0; i < t.ns_version.size(); ++i)
+    if (t.ns_version[i] != o.kernel_version) fallback.push_back(shape_text(w.ns_shapes[i]));
+
+  CalibrationInfo info;
+  info.tool = std::string("muonbed calibrate ") + MUONBED_VERSION;
+  info.date = date;
+  info.host = prov.host_name;
+  info.git_hash = prov.git_hash;
+  info.backend = "nccl";
+  info.command = command_line(o);
+  info.notes = "one GPU, " + t.device_name + "; " + t.versions + "; NS kernel " + t.kernel;
+  const std::string name = o.name.empty() ? std::filesystem::path(o.out).stem().string() : o.name;
+  // Refuses a physically impossible fit, as for every backend: no profile is written then.
+  CalibrationResult fitted =
+      calibrate_compute(base, rows, timer.ns_version(), w.ns_steps, name, info);
+  fitted.profile.source = "muonbed calibrate --backend nccl on " + prov.host_name + " (" +
+                          t.device_name + "), " + date +
+                          ": NS and elementwise tables, hbm_GBps and the kernel launch measured; "
+                          "everything else from the base profile '" +
+                          base.name + "' (" + base.source + ")";
+  const std::vector<std::string> fit_warnings = fit_error_warnings(fitted, o.max_fit_error);
+  for (const std::string& warning : fit_warnings)
+    std::cerr << ("muonbed: warning: calibrate: " + warning + "\n");
+  for (const std::string& c : fitted.clamped)
+    std::cerr << ("muonbed: warning: calibrate: CLAMPED at 0 by non-negative least squares: " + c +
+                  "\n");
+  const std::vector<std::string> header = {
+      name +
+          ": a cluster profile whose compute tables were MEASURED on one GPU by `muonbed "
+          "calibrate --backend nccl` (microbenchmarks only, never step times); the rest is "
+          "the base profile",
+      "machine: " + prov.host_name + ", GPU " + t.device_name,
+      "versions: muonbed " + std::string(MUONBED_VERSION) + " (" + prov.git_hash + "), " +
+          t.versions,
+      "date: " + date,
+      "note: " + (o.note.empty() ? std::string("(none given)") : o.note),
+      "command: " + command_line(o),
+      "base: " + o.base + " ('" + base.name +
+          "'): its network, NVLink, efficiencies, peak, GEMM "
+          "curve and memory are kept (one GPU cannot measure them)",
+      "",
+      "What each number is (units as in every profile: GB/s = 1e9 B/s, us, ms; every compute "
+      "figure is per call,",
+      "the median of " + std::to_string(o.repeats) + " runs after " + std::to_string(o.warmup) +
+          " warm-ups, the L2 flushed before each run: bench ns's timer; NS kernel " + t.kernel +
+          (fallback.empty()
+               ? std::string()
+               : "; shapes it cannot run took v1, as the executor does: " + join(fallback)) +
+          "):",
+  };
+  write_calibrated_profile(o.out, fitted, header,
+                           {"  everything else            the base profile's, unchanged"}, "nccl",
+                           o.max_fit_error);
+  const ClusterSpec& profile = fitted.profile;
+  std::cout << fmt::format(
+      "# profile '{}': NS table {} shapes of {} (of {} rows); elementwise table {} rows; hbm "
+      "{:.1f} GB/s + {:.2f} us per kernel (fitted)\n",
+      profile.name, w.ns_shapes.size(), timer.ns_version(), profile.gpu.ns_table.size(),
+      profile.gpu.elementwise_table.size(), profile.gpu.hbm_GBps,
+      profile.launch_overhead.kernel_us);
+  for (const std::string& line : fit_quality_header(fitted, o.max_fit_error))
+    std::cout << "# " << line << "\n";
+  std::cout << "# wrote " << o.out
+            << (fit_warnings.empty() && fitted.clamped.empty()
+                    ? std::string()
+                    : " (with the warnings above in its header)")
+            << "\n";
+  return 0;
+}
+
 int run_calibrate(CalibrateOptions& o) {
-  if (o.backend == "nccl")
-    throw calibrate_error(
-        "calibrate --backend nccl needs a GPU build with the NCCL executor, which this muonbed "
-        "does not have yet",
-        "calibrate CPU ranks with --backend mpi; GPU profiles take their Newton-Schulz table "
-        "from `muonbed bench ns --device gpu` (kernels/BENCHMARKS.md) for now");
-  if (o.backend != "mpi")
+  if (o.backend != "mpi" && o.backend != "nccl")
     throw calibrate_error("calibrate measures with a real backend, not '" + o.backend + "'",
                           "use --backend mpi (or nccl on a GPU build)");
-  require_backend("mpi", "calibrate");
+  if (o.backend == "mpi") require_backend("mpi", "calibrate");
   if (o.out.empty())
     throw calibrate_error("--out is required", "e.g. --out experiments/clusters/my-machine.yaml");
   const std::filesystem::path out(o.out);
@@ -369,11 +534,46 @@ int run_calibrate(CalibrateOptions& o) {
   check_output_file(o.out, "--out");
   std::vector<Experiment> points;
   if (!o.experiment.empty()) points = load_experiment(o.experiment);
+  // nccl: every path and shape first (a wrong one is said on any machine), then the GPU.
+  std::optional<ClusterSpec> base;
+  if (o.backend == "nccl" && !o.base.empty()) {
+    const std::string path = find_cluster_file(o.base, "");
+    if (std::filesystem::exists(out) && std::filesystem::equivalent(out, path))
+      throw calibrate_error("--out '" + o.out + "' is the --base profile this command reads",
+                            "write the profile to another file, e.g. --out " +
+                                (out.parent_path() / "my-gpu.yaml").string());
+    base = load_cluster_file(path);
+  }
   // Refused now, not after minutes of measuring (write_output_file would refuse it too).
   if (is_input_file(o.out))
     throw calibrate_error("--out '" + o.out + "' is the experiment this command reads",
                           "write the profile to another file, e.g. --out " +
                               (out.parent_path() / "my-machine.yaml").string());
+  if (o.backend == "nccl") {
+    for (const std::string& text : o.shapes) (void)parse_shape(text);
+    if (!o.warmup_given) o.warmup = 5;  // bench ns's GPU defaults
+    if (!o.repeats_given) o.repeats = 30;
+    if (std::string why; !cuda_device_available(&why))
+      throw calibrate_error(
+          "calibrate --backend nccl needs a GPU build with a usable GPU, and here there is none: " +
+              why,
+          "run it on a machine with an NVIDIA GPU (compute capability 8.0 or newer) and a CUDA "
+          "build of muonbed (scripts/gpu-bundle packs one), or calibrate CPU ranks with "
+          "--backend mpi");
+    if (!base)
+      throw calibrate_error(
+          "calibrate --backend nccl needs --base: the profile whose compute "
+          "tables it replaces (one GPU cannot measure the network)",
+          "e.g. --base experiments/clusters/dgx-h100.yaml");
+    if (o.kernel_version < 1)
+      throw calibrate_error(
+          "--kernel-version " + std::to_string(o.kernel_version) + " is not a kernel version",
+          "see muonbed bench ns --list-versions");
+    return calibrate_gpu(o, points, *base);
+  }
+  if (!o.shapes.empty())
+    throw calibrate_error("--shape is an option of --backend nccl",
+                          "drop it: --backend mpi times the shapes the plans use");
   if (o.ranks == 0) {
     o.ranks = 2;
     if (!points.empty()) {
@@ -405,8 +605,17 @@ void add_calibrate_command(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "calibrate",
       "Microbenchmark this machine with a real backend and write a cluster profile YAML");
-  cmd->add_option("--backend", o->backend, "mpi (CPU ranks under Open MPI); nccl needs a GPU build")
+  cmd->add_option("--backend", o->backend,
+                  "mpi (CPU ranks under Open MPI) or nccl (one GPU: compute tables into --base)")
       ->capture_default_str();
+  cmd->add_option("--base", o->base,
+                  "nccl: the cluster profile (name or YAML) whose compute tables are replaced");
+  cmd->add_option("--kernel-version", o->kernel_version,
+                  "nccl: the Newton-Schulz kernel version to time (bench ns --list-versions)")
+      ->capture_default_str();
+  cmd->add_option("--shape", o->shapes,
+                  "nccl: ROWSxCOLS or BATCHxROWSxCOLS to time besides the plans' shapes and bench "
+                  "ns's default GPU list (repeatable)");
   cmd->add_option("--experiment", o->experiment,
                   "time the NS shapes and collectives this experiment's plans use");
   cmd->add_option("--ranks", o->ranks,
@@ -415,12 +624,14 @@ void add_calibrate_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--out", o->out, "the profile to write (YAML)")->required();
   cmd->add_option("--name", o->name, "the profile's name (default: the file's stem)");
   cmd->add_option("--note", o->note, "a line for the profile's header: what this machine is");
-  cmd->add_option("--warmup", o->warmup, "untimed rounds before timing")
-      ->check(CLI::Range(0, 100))
-      ->capture_default_str();
-  cmd->add_option("--repeats", o->repeats, "timed compute rounds (median reported)")
-      ->check(CLI::Range(1, 1000))
-      ->capture_default_str();
+  CLI::Option* warmup =
+      cmd->add_option("--warmup", o->warmup, "untimed rounds before timing (nccl: default 5)")
+          ->check(CLI::Range(0, 100))
+          ->capture_default_str();
+  CLI::Option* repeats = cmd->add_option("--repeats", o->repeats,
+                                         "timed compute rounds, median reported (nccl: default 30)")
+                             ->check(CLI::Range(1, 1000))
+                             ->capture_default_str();
   cmd->add_option("--iters", o->iters, "timed iterations per collective size and run")
       ->check(CLI::Range(1, 10000))
       ->capture_default_str();
@@ -437,13 +648,20 @@ void add_calibrate_command(CLI::App& app, int& exit_code) {
   cmd->footer(R"(Examples:
   muonbed calibrate --backend mpi --experiment experiments/validate_cpu.yaml --out my-cpu.yaml
   then set `cluster: my-cpu.yaml` in the experiment, muonbed run it, and muonbed compare it
+  muonbed calibrate --backend nccl --experiment experiments/hf_qwen3_moe.yaml \
+      --base experiments/clusters/dgx-h100.yaml --out h100-measured.yaml
+  (a CUDA build on a GPU machine: NS at the plans' shapes, elementwise kernels, into the base)
 Calibration uses microbenchmarks only (never the step times the profile is judged by). The
 profile is written atomically, read back with the loader, and its header says where, when and
 how it was measured and how well each fit reproduces its rows. A physically impossible fit (a
 time or cost below 0, a bandwidth at or below 0, a value that is not finite) is refused with the
 rows it came from; a fixed or per-byte cost least squares puts below 0 is refitted at 0
 (non-negative least squares) and the header says so (CLAMPED).)");
-  cmd->callback([o, &exit_code] { exit_code = run_calibrate(*o); });
+  cmd->callback([o, warmup, repeats, &exit_code] {
+    o->warmup_given = warmup->count() > 0;
+    o->repeats_given = repeats->count() > 0;
+    exit_code = run_calibrate(*o);
+  });
 }
 
 }  // namespace muonbed::cli

@@ -203,4 +203,30 @@ std::vector<std::size_t> shard_points(const std::vector<std::size_t>& selected, 
   return out;
 }
 
+MatrixShape parse_shape(const std::string& text) {
+  std::vector<std::int64_t> dims;
+  std::size_t pos = 0;
+  while (true) {
+    const std::size_t x = text.find('x', pos);
+    const std::string part = text.substr(pos, x == std::string::npos ? std::string::npos : x - pos);
+    std::size_t used = 0;
+    long long value = 0;
+    try {
+      value = std::stoll(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (part.empty() || used != part.size() || value < 1)
+      throw ConfigError(SourceLocation{}, "bad shape '" + text + "'",
+                        "write ROWSxCOLS or BATCHxROWSxCOLS with positive sizes, e.g. 4096x4096");
+    dims.push_back(value);
+    if (x == std::string::npos) break;
+    pos = x + 1;
+  }
+  if (dims.size() == 2) return {1, dims[0], dims[1]};
+  if (dims.size() == 3) return {dims[0], dims[1], dims[2]};
+  throw ConfigError(SourceLocation{}, "bad shape '" + text + "'",
+                    "write ROWSxCOLS or BATCHxROWSxCOLS, e.g. 4096x4096 or 8x1024x4096");
+}
+
 }  // namespace muonbed::cli

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/experiment/experiment.hpp"
+#include "kernels/newton_schulz.hpp"
 
 namespace muonbed::cli {
 
@@ -16,6 +17,8 @@ std::string human_seconds(double s);                      // 12.3 ms, 45.6 us, 1
 std::string mib(double bytes);                            // "123.4" (MiB, one decimal)
 std::string gib(double bytes);                            // "12.34" (GiB, two decimals)
 std::string join(const std::vector<std::string>& items);  // "a, b, c"
+// A --shape option: "ROWSxCOLS" or "BATCHxROWSxCOLS" (bench ns, calibrate); ConfigError if not.
+MatrixShape parse_shape(const std::string& text);
 
 // A table printed with right-aligned columns, except the first `left_columns` (left-aligned).
 class Table {

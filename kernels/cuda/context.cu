@@ -47,6 +47,23 @@ bool cuda_device_available(std::string* why) {
   return true;
 }
 
+std::string cuda_versions_text(int device) {
+  int driver = 0, runtime = 0, cublas = 0;
+  MUONBED_CUDA_CHECK(cudaDriverGetVersion(&driver));
+  MUONBED_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  cublasHandle_t handle = nullptr;
+  MUONBED_CUDA_CHECK(cublasCreate(&handle));
+  const cublasStatus_t got = cublasGetVersion(handle, &cublas);
+  cublasDestroy(handle);
+  MUONBED_CUDA_CHECK(got);
+  cudaDeviceProp prop{};
+  MUONBED_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return "driver " + std::to_string(driver) + " (CUDA " + std::to_string(driver / 1000) + "." +
+         std::to_string(driver % 1000 / 10) + "), CUDA runtime " + std::to_string(runtime) +
+         ", cuBLAS " + std::to_string(cublas) + ", compute capability " +
+         std::to_string(prop.major) + "." + std::to_string(prop.minor);
+}
+
 struct CudaContext::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;

@@ -95,4 +95,11 @@ int run_ns_benchmark_gpu(const NsBenchOptions& options, const NsConfig& config, 
   return m.entry->run_ns_benchmark(options, config, out);
 }
 
+GpuCalibrationTimes time_calibration_kernels_gpu(const GpuCalibrationRequest& request,
+                                                 std::ostream& out) {
+  const Module& m = module();
+  if (m.entry == nullptr) throw Error("calibrate: " + m.error);
+  return m.entry->time_calibration_kernels(request, out);
+}
+
 }  // namespace muonbed

@@ -8,6 +8,6 @@ extern "C" __attribute__((visibility("default"))) const muonbed::GpuModuleEntry*
 muonbed_gpu_module() {
   static const muonbed::GpuModuleEntry entry{
       muonbed::kGpuModuleAbi, &muonbed::cuda_device_available, &muonbed::ns_kernel_versions,
-      &muonbed::run_ns_benchmark_gpu};
+      &muonbed::run_ns_benchmark_gpu, &muonbed::time_calibration_kernels_gpu};
   return &entry;
 }

@@ -13,7 +13,7 @@
 
 namespace muonbed {
 
-inline constexpr int kGpuModuleAbi = 1;
+inline constexpr int kGpuModuleAbi = 2;
 
 struct GpuModuleEntry {
   int abi = kGpuModuleAbi;
@@ -21,6 +21,8 @@ struct GpuModuleEntry {
   const std::vector<NsKernelVersion>& (*kernel_versions)() = nullptr;
   int (*run_ns_benchmark)(const NsBenchOptions& options, const NsConfig& config,
                           std::ostream& out) = nullptr;
+  GpuCalibrationTimes (*time_calibration_kernels)(const GpuCalibrationRequest& request,
+                                                  std::ostream& out) = nullptr;
 };
 
 }  // namespace muonbed

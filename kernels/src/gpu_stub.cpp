@@ -24,6 +24,10 @@ bool cuda_device_available(std::string* why) {
   return false;
 }
 
+std::string cuda_versions_text(int) {
+  no_cuda("cuda_versions_text");
+}
+
 struct CudaContext::Impl {};
 CudaContext::CudaContext(int) {
   no_cuda("CudaContext");
@@ -138,6 +142,10 @@ double bf16_gemm_tflops(CudaContext&, std::int64_t, std::int64_t, std::int64_t, 
 
 int run_ns_benchmark_gpu(const NsBenchOptions&, const NsConfig&, std::ostream&) {
   no_cuda("bench ns");
+}
+
+GpuCalibrationTimes time_calibration_kernels_gpu(const GpuCalibrationRequest&, std::ostream&) {
+  no_cuda("calibrate --backend nccl");
 }
 
 }  // namespace muonbed

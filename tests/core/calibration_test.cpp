@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +21,7 @@
 #include "core/results/calibration.hpp"
 #include "core/results/collective_bench.hpp"
 #include "muonbed/config.hpp"
+#include "tests/common/temp_dir.hpp"
 
 using namespace muonbed;
 using Catch::Matchers::Contains;
@@ -591,4 +595,145 @@ TEST_CASE("a fit that misses its own rows by more than --max-fit-error is warned
   const ClusterSpec back =
       parse_cluster(YAML::Load(calibrated_profile_yaml(r.profile, header)), "warned.yaml");
   CHECK(back.intra.bandwidth_GBps == Approx(r.profile.intra.bandwidth_GBps).epsilon(1e-4));
+}
+
+namespace {
+
+// A tiny MoE on ep=2 x dp_shard=2: 8 routed experts of 96 x 64 per MoE layer, stacked per EP
+// rank as [experts / ep, rows, cols] (4 experts per EP rank).
+const char* kMoeExperiment = R"(name: moe_cal
+cluster: dgx-h100
+mesh: {dims: {ep: 2, dp_shard: 2}}
+model:
+  moe: {hidden: 64, layers: 2, heads: 4, ffn: 128, vocab: 512, experts: 8, expert_ffn: 96}
+strategy: {name: owner}
+backend: [analytic]
+)";
+
+// A timer that needs no device: times from a known machine, NS at 10 us + FLOPs at 50 TFLOP/s,
+// elementwise ops at 2 us + model bytes at 500 GB/s (the line calibrate fits).
+class FakeTimer : public ComputeTimer {
+ public:
+  std::string ns_version() const override { return "v2"; }
+  std::vector<ComputeBenchRow> time(const CalibrationWorkload& w) override {
+    std::vector<ComputeBenchRow> rows = calibration_compute_rows(w);
+    for (ComputeBenchRow& r : rows)
+      r.seconds =
+          r.kernel == "newton_schulz" ? 10e-6 + r.flops / 50e12 : 2e-6 + r.model_bytes / 500e9;
+    return rows;
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "calibrate's shared path with a fake timer: a MoE plan's batched NS shapes become "
+    "table rows of the base profile, written and loaded back",
+    "[core][calibrate][nccl]") {
+  const std::vector<Experiment> points = parse_experiment(kMoeExperiment, "moe_cal.yaml");
+  const NsCallShape extra{1, 1024, 1024};  // a default table shape (bench ns's GPU list)
+  const CalibrationWorkload w = calibrate_workload(points, 0, {extra});
+  // The expert stack of one EP rank: 8 experts / ep 2 = 4 matrices of 96 x 64 in one call.
+  const auto stack = std::find_if(w.ns_shapes.begin(), w.ns_shapes.end(), [](const NsCallShape& s) {
+    return s.batch == 4 && std::min(s.rows, s.cols) == 64 && std::max(s.rows, s.cols) == 96;
+  });
+  REQUIRE(stack != w.ns_shapes.end());
+  CHECK(std::find(w.ns_shapes.begin(), w.ns_shapes.end(), extra) != w.ns_shapes.end());
+  CHECK(std::is_sorted(w.ns_shapes.begin(), w.ns_shapes.end()));
+  REQUIRE_FALSE(w.elementwise_numels.empty());
+
+  const ClusterSpec base =
+      load_cluster_file(std::string(MUONBED_SOURCE_DIR) + "/experiments/clusters/dgx-h100.yaml");
+  FakeTimer timer;
+  const std::vector<ComputeBenchRow> rows = timer.time(w);
+  CalibrationInfo info;
+  info.backend = "nccl";
+  info.date = "2026-11-28";
+  CalibrationResult fitted =
+      calibrate_compute(base, rows, timer.ns_version(), w.ns_steps, "fake-gpu", info);
+  const ClusterSpec& p = fitted.profile;
+  // The line through the elementwise rows gives the fake machine back.
+  CHECK(p.gpu.hbm_GBps == Approx(500).epsilon(1e-9));
+  CHECK(p.launch_overhead.kernel_us == Approx(2).epsilon(1e-9));
+  CHECK(p.gpu.ns_kernel == "v2");
+  // Every measured shape is a v2 row; the base's v2 rows of other shapes are gone, its v1 and
+  // pytorch rows and everything one GPU cannot measure stay.
+  int v2 = 0;
+  for (const NsTiming& t : p.gpu.ns_table)
+    if (t.version == "v2") {
+      ++v2;
+      CHECK(std::find(w.ns_shapes.begin(), w.ns_shapes.end(),
+                      NsCallShape{t.batch, t.rows, t.cols}) != w.ns_shapes.end());
+    }
+  CHECK(v2 == static_cast<int>(w.ns_shapes.size()));
+  const auto count = [](const ClusterSpec& c, const std::string& version) {
+    return std::count_if(c.gpu.ns_table.begin(), c.gpu.ns_table.end(),
+                         [&](const NsTiming& t) { return t.version == version; });
+  };
+  CHECK(count(p, "v1") == count(base, "v1"));
+  CHECK(count(p, "pytorch") == count(base, "pytorch"));
+  CHECK(p.intra.bandwidth_GBps == base.intra.bandwidth_GBps);
+  CHECK(p.nic.bandwidth_GBps == base.nic.bandwidth_GBps);
+  CHECK(p.gpu.peak_tflops == base.gpu.peak_tflops);
+  CHECK(p.gpu.elementwise_table.size() == 3 * w.elementwise_numels.size());
+
+  testing::TempDir dir("calibrate-nccl");
+  const std::string path = (std::filesystem::path(dir.path()) / "fake-gpu.yaml").string();
+  const ClusterSpec back =
+      write_calibrated_profile(path, fitted, {"fake-gpu: a test"}, {}, "nccl", 25);
+  const ClusterSpec loaded = load_cluster_file(path);
+  CHECK(loaded.name == "fake-gpu");
+  CHECK(back.gpu.ns_table.size() == loaded.gpu.ns_table.size());
+  // The batched expert stack is timed from the table, at the time the fake timer gave it.
+  NsTimeSource source = NsTimeSource::curve;
+  const double seconds =
+      loaded.gpu.ns_call_seconds(stack->rows, stack->cols, stack->batch, w.ns_steps, "v2", &source);
+  CHECK(source == NsTimeSource::table);
+  const auto row = std::find_if(rows.begin(), rows.end(), [&](const ComputeBenchRow& r) {
+    return r.kernel == "newton_schulz" && r.shape == *stack;
+  });
+  REQUIRE(row != rows.end());
+  CHECK(seconds == Approx(row->seconds).epsilon(1e-3));
+  // The header says what calibrate --backend nccl measured, from the cluster field table.
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK_THAT(text, Contains("# fake-gpu: a test"));
+  CHECK_THAT(text, Contains("#   gpu.ns_table "));
+  CHECK_THAT(text, Contains("#   gpu.elementwise_table "));
+  CHECK_THAT(text, Contains("fit quality"));
+}
+
+TEST_CASE(
+    "calibrate_workload adds table shapes to the plans' and leaves them otherwise as "
+    "calibration_workload makes them",
+    "[core][calibrate]") {
+  const std::vector<Experiment> points = parse_experiment(kExperiment, "cal.yaml");
+  const CalibrationWorkload plain = calibration_workload(points, 2);
+  const CalibrationWorkload same = calibrate_workload(points, 2, {});
+  CHECK(same.ns_shapes == plain.ns_shapes);
+  CHECK(same.elementwise_numels == plain.elementwise_numels);
+  CHECK(same.collectives.size() == plain.collectives.size());
+  // ranks 0: every point (dp_shard 2 and 4), so at least the shapes of the 2-rank points.
+  const CalibrationWorkload all = calibrate_workload(points, 0, {});
+  for (const NsCallShape& s : plain.ns_shapes)
+    CHECK(std::find(all.ns_shapes.begin(), all.ns_shapes.end(), s) != all.ns_shapes.end());
+}
+
+TEST_CASE("the nccl header names the fields one GPU measures, not the network",
+          "[core][calibrate][nccl]") {
+  const std::vector<std::string> lines = calibrated_fields_header("nccl");
+  const auto has = [&](const std::string& path) {
+    return std::any_of(lines.begin(), lines.end(),
+                       [&](const std::string& l) { return l.starts_with("  " + path + " "); });
+  };
+  for (const char* path : {"gpu.hbm_GBps", "gpu.ns_table", "gpu.ns_kernel", "gpu.elementwise_table",
+                           "launch_overhead_us.kernel"})
+    CHECK(has(path));
+  for (const char* path : {"intra_node.bandwidth_GBps", "gpu.peak_tflops", "gpu.memory_GiB"})
+    CHECK_FALSE(has(path));
+  // The mpi header does not carry the nccl part of a field's text.
+  for (const std::string& line : calibrated_fields_header("mpi")) {
+    INFO(line);
+    CHECK(line.find("calibrate (") == std::string::npos);
+  }
 }

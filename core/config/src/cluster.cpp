@@ -405,7 +405,8 @@ const std::vector<ClusterField>& cluster_fields() {
          .doc = "device memory bandwidth for memory-bound ops",
          .calibrated = "calibrate (mpi): least-squares fit of momentum and apply_update times at "
                        "the NS shapes to kernel + model bytes / hbm (core/plan/plan.hpp's "
-                       "op_memory_bytes)"},
+                       "op_memory_bytes); calibrate (nccl): the same fit to the CUDA momentum and "
+                       "apply_update kernels' times on one GPU"},
         {.path = "gpu.memory_GiB",
          .place = member(&ClusterSpec::gpu, &GpuSpec::memory_GiB),
          .min = kMinMemoryGiB,
@@ -438,7 +439,10 @@ const std::vector<ClusterField>& cluster_fields() {
                 "2x, the efficiency curve",
          .calibrated =
              "calibrate (mpi): version cpu-fp32, the CPU handler's Newton-Schulz (fp32, as "
-             "the mpi executor runs it) at each shape the plans use, per call",
+             "the mpi executor runs it) at each shape the plans use, per call; calibrate "
+             "(nccl): the GPU executor's CUDA kernel version (bench ns's timing: L2 flushed, "
+             "inputs rotated, the median) at each shape the plans use and bench ns's default "
+             "GPU shapes, replacing the base profile's entries of that version",
          .emitted = [](const ClusterSpec& s) { return !s.gpu.ns_table.empty(); },
          .custom_type = "list of {version, shape, steps, ms, source}",
          .read = [](const Context& c, const Field& f,
@@ -448,13 +452,15 @@ const std::vector<ClusterField>& cluster_fields() {
          .place = member(&ClusterSpec::gpu, &GpuSpec::ns_kernel),
          .doc = "the ns_table version the model times NS with (default v2 when the table has it, "
                 "else its first)",
+         .calibrated = "calibrate (nccl): the kernel version it measured",
          .emit_when_set = true},
         {.path = "gpu.elementwise_table",
          .doc = "measured time of momentum, apply_update or adamw by the elements one rank "
                 "touches; absent kernels take their bytes at hbm_GBps",
          .calibrated = "calibrate (mpi): momentum, apply_update and adamw timed at the numbers of "
                        "elements the plans' ops touch on one rank (the model uses these times, "
-                       "not hbm_GBps, for those ops)",
+                       "not hbm_GBps, for those ops); calibrate (nccl): the CUDA kernels the GPU "
+                       "executor runs, at the same sizes",
          .emitted = [](const ClusterSpec& s) { return !s.gpu.elementwise_table.empty(); },
          .custom_type = "list of {kernel, numel, ms, source}",
          .read = [](const Context& c, const Field& f,
@@ -645,7 +651,8 @@ const std::vector<ClusterField>& cluster_fields() {
                  .max = kMaxLaunchOverheadUs,
                  .unit = "us",
                  .doc = "per compute kernel call",
-                 .calibrated = "calibrate (mpi): the intercept of the gpu.hbm_GBps fit"});
+                 .calibrated = "calibrate (mpi): the intercept of the gpu.hbm_GBps fit; "
+                               "calibrate (nccl): the intercept of the gpu.hbm_GBps fit"});
     r.push_back(
         {.path = "measurements",
          .doc = "measured or published collective figures (nccl-tests' busbw) with their "

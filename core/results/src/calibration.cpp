@@ -15,6 +15,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "core/base/errors.hpp"
+#include "core/base/output_files.hpp"
 #include "core/config/cluster_fields.hpp"
 #include "core/config/src/cluster_yaml.hpp"
 #include "core/engine/cost_model.hpp"
@@ -243,7 +244,7 @@ CalibrationWorkload calibration_workload(const std::vector<Experiment>& points, 
   std::string sizes_seen;
   for (const Experiment& point : points) {
     const int world = point.mesh.world_size();
-    if (world != ranks) {
+    if (ranks != 0 && world != ranks) {
       if (sizes_seen.find(" " + std::to_string(world) + " ") == std::string::npos)
         sizes_seen += " " + std::to_string(world) + " ";
       continue;
@@ -333,6 +334,57 @@ CalibrationWorkload default_calibration_workload(int ranks) {
     w.collectives.push_back(std::move(c));
   }
   return w;
+}
+
+CalibrationWorkload calibrate_workload(const std::vector<Experiment>& points, int ranks,
+                                       const std::vector<NsCallShape>& table_shapes) {
+  CalibrationWorkload w = points.empty() ? default_calibration_workload(std::max(ranks, 2))
+                                         : calibration_workload(points, ranks);
+  std::set<NsCallShape> shapes(w.ns_shapes.begin(), w.ns_shapes.end());
+  shapes.insert(table_shapes.begin(), table_shapes.end());
+  w.ns_shapes.assign(shapes.begin(), shapes.end());
+  return w;
+}
+
+std::vector<StepPlan> calibration_bench_plans(const CalibrationWorkload& w,
+                                              const DeviceMesh& mesh) {
+  std::vector<StepPlan> plans;
+  for (const NsCallShape& s : w.ns_shapes)
+    plans.push_back(compute_bench_plan(mesh, s, w.optimizer));
+  for (const std::int64_t n : w.elementwise_numels)
+    plans.push_back(elementwise_bench_plan(mesh, n, w.optimizer));
+  return plans;
+}
+
+std::vector<ComputeBenchRow> calibration_compute_rows(const CalibrationWorkload& w) {
+  const DeviceMesh one({{"g", 1, DimRole::replicate}}, 8);
+  std::vector<ComputeBenchRow> rows;
+  const std::vector<StepPlan> plans = calibration_bench_plans(w, one);
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const StepPlan& plan = plans[i];
+    const DistributedParam& p = plan.model.params.front();
+    const bool elementwise = i >= w.ns_shapes.size();  // the elementwise_bench_plans come last
+    // Ops 0, 1, 2: momentum, newton_schulz, apply_update; op 3: adamw (elementwise plans).
+    const std::vector<int> ops =
+        elementwise ? std::vector<int>{0, 2, 3} : std::vector<int>{0, 1, 2};
+    for (const int j : ops) {
+      const Op& op = plan.ops[static_cast<std::size_t>(j)];
+      ComputeBenchRow r;
+      r.kernel = std::string(to_string(op.kind));
+      r.numel = p.numel();
+      if (elementwise) {
+        r.step_sized = true;
+      } else {
+        r.shape = {p.batch(), p.rows(), p.cols()};
+      }
+      if (op.kind == OpKind::newton_schulz)
+        r.flops = op_flops(plan, op, 0);
+      else
+        r.model_bytes = op_memory_bytes(plan, op, 0);
+      rows.push_back(r);
+    }
+  }
+  return rows;
 }
 
 StepPlan compute_bench_plan(const DeviceMesh& mesh, const NsCallShape& shape,
@@ -484,24 +536,14 @@ std::string list_text(const std::vector<std::string>& items, std::size_t most = 
   return out.empty() ? "no rows" : out;
 }
 
-}  // namespace
-
-CalibrationResult calibrate_profile(const CalibrationInput& in) {
-  CalibrationResult result;
+// The compute fits of every backend (calibrate_profile, calibrate_compute) into result.profile:
+// gpu.ns_table rows of `ns_version`, gpu.ns_kernel, gpu.elementwise_table, gpu.hbm_GBps and
+// launch_overhead_us.kernel; from the mpi ranks' gemm and host_comm rows also gpu.peak_tflops,
+// gpu.gemm_efficiency and the host-comm costs (without them the profile's values stay).
+void fit_compute(const std::vector<ComputeBenchRow>& compute, const std::string& ns_version,
+                 int ns_steps, CalibrationResult& result) {
   ClusterSpec& c = result.profile;
-  c.name = in.name;
-  c.gpus_per_node = std::max(8, in.ranks);
-  c.nodes = 1;
-  c.gpu.name = "cpu-rank";
-  set_number(c, "gpu.memory_GiB", in.memory_GiB, "the machine's memory over the ranks");
-  c.intra.kind = IntraNodeKind::pcie;
-  c.intra.pcie_switch_GBps = 0;
-  // One machine: the NIC is a placeholder the single-node model never uses (10 GbE).
-  c.nic.count_per_node = 1;
-  c.nic.bandwidth_GBps = 1.25;
-  c.nic.latency_us = 20;
-  c.network.topology = TopologyKind::single_switch;
-  c.calibration = in.info;
+  int ns_rows = 0;
   const std::string noisy_fix =
       "rerun on a quiet machine with more --repeats (and --iters, --runs) if that is not expected";
 
@@ -510,7 +552,7 @@ CalibrationResult calibrate_profile(const CalibrationInput& in) {
   double peak = 0;
   std::vector<const ComputeBenchRow*> line_rows;  // momentum and apply_update at the NS shapes
   std::map<double, std::vector<double>> host_exchange;  // bytes per exchange -> extra seconds
-  for (const ComputeBenchRow& r : in.compute) {
+  for (const ComputeBenchRow& r : compute) {
     if (r.kernel == "host_comm") {  // may be <= 0 by noise: medians over shapes decide
       if (!std::isfinite(r.seconds))
         refuse("gpu.host_comm_us_per_message and host_comm_ns_per_byte",
@@ -525,11 +567,12 @@ CalibrationResult calibrate_profile(const CalibrationInput& in) {
         refuse("gpu.ns_table (" + shape_text(r.shape) + ")", num(r.seconds * 1e3) + " ms",
                "a time must be finite", "the row " + compute_row_text(r));
       NsTiming t;
-      t.version = "cpu-fp32";
+      t.version = ns_version;
       t.batch = r.shape.batch;
       t.rows = r.shape.rows;
       t.cols = r.shape.cols;
-      t.steps = in.ns_steps;
+      t.steps = ns_steps;
+      ++ns_rows;
       t.ms = r.seconds * 1e3;
       c.gpu.ns_table.push_back(t);
     } else if (r.kernel == "gemm") {
@@ -550,9 +593,9 @@ CalibrationResult calibrate_profile(const CalibrationInput& in) {
       line_rows.push_back(&r);
     }
   }
-  if (c.gpu.ns_table.empty())
+  if (ns_rows == 0)
     throw Error("calibrate: no Newton-Schulz timing was measured; fix: give shapes to time");
-  c.gpu.ns_kernel = "cpu-fp32";
+  c.gpu.ns_kernel = ns_version;
   if (!host_exchange.empty()) {
     // A line through the median extra time per exchange (two messages: one sent, one received)
     // against its bytes: the intercept is the cost of two messages, the slope the cost per byte.
@@ -591,11 +634,15 @@ CalibrationResult calibrate_profile(const CalibrationInput& in) {
                  " us, measured " + num(y[i] * 1e6) + " us";
         }));
   }
-  if (!(peak > 0))
+  // Without GEMM rows (a GPU timer) the base profile's peak and efficiency curve stay.
+  if (!(peak > 0) && !(c.gpu.peak_tflops > 0))
     throw Error("calibrate: no GEMM rate was measured; fix: check the compute benchmark");
-  set_number(c, "gpu.peak_tflops", peak / 1e12, "the fastest GEMM row");
-  for (const auto& [dim, rate] : gemm_rate)
-    c.gpu.gemm_efficiency.push_back({dim, std::clamp(rate / peak, 0.001, 1.0)});
+  if (peak > 0) {
+    set_number(c, "gpu.peak_tflops", peak / 1e12, "the fastest GEMM row");
+    c.gpu.gemm_efficiency.clear();
+    for (const auto& [dim, rate] : gemm_rate)
+      c.gpu.gemm_efficiency.push_back({dim, std::clamp(rate / peak, 0.001, 1.0)});
+  }
   if (line_rows.size() >= 2) {
     // Least squares of t = kernel + bytes / hbm, weighted by 1 / t^2 (relative errors).
     std::vector<double> x, y, w;
@@ -638,10 +685,31 @@ CalibrationResult calibrate_profile(const CalibrationInput& in) {
                  bytes_text(x[i]) + " B): model " + num(model[i] * 1e6) + " us, measured " +
                  num(y[i] * 1e6) + " us";
         }));
-  } else {
+  } else if (!(c.gpu.hbm_GBps > 0)) {  // a base profile's value stays
     set_number(c, "gpu.hbm_GBps", 10,
                "a placeholder: fewer than two momentum and apply_update rows");
   }
+}
+
+}  // namespace
+
+CalibrationResult calibrate_profile(const CalibrationInput& in) {
+  CalibrationResult result;
+  ClusterSpec& c = result.profile;
+  c.name = in.name;
+  c.gpus_per_node = std::max(8, in.ranks);
+  c.nodes = 1;
+  c.gpu.name = "cpu-rank";
+  set_number(c, "gpu.memory_GiB", in.memory_GiB, "the machine's memory over the ranks");
+  c.intra.kind = IntraNodeKind::pcie;
+  c.intra.pcie_switch_GBps = 0;
+  // One machine: the NIC is a placeholder the single-node model never uses (10 GbE).
+  c.nic.count_per_node = 1;
+  c.nic.bandwidth_GBps = 1.25;
+  c.nic.latency_us = 20;
+  c.network.topology = TopologyKind::single_switch;
+  c.calibration = in.info;
+  fit_compute(in.compute, in.ns_version, in.ns_steps, result);
 
   // Collectives: bandwidth per class, one latency, one launch overhead.
   std::vector<CollectiveBenchRow> rows;
@@ -785,6 +853,60 @@ ClusterSpec calibrated_profile(const CalibrationInput& in) {
   return calibrate_profile(in).profile;
 }
 
+CalibrationResult calibrate_compute(const ClusterSpec& base,
+                                    const std::vector<ComputeBenchRow>& rows,
+                                    const std::string& ns_version, int ns_steps,
+                                    const std::string& name, const CalibrationInfo& info) {
+  CalibrationResult result;
+  ClusterSpec& c = result.profile;
+  c = base;
+  c.name = name;
+  c.calibration = info;
+  // The measured version's entries are replaced; the base's other versions (v1, pytorch) stay.
+  std::erase_if(c.gpu.ns_table, [&](const NsTiming& t) { return t.version == ns_version; });
+  if (std::any_of(rows.begin(), rows.end(), [](const ComputeBenchRow& r) { return r.step_sized; }))
+    c.gpu.elementwise_table.clear();
+  fit_compute(rows, ns_version, ns_steps, result);
+  const std::string source = "muonbed calibrate --backend " +
+                             (info.backend.empty() ? std::string("?") : info.backend) + ", " +
+                             info.date;
+  for (NsTiming& t : c.gpu.ns_table)
+    if (t.version == ns_version && t.source.empty()) t.source = source;
+  for (ElementwiseTiming& t : c.gpu.elementwise_table)
+    if (t.source.empty()) t.source = source;
+  return result;
+}
+
+ClusterSpec write_calibrated_profile(const std::string& path, CalibrationResult& fitted,
+                                     std::vector<std::string> header,
+                                     const std::vector<std::string>& after_fields,
+                                     const std::string& backend, double max_fit_error) {
+  ClusterSpec& profile = fitted.profile;
+  const std::vector<std::string> fit_warnings = fit_error_warnings(fitted, max_fit_error);
+  if (!fit_warnings.empty() || !fitted.clamped.empty())
+    profile.source +=
+        "; WARNING: " +
+        (fit_warnings.empty() ? std::string()
+                              : std::to_string(fit_warnings.size()) +
+                                    " fit(s) above --max-fit-error " + num(max_fit_error) + " %") +
+        (!fit_warnings.empty() && !fitted.clamped.empty() ? ", " : "") +
+        (fitted.clamped.empty() ? std::string()
+                                : std::to_string(fitted.clamped.size()) + " term(s) clamped at 0") +
+        " (see the header)";
+  // From the cluster field table, as the key reference (docs/KEYS.md) says it.
+  for (const std::string& line : calibrated_fields_header(backend)) header.push_back(line);
+  for (const std::string& line : after_fields) header.push_back(line);
+  header.push_back("");
+  for (const std::string& line : fit_quality_header(fitted, max_fit_error)) header.push_back(line);
+  // The new profile replaces an old one only after the loader users run has read it back.
+  ClusterSpec back;
+  WriteOptions write;
+  write.what = "cluster profile";
+  write.validate = [&back](const std::string& temp) { back = load_cluster_file(temp); };
+  write_output_file(path, calibrated_profile_yaml(profile, header), write);
+  return back;
+}
+
 std::vector<std::string> fit_error_warnings(const CalibrationResult& result, double max_pct) {
   std::vector<std::string> out;
   for (const FitQuality& f : result.fits)
@@ -814,16 +936,23 @@ std::vector<std::string> fit_quality_header(const CalibrationResult& result, dou
   return out;
 }
 
-std::vector<std::string> calibrated_fields_header() {
+std::vector<std::string> calibrated_fields_header(const std::string& backend) {
   constexpr std::size_t kIndent = 28, kWidth = 100;
-  const std::string prefix = "calibrate (mpi): ";
+  // A field's calibrated text has one part per backend: "calibrate (mpi): ...; calibrate
+  // (nccl): ...".
+  const std::string prefix = "calibrate (" + backend + "): ";
   std::vector<std::string> out;
   for (const ClusterKeyDoc& d : cluster_key_reference()) {
-    if (!d.calibrated.starts_with(prefix)) continue;
+    const std::size_t at = d.calibrated.find(prefix);
+    if (at == std::string::npos) continue;
+    const std::size_t next = d.calibrated.find("; calibrate (", at + prefix.size());
+    const std::string text = d.calibrated.substr(
+        at + prefix.size(),
+        next == std::string::npos ? std::string::npos : next - at - prefix.size());
     std::string line = "  " + d.path;
     line += std::string(line.size() + 1 < kIndent ? kIndent - line.size() : 1, ' ');
     bool first = true;
-    std::istringstream words(d.calibrated.substr(prefix.size()));
+    std::istringstream words(text);
     for (std::string word; words >> word; first = false) {
       if (!first && line.size() + 1 + word.size() > kWidth) {
         out.push_back(line);
