@@ -182,7 +182,7 @@ StepEstimate reference_estimate(const StepPlan& plan, const ClusterSpec& cluster
       cuts.push_back(iv.end);
     }
     std::sort(cuts.begin(), cuts.end());
-    RankTimes& t = out.ranks[r];
+    TimeBreakdown& t = out.ranks[r];
     double all = 0;
     for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
       const double a = cuts[i], b = cuts[i + 1];
@@ -219,7 +219,7 @@ void require_same_estimate(const StepEstimate& a, const StepEstimate& b) {
 // compute + exposed communication + idle = step time on every rank.
 void check_accounting(const StepEstimate& e) {
   for (std::size_t r = 0; r < e.ranks.size(); ++r) {
-    const RankTimes& t = e.ranks[r];
+    const TimeBreakdown& t = e.ranks[r];
     INFO("rank " << r);
     CHECK(t.compute_s + t.exposed_comm_s + t.idle_s == Approx(e.step_time_s).epsilon(1e-9));
     CHECK(t.exposed_comm_s <= t.communication_s * (1 + 1e-12));
