@@ -196,21 +196,9 @@ std::vector<Case> negative_cases() {
     c.broken = true;
     const Model model = c.model;
     // Two scatters of same-shape matrices from different owners, each now from the other owner.
-    const ShardedModel sharded =
-        parallelize(model, DeviceMesh({{"dp_shard", 4, DimRole::fsdp}}, 4), ParallelRules{});
-    StrategyOptions options;
-    options.gather = "flat";
-    StepPlan plan =
-        build_plan(sharded, options, testing::settings_of(testing::kVariants[0], model));
-    int x = -1, y = -1;
-    for (const Op& a : plan.ops)
-      for (const Op& b : plan.ops)
-        if (x < 0 && a.kind == OpKind::scatter && b.kind == OpKind::scatter && a.root != b.root &&
-            plan.model.params[a.params[0]].shape == plan.model.params[b.params[0]].shape) {
-          x = a.id;
-          y = b.id;
-        }
-    std::swap(plan.ops[x].root, plan.ops[y].root);
+    const testing::SwappedScatters swapped = testing::swapped_scatter_owners(model);
+    const StepPlan plan = swapped.plan;
+    const int x = swapped.first, y = swapped.second;
     const std::string name = plan.model.params[plan.ops[x].params[0]].name;
     c.name = "negative control: the scatters of two owners swapped (ops " + std::to_string(x) +
              " and " + std::to_string(y) + ")";
