@@ -29,6 +29,7 @@
 #include "core/base/errors.hpp"
 #include "tests/common/equivalence_cases.hpp"
 #include "tests/common/strategy_matrix.hpp"
+#include "tests/mpi/test_world.hpp"
 
 using namespace muonbed;
 
@@ -325,11 +326,8 @@ std::vector<std::string> gather_text(const std::string& mine, int size) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const testing::TestWorld world = testing::start_test_world();
+  const int rank = world.rank, size = world.size;
   bool negative = false, generic = false, list = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {
