@@ -35,4 +35,17 @@ inline ClusterSpec unit_cluster(int gpus_per_node = 2) {
                                {2, 25, 5}, 1);
 }
 
+// `c` with NVLink SHARP on its NVSwitch, as the NVLS tests of the cost model and the simulator
+// price it: NVLink latency 0.6 us, 10 us per NVLS call, NICs of 50 GB/s, and one set of ring,
+// all-to-all, p2p and NVLS efficiencies (intra-node and network) for both tests.
+inline ClusterSpec with_nvls(ClusterSpec c) {
+  c.intra.latency_us = 0.6;
+  c.intra.nvls = true;
+  c.intra.nvls_latency_us = 10;
+  c.nic.bandwidth_GBps = 50;
+  c.efficiency.intra_node = {0.81, 0.81, 0.81, 0.685};
+  c.efficiency.network = {0.9, 0.94, 0.94, 0.627};
+  return c;
+}
+
 }  // namespace muonbed::testing

@@ -816,13 +816,7 @@ TEST_CASE("a multi-node all-to-all overlaps NVLink and NIC peers", "[cost_model]
 
 TEST_CASE("all-reduce runs NVLS or NVLS tree where the cluster has it and it is faster",
           "[cost_model][nvls]") {
-  ClusterSpec c = h100_like();
-  c.intra.latency_us = 0.6;
-  c.intra.nvls = true;
-  c.intra.nvls_latency_us = 10;
-  c.nic.bandwidth_GBps = 50;
-  c.efficiency.intra_node = {0.81, 0.81, 0.81, 0.685};
-  c.efficiency.network = {0.9, 0.94, 0.94, 0.627};
+  ClusterSpec c = testing::with_nvls(h100_like());
   const DeviceMesh mesh({{"dp", 32, DimRole::replicate}}, 8);
   const auto first = [](int n) {
     std::vector<int> m(n);

@@ -322,13 +322,7 @@ TEST_CASE("every collective starts with the per-call launch overhead",
 
 TEST_CASE("all-reduce runs NVLS where core's tuner picks it, timed as the analytic model",
           "[sim][collectives][nvls]") {
-  ClusterSpec c = dgx_cluster(TopologyKind::single_switch);
-  c.intra.latency_us = 0.6;
-  c.intra.nvls = true;
-  c.intra.nvls_latency_us = 10;
-  c.nic.bandwidth_GBps = 50;
-  c.efficiency.intra_node = {0.81, 0.81, 0.81, 0.685};
-  c.efficiency.network = {0.9, 0.94, 0.94, 0.627};
+  ClusterSpec c = testing::with_nvls(dgx_cluster(TopologyKind::single_switch));
   c.launch_overhead.collective_us = 8;
   const DeviceMesh mesh({{"dp", 32, DimRole::replicate}}, 8);
   for (int n : {4, 8, 16}) {
