@@ -177,10 +177,10 @@ grep -q '"feasible": true' out/strategy.name=owner/analytic.json || fail "a fitt
 # A given memory section is part of the resolved configuration (the default one is left out, so
 # results' identities stay as they were).
 "$muonbed" validate oom.yaml --resolved | grep -q "reserved_GiB: 100" || fail "memory not in the resolved configuration"
-# Bad memory values are refused at their place with the fix.
+# Bad memory values are refused at their place (line 6, after the tiny_experiment head) with the fix.
 sed 's/reserved_GiB: 100/activations_GiB: -1/' oom.yaml >bad-memory.yaml
 "$muonbed" validate bad-memory.yaml >bad-memory.log 2>&1 && fail "a negative activations_GiB was accepted"
-grep -q "bad-memory.yaml:5:" bad-memory.log || { cat bad-memory.log; fail "no file:line for a bad memory value"; }
+grep -q "bad-memory.yaml:6:" bad-memory.log || { cat bad-memory.log; fail "no file:line for a bad memory value"; }
 sed 's/reserved_GiB: 100/master_weights: fp16/' oom.yaml >bad-master.yaml
 "$muonbed" validate bad-master.yaml >bad-master.log 2>&1 && fail "master_weights: fp16 was accepted"
 grep -q "auto" bad-master.log || { cat bad-master.log; fail "the choices are not named"; }
