@@ -124,6 +124,22 @@ def trust_text(sweep):
     return " · ".join(parts)
 
 
+def mark_legend_handles(sweep):
+    """Legend entries of the marks a bar figure of `sweep` shows: the infeasible bars' patch and
+    the disagreement mark, each only where some point has it."""
+    from matplotlib.patches import Patch
+    handles = []
+    if sweep.infeasible:
+        handles.append(Patch(facecolor=INFEASIBLE_COLOR, edgecolor=INFEASIBLE_EDGE,
+                             hatch=INFEASIBLE_HATCH,
+                             label=f"{INFEASIBLE_MARK} exceeds {sweep.device} memory "
+                                   f"(would not run)"))
+    if sweep.disagree:
+        handles.append(Patch(facecolor="none", edgecolor="none",
+                             label=f"{DISAGREE_MARK} backends disagree by > {AGREE_PCT:g} %"))
+    return handles
+
+
 def label_points(ax, sweep, labels, fontsize=8.5):
     """The sweep points as the y axis of a horizontal-bar figure, first on top: each point's
     short label with its marks, in the infeasible colour when it exceeds memory."""

@@ -11,7 +11,7 @@ points whose backends disagree by more than 10 % carry ≠."""
 
 from .common import COMPONENTS, aw, differ, num, time_unit
 from .marks import (DISAGREE_MARK, INFEASIBLE_COLOR, INFEASIBLE_EDGE, INFEASIBLE_HATCH,
-                    label_points, mixed_fidelity)
+                    label_points, mark_legend_handles, mixed_fidelity)
 
 SPREAD_FOR_FACETS = 10.0
 STEP_COLOR = "#5A5A5A"  # the log facet's bars: the whole step, none of the four parts
@@ -160,13 +160,7 @@ def plot_strategies(p, sweep, name):
     if any_worst:
         handles.append(Patch(facecolor="white", edgecolor="#333333", hatch="///",
                              label="worst step (hatched)"))
-    if sweep.infeasible:
-        handles.append(Patch(facecolor=INFEASIBLE_COLOR, edgecolor=INFEASIBLE_EDGE,
-                             hatch=INFEASIBLE_HATCH,
-                             label=f"⊘ exceeds {sweep.device} memory (would not run)"))
-    if sweep.disagree:
-        handles.append(Patch(facecolor="none", edgecolor="none",
-                             label=f"{DISAGREE_MARK} backends disagree by > 10 %"))
+    handles += mark_legend_handles(sweep)
     last = panels[-1][1] if facets else panels[-1][0]
     last.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7.5,
                 frameon=False)

@@ -6,7 +6,7 @@ import os
 import re
 
 from .common import get, split_label, yaml
-from .marks import (DISAGREE_MARK, INFEASIBLE_MARK, device_word, disagreements,
+from .marks import (DISAGREE_MARK, INFEASIBLE_MARK, PREDICTED, device_word, disagreements,
                     infeasible)
 
 
@@ -67,9 +67,10 @@ class Sweep:
         self.device = device_word(records)  # "GPU", or "rank" for CPU processes
         self.disagree = disagreements(records)
         self.infeasible = infeasible(records)
+        # Predictions (marks.PREDICTED) before measurements, each by name: analytic, sim, then
+        # mpi, nccl.
         self.backends = sorted({r.backend for r in records},
-                               key=lambda b: (["analytic", "sim", "mpi", "nccl"].index(b)
-                                              if b in ["analytic", "sim", "mpi", "nccl"] else 9, b))
+                               key=lambda b: (b not in PREDICTED, b))
         keys = []
         for r in records:
             for k, _ in r.params:

@@ -16,7 +16,7 @@ training section are not drawn here."""
 
 from .common import fmt_time, get, num
 from .marks import (DISAGREE_MARK, INFEASIBLE_COLOR, INFEASIBLE_EDGE, INFEASIBLE_HATCH,
-                    label_points)
+                    label_points, mark_legend_handles)
 
 PARTS = [
     ("compute", "forward + backward compute", "#4C72B0"),
@@ -102,13 +102,7 @@ def plot_training(p, sweep, name):
     handles = [Patch(facecolor=c, label=t) for _, t, c in PARTS]
     handles.append(Line2D([0], [0], color="black", linestyle="--",
                           label="the AdamW step (same point, AdamW for every parameter)"))
-    if sweep.infeasible:
-        handles.append(Patch(facecolor=INFEASIBLE_COLOR, edgecolor=INFEASIBLE_EDGE,
-                             hatch=INFEASIBLE_HATCH,
-                             label=f"⊘ exceeds {sweep.device} memory (would not run)"))
-    if sweep.disagree:
-        handles.append(Patch(facecolor="none", edgecolor="none",
-                             label=f"{DISAGREE_MARK} backends disagree by > 10 %"))
+    handles += mark_legend_handles(sweep)
     legend_ax.legend(handles=handles, loc="center", ncol=2, fontsize=7.5, frameon=False)
     order = ", ".join(f"{ORIGIN.get(b, b)}" for b in backends)
     fig.suptitle(f"{name}: the training step with Muon in % of the AdamW step (compute, exposed "

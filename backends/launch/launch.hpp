@@ -93,8 +93,9 @@ std::optional<int> env_blas_threads();
 // Cores this process may run on (its affinity mask).
 int available_cores();
 
-// The mpirun to start (MUONBED_MPIRUN, the configured one, PATH), or Error with the fix.
-std::string find_mpirun();
+// The mpirun to start (MUONBED_MPIRUN, the configured one, PATH), or Error with the fix naming
+// `who` needs it ("the nccl backend", "muonbed calibrate").
+std::string find_mpirun(const std::string& who);
 // mpirun's options for `ranks` ranks on this machine: -np N, --oversubscribe beyond the cores,
 // --allow-run-as-root as root, --bind-to none (ranks run compute threads beside their MPI thread).
 std::vector<std::string> mpirun_argv(const std::string& mpirun, int ranks);
@@ -118,7 +119,7 @@ PointRun launch_job(const Job& job, int ranks, const std::string& failure_log,
 std::string run_to_json(const PointRun& run);
 
 // Starts this program under mpirun with `ranks` ranks (mpirun_argv) and `args`, its output passed
-// through; returns the exit code.
-int relaunch_under_mpirun(int ranks, const std::vector<std::string>& args);
+// through; returns the exit code. `who` is named if there is no mpirun (find_mpirun).
+int relaunch_under_mpirun(int ranks, const std::vector<std::string>& args, const std::string& who);
 
 }  // namespace muonbed::launch

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/config/cluster.hpp"
+#include "core/engine/measurement.hpp"
 #include "core/plan/plan.hpp"
 #include "core/plan/training.hpp"
 
@@ -138,14 +139,6 @@ struct NsSourceSummary {
 };
 NsSourceSummary ns_time_sources(const StepPlan& plan, const ClusterSpec& cluster);
 
-struct RankTimes {
-  double compute_s = 0;        // busy time on compute streams
-  double communication_s = 0;  // busy time on communication streams
-  double exposed_comm_s = 0;   // communication time not overlapped by compute
-  double idle_s = 0;           // step time minus the union of busy time
-  double finish_s = 0;
-};
-
 // The instances of one collective op in a step: how many ran and how long each took from its
 // start (the last member's arrival) to its completion, links shared with everything in flight.
 struct InstanceTimes {
@@ -156,8 +149,8 @@ struct InstanceTimes {
 
 struct StepEstimate {
   int step = 0;
-  double step_time_s = 0;  // max over ranks of finish time
-  std::vector<RankTimes> ranks;
+  double step_time_s = 0;                  // max over ranks of finish time
+  std::vector<TimeBreakdown> ranks;        // per rank (measurement.hpp)
   std::vector<InstanceTimes> collectives;  // by op id (zero for compute ops and idle steps)
   // A training step: per rank, each StepPhase's busy time and its last op's end (timeline.hpp).
   std::vector<std::array<double, kStepPhases>> phase_busy_s;

@@ -234,8 +234,6 @@ struct StepPlan {
 
   const DeviceMesh& mesh() const { return model.mesh; }
   int hyper_period() const;
-  // Ops rank `rank` takes part in, in plan order.
-  std::vector<int> ops_of_rank(int rank) const;
   bool active_in_step(const Op& op, int step) const { return step % op.period == 0; }
 };
 

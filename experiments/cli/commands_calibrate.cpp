@@ -591,7 +591,8 @@ int run_calibrate(CalibrateOptions& o) {
   if (!points.empty()) (void)calibration_workload(points, o.ranks);
 #if MUONBED_HAVE_MPI
   if (!launch::mpi_environment().inside)
-    return launch::relaunch_under_mpirun(o.ranks, relaunch_args(o));
+    return launch::relaunch_under_mpirun(o.ranks, relaunch_args(o),
+                                         "muonbed calibrate --backend " + o.backend);
   return calibrate_inside(o, points);
 #else
   return 1;  // require_backend threw

@@ -159,7 +159,7 @@ void print_point(const Experiment& e, std::size_t index, std::size_t count, int 
   if (!est.worst.ranks.empty()) {
     const auto worst = std::max_element(
         est.worst.ranks.begin(), est.worst.ranks.end(),
-        [](const RankTimes& a, const RankTimes& b) { return a.finish_s < b.finish_s; });
+        [](const TimeBreakdown& a, const TimeBreakdown& b) { return a.finish_s < b.finish_s; });
     const int r = static_cast<int>(worst - est.worst.ranks.begin());
     std::cout << fmt::format(
         "          worst rank {} (node {}): compute {}, communication {}, "

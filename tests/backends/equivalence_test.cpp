@@ -306,23 +306,12 @@ std::string broken_run(const StepPlan& plan, const Model& model) {
 
 TEST_CASE("negative control: two owners' scatters swapped", "[equivalence][negative]") {
   const Model model = *find_preset("tiny-dense");
-  const ShardedModel sharded =
-      parallelize(model, DeviceMesh({{"dp_shard", 4, DimRole::fsdp}}, 4), ParallelRules{});
-  StrategyOptions options;
-  options.gather = "flat";
-  StepPlan plan = build_plan(sharded, options, settings_of(kVariants[0], model));
   // Two scatters of same-shape matrices from different owners: each now scatters from the other
   // owner, which holds no result of that matrix.
-  int x = -1, y = -1;
-  for (const Op& a : plan.ops)
-    for (const Op& b : plan.ops)
-      if (x < 0 && a.kind == OpKind::scatter && b.kind == OpKind::scatter && a.root != b.root &&
-          plan.model.params[a.params[0]].shape == plan.model.params[b.params[0]].shape) {
-        x = a.id;
-        y = b.id;
-      }
-  REQUIRE(x >= 0);
-  std::swap(plan.ops[x].root, plan.ops[y].root);
+  const testing::SwappedScatters swapped = testing::swapped_scatter_owners(model);
+  REQUIRE(swapped.first >= 0);
+  const StepPlan& plan = swapped.plan;
+  const int x = swapped.first;
   const int p = plan.ops[x].params[0];
   const std::string name = plan.model.params[p].name;
   const int wrong_root = plan.model.mesh.group_member(0, plan.ops[x].group, plan.ops[x].root);

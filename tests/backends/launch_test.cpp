@@ -13,27 +13,15 @@
 #include "core/experiment/experiment.hpp"
 #include "core/plan/plan_json.hpp"
 #include "muonbed/config.hpp"
+#include "tests/common/tiny_experiment.hpp"
 
 using namespace muonbed;
 
 namespace {
 
 Experiment eight_rank_point() {
-  const auto points =
-      parse_experiment(R"(
-name: launch
-cluster: dgx-h100
-mesh: {dims: {dp_shard: 8}}
-model: {preset: tiny-dense}
-strategy: {name: owner}
-backend: [mpi]
-steps: 3
-repeats: 4
-seed: 11
-)",
-                       std::string(MUONBED_SOURCE_DIR) + "/experiments/launch.yaml");
-  REQUIRE(points.size() == 1);
-  return points[0];
+  return testing::tiny_point("launch", "dgx-h100", 8, "mpi",
+                             "strategy: {name: owner}\nsteps: 3\nrepeats: 4\nseed: 11\n");
 }
 
 // Sets an environment variable for one scope.

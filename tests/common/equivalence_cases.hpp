@@ -11,6 +11,7 @@
 #include "core/model/parallelize.hpp"
 #include "core/plan/plan.hpp"
 #include "core/plan/program.hpp"
+#include "core/plan/strategy.hpp"
 
 namespace muonbed::testing {
 
@@ -123,6 +124,34 @@ inline ParallelRules dense_over_ep_rules() {
   ParallelRules rules;
   rules.dense_over_ep = DenseOverEp::shard;
   return rules;
+}
+
+// The negative control of both executors' equivalence tests: `model` over 4 FSDP ranks with the
+// flat gather (variant 0), two scatters of same-shape matrices from different owners each made
+// to scatter from the other owner, which holds no result of that matrix. `first` and `second` are
+// their op ids (-1: the plan has no such pair).
+struct SwappedScatters {
+  StepPlan plan;
+  int first = -1;
+  int second = -1;
+};
+inline SwappedScatters swapped_scatter_owners(const Model& model) {
+  const ShardedModel sharded =
+      parallelize(model, DeviceMesh({{"dp_shard", 4, DimRole::fsdp}}, 4), ParallelRules{});
+  StrategyOptions options;
+  options.gather = "flat";
+  SwappedScatters out{build_plan(sharded, options, settings_of(kVariants[0], model))};
+  const StepPlan& plan = out.plan;
+  for (const Op& a : plan.ops)
+    for (const Op& b : plan.ops)
+      if (out.first < 0 && a.kind == OpKind::scatter && b.kind == OpKind::scatter &&
+          a.root != b.root &&
+          plan.model.params[a.params[0]].shape == plan.model.params[b.params[0]].shape) {
+        out.first = a.id;
+        out.second = b.id;
+      }
+  if (out.first >= 0) std::swap(out.plan.ops[out.first].root, out.plan.ops[out.second].root);
+  return out;
 }
 
 // The plan without op `id`: later ids shift down, and ops that depended on it inherit its deps.

@@ -8,31 +8,13 @@
 #include "core/engine/bound.hpp"
 #include "core/engine/cost_model.hpp"
 #include "core/plan/strategy.hpp"
+#include "tests/common/hand_clusters.hpp"
 #include "tests/common/strategy_matrix.hpp"
 
 using namespace muonbed;
 using Catch::Detail::Approx;
 
 namespace {
-
-// Nodes of 2 GPUs (NVSwitch 100 GB/s, 1 us), 1 TFLOP/s at any size, HBM not modelled, one NIC
-// of 25 GB/s (5 us) per GPU behind one switch (1 us).
-ClusterSpec round_cluster() {
-  ClusterSpec c;
-  c.name = "round";
-  c.gpus_per_node = 2;
-  c.gpu.name = "unit";
-  c.gpu.peak_tflops = 1;
-  c.intra.kind = IntraNodeKind::nvswitch;
-  c.intra.bandwidth_GBps = 100;
-  c.intra.latency_us = 1;
-  c.nic.count_per_node = 2;
-  c.nic.bandwidth_GBps = 25;
-  c.nic.latency_us = 5;
-  c.network.topology = TopologyKind::single_switch;
-  c.network.switch_latency_us = 1;
-  return c;
-}
 
 // Two square matrices sharded on dim 0 over a 1-D FSDP mesh.
 ShardedModel squares(int ranks, std::int64_t small, std::int64_t large) {
@@ -51,7 +33,7 @@ ShardedModel squares(int ranks, std::int64_t small, std::int64_t large) {
 
 TEST_CASE("T_bound by hand: the longest NS with its gather and scatter, or the balanced work",
           "[bound]") {
-  const ClusterSpec cluster = round_cluster();
+  const ClusterSpec cluster = testing::unit_cluster();
   // 4 ranks on 2 nodes; matrices 256 and 1024: NS of n x n is 30 n^3 FLOPs at 1 TFLOP/s.
   const ShardedModel model = squares(4, 256, 1024);
   StrategyOptions options;
@@ -95,7 +77,7 @@ TEST_CASE("T_bound by hand: the longest NS with its gather and scatter, or the b
 }
 
 TEST_CASE("no plan of the invariant matrix is faster than its bound", "[bound]") {
-  ClusterSpec cluster = round_cluster();
+  ClusterSpec cluster = testing::unit_cluster();
   cluster.gpus_per_node = 2;
   int plans = 0;
   for (const auto& topology : testing::topologies()) {

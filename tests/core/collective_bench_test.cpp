@@ -11,6 +11,7 @@
 #include "core/engine/cost_model.hpp"
 #include "core/results/collective_bench.hpp"
 #include "muonbed/config.hpp"
+#include "tests/common/collective_bench_fixtures.hpp"
 
 using namespace muonbed;
 
@@ -21,21 +22,9 @@ ClusterSpec profile(const std::string& name) {
                            ".yaml");
 }
 
-Experiment bench_experiment(const ClusterSpec& cluster, const DeviceMesh& mesh) {
-  Experiment e;
-  e.name = "bench_collective";
-  e.cluster = cluster;
-  e.mesh = mesh;
-  e.backends = {"analytic"};
-  return e;
-}
-
+// `op` over all of `gpus` GPUs on nodes of 8 (dgx-h100's).
 CollectiveBenchSpec spec_of(const std::string& op, int gpus, int gpus_per_node = 8) {
-  CollectiveBenchSpec s;
-  s.op = op;
-  s.mesh = DeviceMesh({{"g", gpus, DimRole::replicate}}, gpus_per_node);
-  s.group = DimSet::of({0});
-  return s;
+  return testing::one_group_spec(op, gpus, gpus_per_node);
 }
 
 }  // namespace
@@ -59,7 +48,7 @@ TEST_CASE("every op's synthetic plan moves nccl-tests' buffer size", "[core][ben
     INFO(op);
     const CollectiveBenchSpec spec = spec_of(op, 8);
     const CollectiveBenchRow row =
-        run_collective_bench(spec, bench_experiment(c, spec.mesh), S, "analytic");
+        run_collective_bench(spec, testing::bench_experiment(c, spec), S, "analytic");
     CHECK(row.size_bytes == S);
     CHECK(row.type == "float");
     CHECK(row.group_size == 8);
@@ -92,7 +81,7 @@ TEST_CASE("bench plans: bfloat16, a mesh with several groups, roots, and bad inp
   spec.group = DimSet::of({1});
   spec.dtype = DType::bf16;
   const CollectiveBenchRow row =
-      run_collective_bench(spec, bench_experiment(c, spec.mesh), 1 << 20, "analytic");
+      run_collective_bench(spec, testing::bench_experiment(c, spec), 1 << 20, "analytic");
   CHECK(row.size_bytes == 1 << 20);
   CHECK(row.type == "bfloat16");
   CHECK(row.count == (1 << 20) / 2 / 8);
@@ -101,15 +90,17 @@ TEST_CASE("bench plans: bfloat16, a mesh with several groups, roots, and bad inp
   CHECK(row.nodes == 2);
   // Pieces round down to whole elements, as nccl-tests does.
   const CollectiveBenchSpec ag = spec_of("all_gather", 3);
-  CHECK(run_collective_bench(ag, bench_experiment(c, ag.mesh), 1000, "analytic").size_bytes == 996);
+  CHECK(run_collective_bench(ag, testing::bench_experiment(c, ag), 1000, "analytic").size_bytes ==
+        996);
   CollectiveBenchSpec bcast = spec_of("broadcast", 4);
   bcast.root = 3;
-  CHECK(run_collective_bench(bcast, bench_experiment(c, bcast.mesh), 4096, "analytic").root == 3);
+  CHECK(run_collective_bench(bcast, testing::bench_experiment(c, bcast), 4096, "analytic").root ==
+        3);
   bcast.root = 4;
   CHECK_THROWS_AS(collective_bench_plan(bcast, 4096), ConfigError);
   CHECK_THROWS_AS(collective_bench_plan(spec_of("all_gather", 1), 4096), ConfigError);
   CHECK_THROWS_AS(collective_bench_plan(spec_of("reduce", 8), 4096), ConfigError);
-  CHECK_THROWS_WITH(run_collective_bench(ag, bench_experiment(c, ag.mesh), 1024, "nccl"),
+  CHECK_THROWS_WITH(run_collective_bench(ag, testing::bench_experiment(c, ag), 1024, "nccl"),
                     Catch::Contains("not built"));
 }
 
@@ -189,7 +180,7 @@ TEST_CASE("measured rows report min, median and max over the iterations; modelle
   g_iteration_s = {30e-6, 10e-6, 20e-6, 12e-6};
   const ClusterSpec c = profile("dgx-h100");
   const CollectiveBenchSpec spec = spec_of("all_gather", 2);
-  Experiment e = bench_experiment(c, spec.mesh);
+  Experiment e = testing::bench_experiment(c, spec);
   e.backends = {"known_iterations"};
   CollectiveBenchRow row = run_collective_bench(spec, e, 1 << 20, "known_iterations");
   REQUIRE(row.iteration_us.size() == 4);
@@ -240,8 +231,9 @@ TEST_CASE("the analytic model meets the shipped profiles' published figures with
       const CollectiveBenchSpec spec = spec_of(m.op, m.gpus, c.gpus_per_node);
       double busbw = 0;
       if (m.algorithm.empty()) {
-        busbw = run_collective_bench(spec, bench_experiment(c, spec.mesh), m.size_bytes, "analytic")
-                    .busbw_GBps;
+        busbw =
+            run_collective_bench(spec, testing::bench_experiment(c, spec), m.size_bytes, "analytic")
+                .busbw_GBps;
       } else {  // a forced all-reduce algorithm
         REQUIRE(m.op == "all_reduce");
         std::vector<int> members(m.gpus);

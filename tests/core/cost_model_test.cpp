@@ -18,6 +18,7 @@
 #include "core/engine/cost_model.hpp"
 #include "core/engine/link_sharing.hpp"
 #include "core/plan/strategy.hpp"
+#include "tests/common/hand_clusters.hpp"
 
 using namespace muonbed;
 using Catch::Detail::Approx;
@@ -27,27 +28,6 @@ namespace {
 // Relative tolerance for closed forms evaluated in a different order than the reference.
 Approx near(double v) {
   return Approx(v).epsilon(1e-12).margin(1e-18);
-}
-
-// One node of `gpus` GPUs on NVSwitch (100 GB/s, 1 us), 1 TFLOP/s, HBM not modelled; two NICs of
-// 25 GB/s (5 us) per node behind one switch (1 us).
-ClusterSpec test_cluster(int gpus_per_node = 2) {
-  ClusterSpec c;
-  c.name = "test";
-  c.gpus_per_node = gpus_per_node;
-  c.nodes = 0;
-  c.gpu.name = "unit";
-  c.gpu.peak_tflops = 1;
-  c.gpu.hbm_GBps = 0;
-  c.intra.kind = IntraNodeKind::nvswitch;
-  c.intra.bandwidth_GBps = 100;
-  c.intra.latency_us = 1;
-  c.nic.count_per_node = 2;
-  c.nic.bandwidth_GBps = 25;
-  c.nic.latency_us = 5;
-  c.network.topology = TopologyKind::single_switch;
-  c.network.switch_latency_us = 1;
-  return c;
 }
 
 // NS FLOPs of an n x n matrix, 5 steps: 5 (4 n^3 + 2 n^3) = 30 n^3.
@@ -182,7 +162,7 @@ StepEstimate reference_estimate(const StepPlan& plan, const ClusterSpec& cluster
       cuts.push_back(iv.end);
     }
     std::sort(cuts.begin(), cuts.end());
-    RankTimes& t = out.ranks[r];
+    TimeBreakdown& t = out.ranks[r];
     double all = 0;
     for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
       const double a = cuts[i], b = cuts[i + 1];
@@ -219,7 +199,7 @@ void require_same_estimate(const StepEstimate& a, const StepEstimate& b) {
 // compute + exposed communication + idle = step time on every rank.
 void check_accounting(const StepEstimate& e) {
   for (std::size_t r = 0; r < e.ranks.size(); ++r) {
-    const RankTimes& t = e.ranks[r];
+    const TimeBreakdown& t = e.ranks[r];
     INFO("rank " << r);
     CHECK(t.compute_s + t.exposed_comm_s + t.idle_s == Approx(e.step_time_s).epsilon(1e-9));
     CHECK(t.exposed_comm_s <= t.communication_s * (1 + 1e-12));
@@ -354,7 +334,7 @@ TEST_CASE("collective closed forms on hand numbers", "[cost_model]") {
 
 TEST_CASE("link_for_group inside a node and across nodes", "[cost_model]") {
   // 2 nodes x 4 GPUs; NVSwitch 400 GB/s, 2 us; 2 NICs x 50 GB/s per node, 5 us; switch 1 us.
-  ClusterSpec c = test_cluster(4);
+  ClusterSpec c = testing::unit_cluster(4);
   c.intra.bandwidth_GBps = 400;
   c.intra.latency_us = 2;
   c.nic.bandwidth_GBps = 50;
@@ -419,7 +399,7 @@ TEST_CASE("link_for_group inside a node and across nodes", "[cost_model]") {
 TEST_CASE("compute_time: Newton-Schulz at the sustained rate, elementwise at HBM bandwidth",
           "[cost_model]") {
   StepPlan plan = tiny_plan(2, 2);
-  ClusterSpec c = test_cluster();
+  ClusterSpec c = testing::unit_cluster();
   add(plan, ns_op(plan, 0, 1, 0));
   CHECK(compute_time(plan, plan.ops[0], 0, c) == near(t128));
   // GEMM efficiency 50% at 128: twice as long.
@@ -438,7 +418,7 @@ TEST_CASE("compute_time: Newton-Schulz at the sustained rate, elementwise at HBM
 }
 
 TEST_CASE("estimate_step on tiny hand-made plans", "[cost_model]") {
-  const ClusterSpec c = test_cluster();
+  const ClusterSpec c = testing::unit_cluster();
   // Gather/all-gather of p2 (1024 x 1024 bf16 = 2 MiB) over 2 ranks of one node:
   // alpha + S/2 / B = 1 us + 1,048,576 B / 100 GB/s.
   const double g = 1e-6 + 1048576.0 / 100e9;
@@ -555,7 +535,7 @@ TEST_CASE("estimate_step on tiny hand-made plans", "[cost_model]") {
 
 TEST_CASE("CPU ranks pay their messages' host work with idle time first, then compute",
           "[cost_model][host_comm]") {
-  ClusterSpec c = test_cluster();
+  ClusterSpec c = testing::unit_cluster();
   c.gpu.host_comm_us_per_message = 2;
   c.gpu.host_comm_ns_per_byte = 0.01;
   // p2's pieces: 512 x 1024 bf16 = 1 MiB per rank of 2. In an all-gather each rank sends one and
@@ -600,12 +580,12 @@ TEST_CASE("CPU ranks pay their messages' host work with idle time first, then co
     add(plan, ns_op(plan, 0, 0, 0));
     add(plan, collective_op(plan, OpKind::all_gather, 2, 1));
     add(plan, ns_op(plan, 0, 1, 0));
-    CHECK(estimate_step(plan, test_cluster()).ranks[0].compute_s == near(t64 + t128));
+    CHECK(estimate_step(plan, testing::unit_cluster()).ranks[0].compute_s == near(t64 + t128));
   }
 }
 
 TEST_CASE("estimate: periods give different steps; average and worst", "[cost_model]") {
-  const ClusterSpec c = test_cluster();
+  const ClusterSpec c = testing::unit_cluster();
   StepPlan plan = tiny_plan(2, 2);
   add(plan, ns_op(plan, 0, 0, 0));
   Op every_other = ns_op(plan, 0, 1, 0);
@@ -711,23 +691,23 @@ TEST_CASE("estimate_step scales to 16,384 ranks", "[.][perf][cost_model]") {
 
 TEST_CASE("estimate on an empty plan and a mesh without dims", "[cost_model]") {
   const StepPlan empty;
-  const StepEstimate e = estimate_step(empty, test_cluster());
+  const StepEstimate e = estimate_step(empty, testing::unit_cluster());
   CHECK(e.step_time_s == 0.0);
   REQUIRE(e.ranks.size() == 1);
   CHECK(e.ranks[0].idle_s == 0.0);
-  const EstimateSummary s = estimate(empty, test_cluster());
+  const EstimateSummary s = estimate(empty, testing::unit_cluster());
   CHECK(s.average_step_s == 0.0);
   CHECK(s.worst_step_s == 0.0);
-  CHECK_THROWS_AS(estimate_step(empty, test_cluster(), -1), PlanError);
+  CHECK_THROWS_AS(estimate_step(empty, testing::unit_cluster(), -1), PlanError);
 }
 
 TEST_CASE("estimate rejects malformed plans with the op named", "[cost_model]") {
   StepPlan plan = tiny_plan(2, 2);
   add(plan, ns_op(plan, 0, 0, 0, {3}));  // a dep on a later op
-  CHECK_THROWS_WITH(estimate_step(plan, test_cluster()), Catch::Contains("op 0"));
+  CHECK_THROWS_WITH(estimate_step(plan, testing::unit_cluster()), Catch::Contains("op 0"));
   plan.ops[0].deps = {};
   plan.ops[0].period = 0;
-  CHECK_THROWS_AS(estimate(plan, test_cluster()), PlanError);
+  CHECK_THROWS_AS(estimate(plan, testing::unit_cluster()), PlanError);
 }
 
 // ---- The calibrated model (issue 12): each fix below fails on the model before it.
@@ -735,7 +715,7 @@ TEST_CASE("estimate rejects malformed plans with the op named", "[cost_model]") 
 TEST_CASE("ring steps inside a node pay the intra-node latency, crossing steps the NIC's",
           "[cost_model][latency]") {
   // 2 nodes x 4 GPUs: intra 1 us; NIC 5 us + one switch 1 us = 6 us.
-  const ClusterSpec c = test_cluster(4);
+  const ClusterSpec c = testing::unit_cluster(4);
   const DeviceMesh mesh({{"dp", 16, DimRole::replicate}}, 4);
   const LinkParams two_nodes = link_for_group(c, mesh, {0, 1, 2, 3, 4, 5, 6, 7});
   CHECK(two_nodes.latency_s == near(6e-6));
@@ -774,7 +754,7 @@ TEST_CASE("an all-gather from a single owner is never faster than the owner's li
   op.owned_only = true;
   op.tensor = TensorRole::result;
   add(plan, op);
-  const ClusterSpec c = test_cluster(8);
+  const ClusterSpec c = testing::unit_cluster(8);
   const double S = 8192.0 * 8192 * 2;
   const std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7};
   CHECK(smallest_piece_bytes(plan, plan.ops[0], all) == 0.0);
@@ -791,7 +771,7 @@ TEST_CASE("an all-gather from a single owner is never faster than the owner's li
 
 TEST_CASE("each link class runs at its efficiency for the collective class",
           "[cost_model][efficiency]") {
-  ClusterSpec c = test_cluster(4);
+  ClusterSpec c = testing::unit_cluster(4);
   c.efficiency.intra_node = {0.8, 0.5, 0.9, 1.0};
   c.efficiency.network = {0.7, 0.6, 0.95, 1.0};
   const DeviceMesh mesh({{"dp", 8, DimRole::replicate}}, 4);
@@ -818,7 +798,7 @@ TEST_CASE("a multi-node all-to-all overlaps NVLink and NIC peers", "[cost_model]
   // across: the NIC carries 8/16 of S while NVLink carries 7/16 at the same time, so
   // busbw = NIC x 15/8 (nccl-tests#130: "On 2 nodes ... BusBW = 2x network bandwidth per GPU"
   // with 1 GPU per node). Peers in lockstep gave busbw = one NIC.
-  ClusterSpec c = test_cluster(8);
+  ClusterSpec c = testing::unit_cluster(8);
   c.intra.bandwidth_GBps = 450;
   c.nic.count_per_node = 8;
   c.nic.bandwidth_GBps = 50;
@@ -836,13 +816,7 @@ TEST_CASE("a multi-node all-to-all overlaps NVLink and NIC peers", "[cost_model]
 
 TEST_CASE("all-reduce runs NVLS or NVLS tree where the cluster has it and it is faster",
           "[cost_model][nvls]") {
-  ClusterSpec c = h100_like();
-  c.intra.latency_us = 0.6;
-  c.intra.nvls = true;
-  c.intra.nvls_latency_us = 10;
-  c.nic.bandwidth_GBps = 50;
-  c.efficiency.intra_node = {0.81, 0.81, 0.81, 0.685};
-  c.efficiency.network = {0.9, 0.94, 0.94, 0.627};
+  ClusterSpec c = testing::with_nvls(h100_like());
   const DeviceMesh mesh({{"dp", 32, DimRole::replicate}}, 8);
   const auto first = [](int n) {
     std::vector<int> m(n);
@@ -877,7 +851,7 @@ TEST_CASE("all-reduce runs NVLS or NVLS tree where the cluster has it and it is 
 }
 
 TEST_CASE("every collective call pays the launch overhead once", "[cost_model][launch]") {
-  ClusterSpec c = test_cluster(8);
+  ClusterSpec c = testing::unit_cluster(8);
   c.launch_overhead.collective_us = 8;
   const DeviceMesh mesh({{"dp", 8, DimRole::replicate}}, 8);
   const std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7};
@@ -963,7 +937,7 @@ TEST_CASE("Newton-Schulz time comes from the measured table of the chosen kernel
 TEST_CASE("compute_time: measured NS table, peak-rate fallback and kernel launch overhead",
           "[cost_model][ns_table][launch]") {
   StepPlan plan = tiny_plan(2, 2);
-  ClusterSpec c = test_cluster();
+  ClusterSpec c = testing::unit_cluster();
   add(plan, ns_op(plan, 0, 1, 0));  // p1: 128 x 128
   CHECK(compute_time(plan, plan.ops[0], 0, c) == near(t128));
   c.gpu.ns_table = {{"v2", 128, 128, 1, 5, 0.05, ""}, {"v1", 64, 64, 1, 5, 0.02, ""}};
@@ -1057,7 +1031,7 @@ TEST_CASE("link sharing: concurrent rings through one node's NICs, by hand",
 
 TEST_CASE("ns_time_sources says where each NS shape's time comes from", "[cost_model][ns_table]") {
   StepPlan plan = tiny_plan(2, 2);
-  ClusterSpec c = test_cluster();
+  ClusterSpec c = testing::unit_cluster();
   add(plan, ns_op(plan, 0, 1, 0));  // p1: 128 x 128
   c.gpu.ns_kernel = "";
   NsSourceSummary s = ns_time_sources(plan, c);

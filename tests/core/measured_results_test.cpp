@@ -13,22 +13,14 @@
 #include "core/results/results.hpp"
 #include "core/results/run_point.hpp"
 #include "muonbed/config.hpp"
+#include "tests/common/tiny_experiment.hpp"
 
 using namespace muonbed;
 
 namespace {
 
 ResultRecord analytic_tiny() {
-  const auto points = parse_experiment(R"(
-name: measured
-cluster: local-cpu
-mesh: {dims: {dp_shard: 2}}
-model: {preset: tiny-dense}
-backend: [analytic]
-)",
-                                       std::string(MUONBED_SOURCE_DIR) + "/experiments/m.yaml");
-  REQUIRE(points.size() == 1);
-  return run_point(points[0], "analytic").record;
+  return run_point(testing::tiny_point("measured", "local-cpu", 2, "analytic"), "analytic").record;
 }
 
 }  // namespace

@@ -12,23 +12,14 @@
 #include "core/results/run_point.hpp"
 #include "muonbed/config.hpp"
 #include "tests/common/temp_dir.hpp"
+#include "tests/common/tiny_experiment.hpp"
 
 using namespace muonbed;
 
 namespace {
 
 Experiment tiny_point() {
-  const auto points = parse_experiment(R"(
-name: registry
-cluster: dgx-h100
-mesh: {dims: {dp_shard: 4}}
-model: {preset: tiny-dense}
-strategy: {name: owner}
-backend: [analytic]
-)",
-                                       std::string(MUONBED_SOURCE_DIR) + "/experiments/t.yaml");
-  REQUIRE(points.size() == 1);
-  return points[0];
+  return testing::tiny_point("registry", "dgx-h100", 4, "analytic", "strategy: {name: owner}\n");
 }
 
 PointRun fake_run(const Experiment& experiment, const StepPlan& plan, const RunSettings& s) {

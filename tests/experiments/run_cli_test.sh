@@ -4,31 +4,24 @@
 # reruns give byte-identical results (timestamp aside), and unsupported backends fail with a fix.
 # Usage: run_cli_test.sh MUONBED_BINARY HAVE_SIMGRID(0|1) WORK_DIR
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../common/cli_test.sh"
 muonbed=$1
 have_sim=$2
 work=$3
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
-
-fail() {
-  echo "FAIL: $*"
-  exit 1
-}
+enter_work_dir "$work"
 
 backends=analytic
 [ "$have_sim" = 1 ] && backends="analytic, sim"
 write_experiment() {  # $1 = ns_steps, $2 = strategies swept (default: sequential, owner)
-  cat >tiny.yaml <<EOF
-name: tiny
-cluster: dgx-h100
-mesh: {dims: {dp_shard: 8}}
-model: {preset: tiny-dense}
+  {
+    tiny_experiment tiny dgx-h100 8 "$backends" "{name: owner, prefetch_count: 1}"
+    cat <<EOF
 optimizer: {ns_steps: $1}
-strategy: {name: owner, prefetch_count: 1}
-backend: [$backends]
 sweep:
   strategy.name: [${2:-sequential, owner}]
 output: out
 EOF
+  } >tiny.yaml
 }
 nb=$([ "$have_sim" = 1 ] && echo 2 || echo 1)
 runs=$((2 * nb))
@@ -167,15 +160,11 @@ if [ "$have_sim" = 0 ]; then
 fi
 # Memory feasibility (issue 22): a point whose training state exceeds the GPU is flagged by
 # validate, plan and run, and in its result; its step time is still reported, marked.
-cat >oom.yaml <<EOF
-name: oom
-cluster: dgx-h100
-mesh: {dims: {dp_shard: 8}}
-model: {preset: tiny-dense}
-memory: {reserved_GiB: 100}
-backend: [$backends]
-output: oom-out
-EOF
+{
+  tiny_experiment oom dgx-h100 8 "$backends"
+  echo "memory: {reserved_GiB: 100}"
+  echo "output: oom-out"
+} >oom.yaml
 "$muonbed" validate oom.yaml >oom-validate.log 2>&1 || { cat oom-validate.log; fail "validate of oom.yaml failed"; }
 grep -q "INFEASIBLE .*exceeds the 79.6 GiB of one H100" oom-validate.log || { cat oom-validate.log; fail "validate did not flag the floor"; }
 "$muonbed" plan oom.yaml >oom-plan.log 2>&1 || { cat oom-plan.log; fail "plan of oom.yaml failed"; }
@@ -188,10 +177,10 @@ grep -q '"feasible": true' out/strategy.name=owner/analytic.json || fail "a fitt
 # A given memory section is part of the resolved configuration (the default one is left out, so
 # results' identities stay as they were).
 "$muonbed" validate oom.yaml --resolved | grep -q "reserved_GiB: 100" || fail "memory not in the resolved configuration"
-# Bad memory values are refused at their place with the fix.
+# Bad memory values are refused at their place (line 6, after the tiny_experiment head) with the fix.
 sed 's/reserved_GiB: 100/activations_GiB: -1/' oom.yaml >bad-memory.yaml
 "$muonbed" validate bad-memory.yaml >bad-memory.log 2>&1 && fail "a negative activations_GiB was accepted"
-grep -q "bad-memory.yaml:5:" bad-memory.log || { cat bad-memory.log; fail "no file:line for a bad memory value"; }
+grep -q "bad-memory.yaml:6:" bad-memory.log || { cat bad-memory.log; fail "no file:line for a bad memory value"; }
 sed 's/reserved_GiB: 100/master_weights: fp16/' oom.yaml >bad-master.yaml
 "$muonbed" validate bad-master.yaml >bad-master.log 2>&1 && fail "master_weights: fp16 was accepted"
 grep -q "auto" bad-master.log || { cat bad-master.log; fail "the choices are not named"; }

@@ -6,22 +6,14 @@
 # and finds nothing to do. Bad --shard values are refused with the fix. The sweep is zipped.
 # Usage: shard_cli_test.sh MUONBED_BINARY WORK_DIR
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../common/cli_test.sh"
 muonbed=$1
 work=$2
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+enter_work_dir "$work"
 
-fail() {
-  echo "FAIL: $*"
-  exit 1
-}
-
-cat >tiny.yaml <<EOF
-name: tiny
-cluster: dgx-h100
-mesh: {dims: {dp_shard: 8}}
-model: {preset: tiny-dense}
-strategy: {name: owner}
-backend: [analytic]
+{
+  tiny_experiment tiny dgx-h100 8 analytic "{name: owner}"
+  cat <<EOF
 sweep:
   strategy.name: [sequential, owner]
   zip:
@@ -29,6 +21,7 @@ sweep:
     optimizer.ns_steps: [5, 5, 4, 4]
 output: out
 EOF
+} >tiny.yaml
 points=8
 listed() { grep -c '"backend": "analytic"' out/muonbed-run.json; }
 

@@ -16,20 +16,13 @@
 #              GPU build" error
 # Usage: calibrate_test.sh MODE MUONBED_BINARY WORK_DIR. Exits 77 (skipped) without mpirun.
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../common/cli_test.sh"
 mode=$1
 muonbed=$2
 work=$3
-if [ -z "${MUONBED_MPIRUN:-}" ] && ! command -v mpirun >/dev/null; then
-  echo "SKIP: mpirun not found (sudo apt-get install openmpi-bin): the mpi tests did not run"
-  exit 77
-fi
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+skip_without_mpirun
+enter_work_dir "$work"
 export TMPDIR=$work
-
-fail() {
-  echo "FAIL: $*"
-  exit 1
-}
 
 case "$mode" in
 bench)
@@ -78,17 +71,11 @@ EOF
   echo "PASS: bench collective --backend mpi: nccl-tests' table, #wrong 0 for every op, JSON rows"
   ;;
 calibrate)
-  cat >tiny.yaml <<EOF
-name: tinycal
-cluster: local-cpu
-mesh: {dims: {dp_shard: 2}}
-model: {preset: tiny-dense}
-strategy: {name: owner}
-backend: [analytic]
-sweep:
-  strategy.name: [sequential, all_to_all]
-output: out
-EOF
+  {
+    tiny_experiment tinycal local-cpu 2 analytic "{name: owner}"
+    echo "sweep: {strategy.name: [sequential, all_to_all]}"
+    echo "output: out"
+  } >tiny.yaml
   "$muonbed" calibrate --backend nccl --out x.yaml >nccl.out 2>&1 && fail "--backend nccl succeeded"
   grep -q "needs a GPU build" nccl.out || { cat nccl.out; fail "--backend nccl: no clear message"; }
   "$muonbed" calibrate --backend mpi --experiment tiny.yaml --ranks 2 --out prof.yaml \

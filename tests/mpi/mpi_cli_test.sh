@@ -11,30 +11,19 @@
 #                 point without the fault and gets its result (resume reruns failed points)
 # Usage: mpi_cli_test.sh MODE MUONBED_BINARY WORK_DIR. Exits 77 (skipped) without mpirun.
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../common/cli_test.sh"
 mode=$1
 muonbed=$2
 work=$3
-if [ -z "${MUONBED_MPIRUN:-}" ] && ! command -v mpirun >/dev/null; then
-  echo "SKIP: mpirun not found (sudo apt-get install openmpi-bin): the mpi tests did not run"
-  exit 77
-fi
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+skip_without_mpirun
+enter_work_dir "$work"
 export TMPDIR=$work  # the launcher's job files, so leftover ranks of this test are recognizable
-
-fail() {
-  echo "FAIL: $*"
-  exit 1
-}
 
 # A tiny experiment: 2 ranks (the sweep may add a 4-rank point), 1 warm-up and 3 timed steps.
 write_experiment() {  # $1 = strategies swept, $2 = dp_shard sizes swept
-  cat >tiny.yaml <<EOF
-name: tiny
-cluster: local-cpu
-mesh: {dims: {dp_shard: 2}}
-model: {preset: tiny-dense}
-strategy: {name: owner, prefetch_count: 1}
-backend: [mpi, analytic]
+  {
+    tiny_experiment tiny local-cpu 2 "mpi, analytic" "{name: owner, prefetch_count: 1}"
+    cat <<EOF
 steps: 1
 repeats: 3
 seed: 7
@@ -43,6 +32,7 @@ sweep:
   mesh.dp_shard: [${2:-2}]
 output: out
 EOF
+  } >tiny.yaml
 }
 
 # The id of the first Newton-Schulz op rank 1 runs (plan ops are listed in id order).

@@ -29,6 +29,7 @@
 #include "core/base/errors.hpp"
 #include "tests/common/equivalence_cases.hpp"
 #include "tests/common/strategy_matrix.hpp"
+#include "tests/mpi/test_world.hpp"
 
 using namespace muonbed;
 
@@ -196,21 +197,9 @@ std::vector<Case> negative_cases() {
     c.broken = true;
     const Model model = c.model;
     // Two scatters of same-shape matrices from different owners, each now from the other owner.
-    const ShardedModel sharded =
-        parallelize(model, DeviceMesh({{"dp_shard", 4, DimRole::fsdp}}, 4), ParallelRules{});
-    StrategyOptions options;
-    options.gather = "flat";
-    StepPlan plan =
-        build_plan(sharded, options, testing::settings_of(testing::kVariants[0], model));
-    int x = -1, y = -1;
-    for (const Op& a : plan.ops)
-      for (const Op& b : plan.ops)
-        if (x < 0 && a.kind == OpKind::scatter && b.kind == OpKind::scatter && a.root != b.root &&
-            plan.model.params[a.params[0]].shape == plan.model.params[b.params[0]].shape) {
-          x = a.id;
-          y = b.id;
-        }
-    std::swap(plan.ops[x].root, plan.ops[y].root);
+    const testing::SwappedScatters swapped = testing::swapped_scatter_owners(model);
+    const StepPlan plan = swapped.plan;
+    const int x = swapped.first, y = swapped.second;
     const std::string name = plan.model.params[plan.ops[x].params[0]].name;
     c.name = "negative control: the scatters of two owners swapped (ops " + std::to_string(x) +
              " and " + std::to_string(y) + ")";
@@ -337,11 +326,8 @@ std::vector<std::string> gather_text(const std::string& mine, int size) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const testing::TestWorld world = testing::start_test_world();
+  const int rank = world.rank, size = world.size;
   bool negative = false, generic = false, list = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {

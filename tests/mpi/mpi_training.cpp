@@ -27,6 +27,7 @@
 #include "core/model/parallelize.hpp"
 #include "core/plan/strategy.hpp"
 #include "core/plan/training.hpp"
+#include "tests/mpi/test_world.hpp"
 
 using namespace muonbed;
 
@@ -157,11 +158,8 @@ std::string check_rank(const Case& c, const Model& model, const StepPlan& plan, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const testing::TestWorld world = testing::start_test_world();
+  const int rank = world.rank, size = world.size;
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--compute") g_compute = mpi::parse_compute_mode(argv[i + 1]);
   if (size != 2) {

@@ -22,6 +22,7 @@
 #include "core/results/collective_bench.hpp"
 #include "muonbed/config.hpp"
 #include "sim/simulate.hpp"
+#include "tests/common/collective_bench_fixtures.hpp"
 #include "tests/common/strategy_matrix.hpp"
 #include "tests/sim/contended_clusters.hpp"
 
@@ -131,16 +132,10 @@ TEST_CASE("groups that share a node's NICs split them in the analytic model as i
   // bandwidth each at the network's ring efficiency. Pricing each group alone gave it a NIC.
   register_sim_backend();
   ClusterSpec c = cluster_file("a100-pcie-4x");
-  CollectiveBenchSpec spec;
-  spec.op = "all_gather";
-  spec.mesh =
-      DeviceMesh({{"dp", 4, DimRole::replicate}, {"tp", 4, DimRole::replicate}}, c.gpus_per_node);
-  spec.group = DimSet::of({0});
-  Experiment e;
-  e.name = "bench_collective";
-  e.cluster = c;
-  e.mesh = spec.mesh;
-  e.sim_fidelity = "flow";
+  const CollectiveBenchSpec spec = testing::first_dim_spec(
+      "all_gather",
+      DeviceMesh({{"dp", 4, DimRole::replicate}, {"tp", 4, DimRole::replicate}}, c.gpus_per_node));
+  const Experiment e = testing::bench_experiment(c, spec, "flow");
   const std::int64_t size = 256LL << 20;
   const CollectiveBenchRow analytic = run_collective_bench(spec, e, size, "analytic");
   const CollectiveBenchRow sim = run_collective_bench(spec, e, size, "sim");

@@ -9,6 +9,7 @@
 #include "core/results/collective_bench.hpp"
 #include "muonbed/config.hpp"
 #include "sim/simulate.hpp"
+#include "tests/common/collective_bench_fixtures.hpp"
 
 using namespace muonbed;
 
@@ -20,16 +21,9 @@ TEST_CASE("the simulator meets the shipped profiles' published figures within 10
                                             "/experiments/clusters/" + name + ".yaml");
     for (const MeasuredCollective& m : c.measurements) {
       if (!m.algorithm.empty()) continue;  // a forced algorithm: the analytic test checks it
-      CollectiveBenchSpec spec;
-      spec.op = m.op;
-      spec.mesh = DeviceMesh({{"g", m.gpus, DimRole::replicate}}, c.gpus_per_node);
-      spec.group = DimSet::of({0});
-      Experiment e;
-      e.name = "bench_collective";
-      e.cluster = c;
-      e.mesh = spec.mesh;
-      e.sim_fidelity = "step";
-      const CollectiveBenchRow row = run_collective_bench(spec, e, m.size_bytes, "sim");
+      const CollectiveBenchSpec spec = testing::one_group_spec(m.op, m.gpus, c.gpus_per_node);
+      const CollectiveBenchRow row = run_collective_bench(
+          spec, testing::bench_experiment(c, spec, "step"), m.size_bytes, "sim");
       INFO(name << ": " << m.op << " on " << m.gpus << " GPUs, " << m.size_bytes << " B ("
                 << m.source << "): simulated " << row.busbw_GBps << " GB/s, published "
                 << m.busbw_GBps);

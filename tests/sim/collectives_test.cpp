@@ -11,6 +11,7 @@
 #include "core/engine/cost_model.hpp"
 #include "muonbed/config.hpp"
 #include "sim/src/harness.hpp"
+#include "tests/common/hand_clusters.hpp"
 
 using namespace muonbed;
 using namespace muonbed::sim;
@@ -20,22 +21,20 @@ namespace {
 // Uniform: one GPU per node behind one switch, so every pair of ranks sees the same path:
 // latency = NIC 4 us + switch 1 us, bandwidth = one 50 GB/s NIC.
 ClusterSpec uniform_cluster() {
-  ClusterSpec c;
-  c.name = "uniform";
-  c.gpus_per_node = 1;
-  c.nodes = 0;
-  c.gpu.name = "test-gpu";
-  c.gpu.peak_tflops = 100;
+  ClusterSpec c = testing::single_switch_cluster("uniform", 1, 100,
+                                                 {IntraNodeKind::nvswitch, 400, 2}, {1, 50, 4}, 1);
   c.gpu.hbm_GBps = 1000;
-  c.intra.kind = IntraNodeKind::nvswitch;
-  c.intra.bandwidth_GBps = 400;
-  c.intra.latency_us = 2;
-  c.nic.count_per_node = 1;
-  c.nic.bandwidth_GBps = 50;
-  c.nic.latency_us = 4;
-  c.network.topology = TopologyKind::single_switch;
-  c.network.switch_latency_us = 1;
   return c;
+}
+
+// A 2-level fat tree of 4 nodes per leaf with switches of 0.5 us.
+NetworkSpec fat_tree(TopologyKind topology) {
+  NetworkSpec n;
+  n.topology = topology;
+  n.levels = 2;
+  n.nodes_per_leaf = 4;
+  n.switch_latency_us = 0.5;
+  return n;
 }
 
 // DGX-like: 8 GPUs per node on NVSwitch, 8 rail NICs, a 2-level fat tree of 4 nodes per leaf.
@@ -44,13 +43,8 @@ ClusterSpec dgx_cluster(TopologyKind topology) {
   c.name = "dgx-like";
   c.gpus_per_node = 8;
   c.intra.bandwidth_GBps = 450;
-  c.nic.count_per_node = 8;
-  c.nic.bandwidth_GBps = 48;
-  c.nic.rail_optimized = true;
-  c.network.topology = topology;
-  c.network.levels = 2;
-  c.network.nodes_per_leaf = 4;
-  c.network.switch_latency_us = 0.5;
+  c.nic = {8, 48, 4, /*rail_optimized=*/true};
+  c.network = fat_tree(topology);
   return c;
 }
 
@@ -60,16 +54,9 @@ ClusterSpec pcie_cluster() {
   ClusterSpec c = uniform_cluster();
   c.name = "pcie-like";
   c.gpus_per_node = 4;
-  c.intra.kind = IntraNodeKind::pcie;
-  c.intra.bandwidth_GBps = 25;
-  c.intra.latency_us = 5;
-  c.nic.count_per_node = 2;
-  c.nic.bandwidth_GBps = 23;
-  c.nic.latency_us = 5;
-  c.network.topology = TopologyKind::fat_tree;
-  c.network.levels = 2;
-  c.network.nodes_per_leaf = 4;
-  c.network.switch_latency_us = 0.5;
+  c.intra = {IntraNodeKind::pcie, 25, 5};
+  c.nic = {2, 23, 5};
+  c.network = fat_tree(TopologyKind::fat_tree);
   return c;
 }
 
@@ -335,13 +322,7 @@ TEST_CASE("every collective starts with the per-call launch overhead",
 
 TEST_CASE("all-reduce runs NVLS where core's tuner picks it, timed as the analytic model",
           "[sim][collectives][nvls]") {
-  ClusterSpec c = dgx_cluster(TopologyKind::single_switch);
-  c.intra.latency_us = 0.6;
-  c.intra.nvls = true;
-  c.intra.nvls_latency_us = 10;
-  c.nic.bandwidth_GBps = 50;
-  c.efficiency.intra_node = {0.81, 0.81, 0.81, 0.685};
-  c.efficiency.network = {0.9, 0.94, 0.94, 0.627};
+  ClusterSpec c = testing::with_nvls(dgx_cluster(TopologyKind::single_switch));
   c.launch_overhead.collective_us = 8;
   const DeviceMesh mesh({{"dp", 32, DimRole::replicate}}, 8);
   for (int n : {4, 8, 16}) {

@@ -239,7 +239,7 @@ int available_cores() {
   return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
 }
 
-std::string find_mpirun() {
+std::string find_mpirun(const std::string& who) {
   const auto executable = [](const std::string& p) {
     return !p.empty() && access(p.c_str(), X_OK) == 0;
   };
@@ -258,9 +258,9 @@ std::string find_mpirun() {
       for (const char* name : {"mpirun", "mpiexec"})
         if (executable(dir + "/" + name)) return dir + "/" + name;
   }
-  throw Error(
-      "the mpi backend starts its ranks with mpirun, which is not installed; fix: sudo "
-      "apt-get install openmpi-bin (or set MUONBED_MPIRUN to an mpirun)");
+  throw Error(who +
+              " starts its ranks with mpirun, which is not installed; fix: sudo "
+              "apt-get install openmpi-bin (or set MUONBED_MPIRUN to an mpirun)");
 }
 
 std::vector<std::string> mpirun_argv(const std::string& mpirun, int ranks) {
@@ -295,7 +295,7 @@ std::string program_beside(const std::string& name, const char* variable, const 
 }
 
 PointRun launch_job(const Job& job, int ranks, const std::string& failure_log, std::string worker) {
-  const std::string mpirun = find_mpirun();
+  const std::string mpirun = find_mpirun("the " + job.backend + " backend");
   if (worker.empty()) worker = this_program();
   std::string pattern = (temporary_folder() / "muonbed-mpi-XXXXXX").string();
   if (mkdtemp(pattern.data()) == nullptr)
@@ -371,8 +371,8 @@ std::string run_to_json(const PointRun& run) {
   return out.dump();
 }
 
-int relaunch_under_mpirun(int ranks, const std::vector<std::string>& args) {
-  const std::string mpirun = find_mpirun();
+int relaunch_under_mpirun(int ranks, const std::vector<std::string>& args, const std::string& who) {
+  const std::string mpirun = find_mpirun(who);
   std::vector<std::string> argv = mpirun_argv(mpirun, ranks);
   argv.push_back(this_program());
   argv.insert(argv.end(), args.begin(), args.end());

@@ -306,12 +306,14 @@ StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
   // sync, or with overlap one per layer, after that layer's sync, in backward order.
   std::vector<int> muon = b.model().muon_params();
   std::map<int, int> momentum_of;  // param -> its momentum op (overlap)
-  const auto momentum_op = [&](std::vector<int> params, std::vector<int> deps, std::string label) {
+  // One op of `kind` on the compute stream over `params` (momentum, adamw, apply), after `deps`.
+  const auto compute_op = [&](OpKind kind, std::vector<int> params, std::vector<int> deps,
+                              std::string label) {
     Op op;
-    op.kind = OpKind::momentum;
+    op.kind = kind;
     op.stream = compute;
     op.params = std::move(params);
-    if (main.owner_holds_full_state) {
+    if (kind == OpKind::momentum && main.owner_holds_full_state) {
       op.owned_only = true;
       op.gathered = DimSet::all(b.mesh().ndims());
     }
@@ -328,24 +330,17 @@ StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
     for (const auto& [layer, params] : by_layer) {
       std::vector<int> deps;
       for (int p : params) deps.insert(deps.end(), synced[p].begin(), synced[p].end());
-      const int id = momentum_op(params, deps, "momentum layer " + std::to_string(layer));
+      const int id =
+          compute_op(OpKind::momentum, params, deps, "momentum layer " + std::to_string(layer));
       for (int p : params) momentum_of[p] = id;
       all.push_back(id);
     }
     start = all;
   } else if (!muon.empty()) {
-    start = {momentum_op(muon, start, "momentum")};
+    start = {compute_op(OpKind::momentum, muon, start, "momentum")};
   }
   const auto adamw = b.model().adamw_params();
-  if (!adamw.empty()) {
-    Op op;
-    op.kind = OpKind::adamw;
-    op.stream = compute;
-    op.params = adamw;
-    op.deps = start;
-    op.label = "adamw";
-    b.emit(std::move(op));
-  }
+  if (!adamw.empty()) compute_op(OpKind::adamw, adamw, start, "adamw");
 
   std::vector<int> small, large;
   for (int p : muon) {
@@ -379,15 +374,7 @@ StepPlan build_plan(const ShardedModel& model, const StrategyOptions& options,
                              own_deps(make_units(b, large, main, cut, split)), unit_start);
     finished.insert(finished.end(), done.begin(), done.end());
   }
-  if (!muon.empty()) {
-    Op op;
-    op.kind = OpKind::apply_update;
-    op.stream = compute;
-    op.params = muon;
-    op.deps = finished;
-    op.label = "apply Muon updates";
-    b.emit(std::move(op));
-  }
+  if (!muon.empty()) compute_op(OpKind::apply_update, muon, finished, "apply Muon updates");
   return b.finish(options.name, options.to_json_text());
 }
 

@@ -249,13 +249,6 @@ int StepPlan::hyper_period() const {
   return static_cast<int>(period);
 }
 
-std::vector<int> StepPlan::ops_of_rank(int rank) const {
-  std::vector<int> result;
-  for (const auto& op : ops)
-    if (op.ranks.contains(mesh(), rank)) result.push_back(op.id);
-  return result;
-}
-
 std::int64_t piece_bytes(const StepPlan& plan, const Op& op, int rank) {
   const auto& mesh = plan.mesh();
   switch (op.kind) {

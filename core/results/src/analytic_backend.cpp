@@ -133,11 +133,7 @@ ResultRecord analytic_record(const StepPlan& plan, const ClusterSpec& cluster) {
     m.step = pattern.step;
     m.count = pattern.count;
     m.time_s = e.step_time_s;
-    m.ranks.resize(world);
-    for (int r = 0; r < world; ++r) {
-      const RankTimes& rt = e.ranks[r];
-      m.ranks[r] = {rt.compute_s, rt.communication_s, rt.exposed_comm_s, rt.idle_s, rt.finish_s};
-    }
+    m.ranks = e.ranks;
     m.phase_busy_s = e.phase_busy_s;
     m.phase_end_s = e.phase_end_s;
     m.bytes_sent.assign(world, 0);

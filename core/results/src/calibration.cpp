@@ -404,30 +404,21 @@ StepPlan compute_bench_plan(const DeviceMesh& mesh, const NsCallShape& shape,
   settings.optimizer = optimizer;
   PlanBuilder b(std::move(model), std::move(assignment), settings);
   const int compute = b.stream("compute");
-  Op momentum;
-  momentum.kind = OpKind::momentum;
-  momentum.stream = compute;
-  momentum.ranks = RankBox::everyone(b.mesh());
-  momentum.params = {0};
-  momentum.label = "momentum";
-  const int m = b.emit(std::move(momentum));
-  Op ns;
-  ns.kind = OpKind::newton_schulz;
-  ns.stream = compute;
-  ns.ranks = RankBox::everyone(b.mesh());
-  ns.params = {0};
-  ns.ns_steps = settings.ns_steps();
-  ns.deps = {m};
-  ns.label = "NS matrix";
-  const int n = b.emit(std::move(ns));
-  Op apply;
-  apply.kind = OpKind::apply_update;
-  apply.stream = compute;
-  apply.ranks = RankBox::everyone(b.mesh());
-  apply.params = {0};
-  apply.deps = {n};
-  apply.label = "apply";
-  b.emit(std::move(apply));
+  // One op of the chain on the one matrix, every rank, after `deps`.
+  const auto emit = [&](OpKind kind, std::string label, std::vector<int> deps) {
+    Op op;
+    op.kind = kind;
+    op.stream = compute;
+    op.ranks = RankBox::everyone(b.mesh());
+    op.params = {0};
+    if (kind == OpKind::newton_schulz) op.ns_steps = settings.ns_steps();
+    op.deps = std::move(deps);
+    op.label = std::move(label);
+    return b.emit(std::move(op));
+  };
+  const int m = emit(OpKind::momentum, "momentum", {});
+  const int n = emit(OpKind::newton_schulz, "NS matrix", {m});
+  emit(OpKind::apply_update, "apply", {n});
   return b.finish("calibrate_compute", "{}");
 }
 
