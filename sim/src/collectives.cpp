@@ -364,6 +364,19 @@ class Rounds final : public CollectiveAlgorithm {
         const long exact = (logical + window - 1) / window;
         const long merged = (rounds + window_ - 1) / window_;
         tail_ = std::max(0L, exact - merged) * latency / logical;
+        // A member that sends to at most `rounds` peers (a shard to each of a few owners) sends
+        // a merged round as one flow per peer it sends to: within the budget of transfers, and
+        // the owners' pieces stay on their own links. Sent all to the range's heaviest peer,
+        // the pieces of several owners in one range (owners are often consecutive ranks) piled
+        // onto one owner's NIC: megatron's chunked exchange over 1,024 ranks took 56 % longer
+        // than at step fidelity (experiments/BENCHMARKS.md, training-step section).
+        split_.assign(n_, 0);
+        for (int i = 0; i < n_; ++i) {
+          int peers = 0;
+          for (int j = 0; j < n_; ++j) peers += j != i && spec.a2a[i][j] > 0;
+          split_[i] = peers <= rounds;
+        }
+        pending_.assign(static_cast<std::size_t>(n_) * rounds, 0);
       }
     }
   }
@@ -397,6 +410,8 @@ class Rounds final : public CollectiveAlgorithm {
     if (tag == kDelayTag) return host_.finished();
     const int i = field_b(tag), r = field_c(tag);
     if (!barrier_) {
+      if (!pending_.empty() && --pending_[static_cast<std::size_t>(i) * groups_.size() + r] > 0)
+        return;  // the other flows of a split round are still under way
       --(crosses(i, r) ? inflight_cross_ : inflight_)[i];
       return advance(i);
     }
@@ -443,7 +458,29 @@ class Rounds final : public CollectiveAlgorithm {
     if (!barrier_)  // the logical messages of the rounds this one stands for
       for (int s = g.lo; s <= g.hi; ++s)
         host_.account(spec_.members[i], spec_.members[(i + s) % n_], spec_.a2a[i][(i + s) % n_]);
-    const int src = spec_.members[i], dst = spec_.members[(i + target_shift(i, g)) % n_];
+    const int src = spec_.members[i];
+    if (!barrier_ && !split_.empty()) {
+      std::size_t& pending = pending_[static_cast<std::size_t>(i) * groups_.size() + r];
+      pending = 1;  // a round without bytes: the one zero-byte message below
+      if (split_[i]) {
+        int flows = 0;
+        for (int s = g.lo; s <= g.hi; ++s) {
+          const int j = (i + s) % n_;
+          const double b = spec_.a2a[i][j];
+          if (!(b > 0)) continue;
+          host_.transfer(
+              src, spec_.members[j],
+              wire_bytes(host_.topology(), src, spec_.members[j], b, CollectiveClass::all_to_all),
+              pack(static_cast<std::uint64_t>(flows), i, r));
+          ++flows;
+        }
+        if (flows > 0) {
+          pending = static_cast<std::size_t>(flows);
+          return;
+        }
+      }
+    }
+    const int dst = spec_.members[(i + target_shift(i, g)) % n_];
     if (barrier_) ++inflight_[i];
     host_.transfer(src, dst,
                    wire_bytes(host_.topology(), src, dst, bytes(i, g), CollectiveClass::all_to_all),
@@ -498,8 +535,10 @@ class Rounds final : public CollectiveAlgorithm {
   std::vector<int> lo_, next_;  // per member: oldest incomplete round (rounds = done), next to post
   std::vector<int> inflight_;   // per member: sends in flight (all_to_all: inside the node)
   std::vector<int> next_cross_, inflight_cross_;  // all_to_all: the same for other nodes
-  std::vector<char> sent_;                        // barrier, per member and level: its send is done
-  std::vector<int> awaited_;  // barrier, per member and level: messages not yet received
+  std::vector<char> split_;  // flow, merged rounds: per member, one flow per peer in a round
+  std::vector<std::size_t> pending_;  // flow, merged rounds: per member and round, flows not done
+  std::vector<char> sent_;            // barrier, per member and level: its send is done
+  std::vector<int> awaited_;          // barrier, per member and level: messages not yet received
 };
 
 // ---- NVLS all-reduce: NVLink SHARP inside nodes, NVLS tree across them ----------------------

@@ -29,14 +29,15 @@
 // all its steps as one flow and the other n-2 (2n-3) step latencies are added as a delay; a chain
 // hop carries all chunks at once, plus the pipeline fill (n+k-3) latencies and (n-2) chunk times;
 // all-to-all rounds are merged into at most max(a2a_rounds, a2a_transfers / members) rounds
-// (shifts grouped in contiguous ranges; each member sends its range's bytes to its heaviest peer
-// in the range, so skewed exchanges keep their receivers' load; the window of rounds in flight
-// shrinks in proportion and the latency rounds the merge skips are added); cross-node senders
-// to a root are bundled into at most `rooted_bundles` flows (the root's link is the bottleneck
-// either way).
-// Zero-byte messages cost their path latency. Every transfer occupies its links for its bytes
-// over the link class's efficiency for the collective class (cluster.efficiency), and every
-// instance of two or more members starts with the cluster's per-call launch overhead.
+// (shifts grouped in contiguous ranges; a member that sends to at most that many peers sends a
+// merged round as one flow per peer it sends to, any other member sends its range's bytes to its
+// heaviest peer in the range, so skewed exchanges keep their receivers' load; the window of rounds
+// in flight shrinks in proportion and the latency rounds the merge skips are added); cross-node
+// senders to a root are bundled into at most `rooted_bundles` flows (the root's link is the
+// bottleneck either way). Zero-byte messages cost their path latency. Every transfer occupies its
+// links for its bytes over the link class's efficiency for the collective class
+// (cluster.efficiency), and every instance of two or more members starts with the cluster's
+// per-call launch overhead.
 #pragma once
 
 #include <cstdint>

@@ -9,7 +9,11 @@
 // What keeps a plan out of the proven class (experiments/BENCHMARKS.md, "Fidelity auto"):
 //   merged all-to-all rounds   an all-to-all group larger than flow fidelity keeps every round
 //                              of (257 members by default): merging rounds moves the step by up
-//                              to tens of percent
+//                              to tens of percent on dense exchanges (a member that sends to
+//                              at most as many peers as there are rounds, a shard to each of a
+//                              chunk's owners, sends one flow per peer: 0.1 % from step on
+//                              tests/sim/collectives_test.cpp's 512 members and 8 % slower on
+//                              megatron's optimizer step at 1,024 GPUs; still kept out)
 //   PCIe nodes                 GPUs on PCIe links (with or without a host bridge, one node or
 //                              several): flow differs from step by up to 15 % (owner_allgather
 //                              through a 32 GB/s bridge) and by 1-6 % on many other plans

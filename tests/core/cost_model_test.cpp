@@ -814,6 +814,47 @@ TEST_CASE("a multi-node all-to-all overlaps NVLink and NIC peers", "[cost_model]
   CHECK(busbw(32) == Approx(50e9 * 31 / 24).epsilon(1e-4));
 }
 
+TEST_CASE("an uneven all-to-all to consecutive owners is priced by the busiest owner's NIC",
+          "[cost_model][all_to_all]") {
+  // Megatron's chunked exchange at scale: 512 ranks on 64 nodes of 8 GPUs (one 50 GB/s NIC per
+  // GPU, NVLink 450 GB/s), 8 matrices owned by ranks 0-7 (one node), matrix k sharded in rows
+  // over all 512 ranks with k+1 rows of 1,024 bf16 values per rank. Hand estimate: owner 7 takes
+  // 504 shards of 8 x 1,024 x 2 B from the other nodes through its own NIC, 7 over NVLink at the
+  // same time; the NICs of owners 0-6 carry less, each its own. The exchange cannot beat
+  // 504 x 16,384 B / 50 GB/s, and the analytic model adds its pairwise rounds' latencies:
+  // ceil(511 / 8) x (5 + 1) us. Sized by a sender instead (each sends 36 x 2,048 B), the
+  // bandwidth part would be 1.5 us.
+  ClusterSpec c = test_cluster(8);
+  c.intra.bandwidth_GBps = 450;
+  c.nic.count_per_node = 8;
+  c.nic.bandwidth_GBps = 50;
+  const int n = 512, owners = 8;
+  const DeviceMesh mesh({{"dp_shard", n, DimRole::fsdp}}, 8);
+  std::vector<DistributedParam> params(owners);
+  for (int k = 0; k < owners; ++k) {
+    params[k].name = "w" + std::to_string(k);
+    params[k].shape = {static_cast<std::int64_t>(n) * (k + 1), 1024};
+    params[k].layout = TensorLayout(mesh, params[k].shape, {Placement::shard(0)});
+  }
+  StepPlan plan;
+  plan.strategy = "hand";
+  plan.model = shard_explicitly(mesh, "owners", params);
+  plan.settings.optimizer.comm_dtype = DType::bf16;
+  plan.streams = {"comm"};
+  for (int k = 0; k < owners; ++k) plan.assignment.owner.push_back(k);
+  Op op = collective_op(plan, OpKind::all_to_all, 0, 0);
+  op.params = {0, 1, 2, 3, 4, 5, 6, 7};
+  op.direction = AllToAllDirection::to_owners;
+  op.tensor = TensorRole::gradient;
+  add(plan, op);
+  const double incast = (n - owners) * 8.0 * 1024 * 2 / 50e9;  // 165.2 us
+  const double rounds = std::ceil((n - 1) / 8.0) * 6e-6;       // 384 us
+  const double t = estimate_step(plan, c).step_time_s;
+  INFO("incast " << incast << " s, step " << t << " s");
+  CHECK(t >= incast);
+  CHECK(t == Approx(incast + rounds).epsilon(1e-9));
+}
+
 TEST_CASE("all-reduce runs NVLS or NVLS tree where the cluster has it and it is faster",
           "[cost_model][nvls]") {
   ClusterSpec c = testing::with_nvls(h100_like());
