@@ -89,6 +89,8 @@ class PlanIndex {
     std::int64_t key = 0;
     int begin = 0, end = 0;  // into the flat list it belongs to
   };
+  // Up to this many ops or deps are tested one by one before the key index is used.
+  static constexpr int kProbe = 16;
   const KeyRange* find_key(const std::vector<KeyRange>& ranges, int begin, int end,
                            std::int64_t key) const;
   std::int64_t rank_key(int rank, int pattern) const {
@@ -262,8 +264,13 @@ void PlanIndex::for_each_instance(int op, Fn&& fn) const {
 
 template <typename Fn>
 bool PlanIndex::for_each_rank_dep(int op, int rank, Fn&& fn) const {
+  const std::vector<int>& deps = plan_->ops[op].deps;
+  if (static_cast<int>(deps.size()) <= kProbe) {  // few: testing each is cheaper
+    for (const int& d : deps)
+      if (contains(d, rank) && !fn(&d, &d + 1)) return false;
+    return true;
+  }
   const int begin = dep_key_begin_[op], end = dep_key_begin_[op + 1];
-  if (begin == end) return true;
   // Deps fix dims of their own: one range per pattern at most matches the rank.
   for (int p = 0; p < static_cast<int>(patterns_.size()); ++p) {
     const KeyRange* r = find_key(dep_keys_, begin, end, rank_key(rank, p));

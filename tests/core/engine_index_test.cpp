@@ -18,7 +18,9 @@ using namespace muonbed;
 namespace {
 
 // A random plan: compute, alloc and all_reduce ops on random streams, rank boxes fixing random
-// dims, random earlier deps, some ops with period 2 (inactive in odd steps).
+// dims, random earlier deps, some ops with period 2 (inactive in odd steps). Plans of over 100
+// ops put more than 16 ops on a stream and give ops over 16 deps, where PlanIndex leaves its
+// one-by-one probe for its key index.
 StepPlan random_plan(std::mt19937& rng, int num_ops) {
   auto pick = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng); };
   StepPlan plan;
@@ -43,8 +45,10 @@ StepPlan random_plan(std::mt19937& rng, int num_ops) {
         op.group = op.group.with(d);
       }
     op.period = pick(5) == 0 ? 2 : 1;
+    // Some ops with many deps: PlanIndex tests up to kProbe deps one by one, more by key.
+    const bool many = pick(4) == 0;
     for (int j = 0; j < i; ++j)
-      if (pick(std::max(1, i / 3)) == 0) op.deps.push_back(j);
+      if (pick(many ? 2 : std::max(1, i / 3)) == 0) op.deps.push_back(j);
     plan.ops.push_back(op);
   }
   return plan;
@@ -139,7 +143,7 @@ TEST_CASE("PlanIndex finds each rank's ops and deps as a scan of every op does",
           "[engine][engine_index]") {
   std::mt19937 rng(20261128);
   for (int trial = 0; trial < 200; ++trial) {
-    const StepPlan plan = random_plan(rng, 1 + trial % 40);
+    const StepPlan plan = random_plan(rng, 1 + trial % 150);
     const PlanIndex index(plan);
     const int world = index.world_size();
     for (int r = 0; r < world; ++r) {
@@ -170,7 +174,7 @@ TEST_CASE("The engine starts every op when the plan semantics say, on random pla
           "[engine][engine_index]") {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 200; ++trial) {
-    const StepPlan plan = random_plan(rng, 1 + trial % 60);
+    const StepPlan plan = random_plan(rng, 1 + trial % 150);
     const PlanIndex index(plan);
     for (int step = 0; step < 2; ++step) {
       ClockHandler handler(plan);

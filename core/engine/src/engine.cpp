@@ -160,6 +160,12 @@ const PlanIndex::KeyRange* PlanIndex::find_key(const std::vector<KeyRange>& rang
 }
 
 int PlanIndex::next_position(int stream, int rank, int pos) const {
+  // The next op of the rank is often a few positions on: look there before the binary searches.
+  const std::vector<int>& list = stream_ops_[stream];
+  const int near = std::min(static_cast<int>(list.size()), pos + kProbe);
+  for (; pos < near; ++pos)
+    if (contains(list[pos], rank)) return pos;
+  if (pos == static_cast<int>(list.size())) return pos;
   const std::vector<int>& positions = stream_positions_[stream];
   const std::vector<KeyRange>& keys = stream_keys_[stream];
   int next = static_cast<int>(stream_ops_[stream].size());
