@@ -4,7 +4,9 @@
 // run function per collective.
 //
 //   PlanIndex   per-op facts computed once per plan: which ranks take part, the op's position in
-//               its stream, and group arithmetic (instance leader, member index, members).
+//               its stream, and group arithmetic (instance leader, member index, members); and,
+//               per rank, its own ops on each stream and its own deps of each op, so that a rank
+//               of a big mesh does not scan the ops of every other rank.
 //   Engine      a cursor over the streams of the ranks one process executes (every rank for the
 //               analytic model, the simulator and the loopback executor; its own rank for an MPI
 //               or NCCL process). It starts each op as soon as the semantics allow and calls the
@@ -56,6 +58,15 @@ class PlanIndex {
 
   int coord(int rank, int dim) const { return coords_[static_cast<std::size_t>(rank) * nd_ + dim]; }
   bool contains(int op, int rank) const;
+  // The first position >= `pos` in stream `stream`'s op list whose op contains `rank` (the list's
+  // size if none): the same as testing contains() position by position, without touching the
+  // ops of other ranks.
+  int next_position(int stream, int rank, int pos) const;
+  // Calls fn(begin, end) on runs of int deps of `op` that together are exactly its deps that
+  // contain `rank`, each once, in an order fixed by (op, rank); stops early when fn returns false
+  // and then returns false.
+  template <typename Fn>
+  bool for_each_rank_dep(int op, int rank, Fn&& fn) const;
 
   // Group arithmetic of collective ops (a compute or memory op's group is the rank itself).
   int group_size(int op) const { return info_[op].group_size; }
@@ -71,6 +82,22 @@ class PlanIndex {
   void for_each_instance(int op, Fn&& fn) const;
 
  private:
+  // A key names a rank box's fixed coordinates: the pattern (which dims are fixed) times the world
+  // size plus the fixed coordinates' linear index. An op contains a rank iff the rank's key for
+  // the op's pattern (rank_keys_) is the op's key; so ops listed per key are each rank's own.
+  struct KeyRange {
+    std::int64_t key = 0;
+    int begin = 0, end = 0;  // into the flat list it belongs to
+  };
+  // Up to this many ops or deps are tested one by one before the key index is used.
+  static constexpr int kProbe = 16;
+  const KeyRange* find_key(const std::vector<KeyRange>& ranges, int begin, int end,
+                           std::int64_t key) const;
+  std::int64_t rank_key(int rank, int pattern) const {
+    return rank_keys_[static_cast<std::size_t>(rank) * patterns_.size() + pattern];
+  }
+  void index_by_key();
+
   struct Info {
     OpClass cls = OpClass::compute;
     int stream = 0;
@@ -83,6 +110,8 @@ class PlanIndex {
     std::vector<int> group_strides;
     int group_size = 1;
     std::vector<int> outer_dims;  // free dims of the box outside the group
+    int pattern = 0;              // index into patterns_
+    std::int64_t key = 0;
   };
   const StepPlan* plan_;
   int world_ = 1;
@@ -90,6 +119,18 @@ class PlanIndex {
   std::vector<int> coords_;  // rank * nd + dim
   std::vector<Info> info_;
   std::vector<std::vector<int>> stream_ops_;
+  std::vector<std::uint64_t> patterns_;  // the fixed dims of each pattern, one bit per dim
+  std::vector<std::int64_t> rank_keys_;  // rank * patterns + pattern
+  // Per stream: the patterns its ops use, and its positions grouped by key (keys ascending,
+  // positions ascending within a key).
+  std::vector<std::vector<int>> stream_patterns_;
+  std::vector<std::vector<KeyRange>> stream_keys_;
+  std::vector<std::vector<int>> stream_positions_;
+  // Per op: its deps grouped by the dep's key, in dep_keys_[dep_key_begin_[op] ..
+  // dep_key_begin_[op + 1]) over grouped_deps_.
+  std::vector<int> dep_key_begin_;
+  std::vector<KeyRange> dep_keys_;
+  std::vector<int> grouped_deps_;
 };
 
 // One collective instance the engine asks a backend to run.
@@ -151,8 +192,10 @@ class Engine {
   std::size_t slot(int local, int stream) const {
     return static_cast<std::size_t>(local) * ns_ + stream;
   }
-  bool dep_done(int rank, int local, int dep) const;
+  int dep_blocker(int rank, int local, int dep) const;
   bool head_deps_ok(int rank, int local, int stream, int op);
+  void sleep_until_moves(std::size_t slot, std::size_t on);
+  void moved(std::size_t slot);
   void schedule(int local);
   void drain();
   void advance(int local, int stream);
@@ -172,9 +215,13 @@ class Engine {
   // rescanned from its first dep on every completion of its rank.
   std::vector<int> dep_op_, dep_next_;
   std::vector<char> busy_, ended_;
-  // Per local rank, one bit per stream: neither busy nor ended, the only streams drain() needs to
-  // advance (a rank of the muonbed preset has 130 streams, most of them busy or ended; testing
-  // each one's flags on every completion was a fifth of `muonbed plan` at 16,384 ranks).
+  // Streams blocked on a dep sleep until the stream of that dep moves: per slot, whether it
+  // sleeps, the first slot sleeping on it and the next slot on the same list (-1 ends a list).
+  std::vector<char> sleeping_;
+  std::vector<int> first_sleeper_, sleeper_next_;
+  // Per local rank, one bit per stream: neither busy, ended nor sleeping, the only streams drain()
+  // needs to advance (a rank of the muonbed preset has 130 streams, most of them busy or ended;
+  // testing each one's flags on every completion was a fifth of `muonbed plan` at 16,384 ranks).
   int words_ = 1;
   std::vector<std::uint64_t> waiting_;
   void set_state(std::size_t slot, bool busy, bool ended);
@@ -213,6 +260,23 @@ void PlanIndex::for_each_instance(int op, Fn&& fn) const {
     }
     if (i < 0) return;
   }
+}
+
+template <typename Fn>
+bool PlanIndex::for_each_rank_dep(int op, int rank, Fn&& fn) const {
+  const std::vector<int>& deps = plan_->ops[op].deps;
+  if (static_cast<int>(deps.size()) <= kProbe) {  // few: testing each is cheaper
+    for (const int& d : deps)
+      if (contains(d, rank) && !fn(&d, &d + 1)) return false;
+    return true;
+  }
+  const int begin = dep_key_begin_[op], end = dep_key_begin_[op + 1];
+  // Deps fix dims of their own: one range per pattern at most matches the rank.
+  for (int p = 0; p < static_cast<int>(patterns_.size()); ++p) {
+    const KeyRange* r = find_key(dep_keys_, begin, end, rank_key(rank, p));
+    if (r && !fn(grouped_deps_.data() + r->begin, grouped_deps_.data() + r->end)) return false;
+  }
+  return true;
 }
 
 }  // namespace muonbed

@@ -543,6 +543,11 @@ struct OpCost {
   // Key of a rank (compute) or instance (collective, by its leader or sender): sum of the
   // coordinates along these dims times their multipliers.
   std::vector<std::pair<int, std::int64_t>> key;
+  // Elementwise compute ops (their time depends on a rank only through holds() and shard_numel()
+  // of their params): the key takes, instead of each coordinate, the interval between the params'
+  // TensorLayout::size_breaks along that dim that holds it, so ranks of one interval share an
+  // entry (breaks[i] goes with key[i]; empty: plain coordinates).
+  std::vector<std::vector<int>> breaks;
   std::int64_t key_count = 1;
   std::int64_t starts = 0;  // compute: ranks of the box; collective: instances
   std::int64_t left = 0;    // starts left in this step; the cache goes at zero
@@ -965,10 +970,25 @@ AnalyticReplay::AnalyticReplay(const StepPlan& plan, const ClusterSpec& cluster,
     c.cacheable = !op.owned_only && op.kind != OpKind::all_to_all;
     if (!c.cacheable) continue;
     c.uniform_pieces = relevant.empty();
+    const bool elementwise = op.kind == OpKind::momentum || op.kind == OpKind::apply_update ||
+                             op.kind == OpKind::adamw || op.kind == OpKind::pack ||
+                             op.kind == OpKind::unpack;
     for (int k = static_cast<int>(walk.size()) - 1; k >= 0; --k)
       if (relevant.contains(walk[k])) {
-        c.key.emplace_back(walk[k], c.key_count);
-        c.key_count *= mesh.size(walk[k]);
+        const int d = walk[k];
+        c.key.emplace_back(d, c.key_count);
+        if (!elementwise) {
+          c.key_count *= mesh.size(d);
+          continue;
+        }
+        std::vector<int> breaks;
+        for (int p : op.params) plan.model.params[p].layout.size_breaks(d, breaks);
+        std::erase_if(breaks, [&](int b) { return b <= 0 || b >= mesh.size(d); });
+        std::sort(breaks.begin(), breaks.end());
+        breaks.erase(std::unique(breaks.begin(), breaks.end()), breaks.end());
+        c.key_count *= static_cast<std::int64_t>(breaks.size()) + 1;
+        c.breaks.resize(c.key.size());
+        c.breaks.back() = std::move(breaks);
       }
   }
 }
@@ -980,7 +1000,16 @@ double AnalyticReplay::cached(int op, int rank, Eval eval, bool smallest_piece) 
   std::vector<double>& cache = smallest_piece ? c.cache_min : c.cache;
   if (cache.empty()) cache.assign(c.key_count, std::numeric_limits<double>::quiet_NaN());
   std::int64_t key = 0;
-  for (const auto& [d, mult] : c.key) key += index_.coord(rank, d) * mult;
+  for (std::size_t i = 0; i < c.key.size(); ++i) {
+    const auto& [d, mult] = c.key[i];
+    const int coord = index_.coord(rank, d);
+    if (i < c.breaks.size()) {
+      const std::vector<int>& b = c.breaks[i];
+      key += (std::upper_bound(b.begin(), b.end(), coord) - b.begin()) * mult;
+    } else {
+      key += coord * mult;
+    }
+  }
   double& slot = cache[key];
   if (std::isnan(slot)) slot = eval();
   return slot;

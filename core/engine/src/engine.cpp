@@ -69,6 +69,113 @@ PlanIndex::PlanIndex(const StepPlan& plan) : plan_(&plan) {
     info.position = static_cast<int>(stream_ops_[op.stream].size());
     stream_ops_[op.stream].push_back(i);
   }
+  index_by_key();
+}
+
+void PlanIndex::index_by_key() {
+  const DeviceMesh& m = mesh();
+  const int nops = num_ops();
+  // Each op's pattern and key (engine.hpp, KeyRange).
+  for (int i = 0; i < nops; ++i) {
+    Info& info = info_[i];
+    std::uint64_t bits = 0;
+    std::int64_t linear = 0;
+    for (const auto& [d, c] : info.fixed) {
+      bits |= std::uint64_t{1} << d;
+      linear += static_cast<std::int64_t>(c) * m.stride(d);
+    }
+    const auto found = std::find(patterns_.begin(), patterns_.end(), bits);
+    info.pattern = static_cast<int>(found - patterns_.begin());
+    if (found == patterns_.end()) patterns_.push_back(bits);
+    info.key = static_cast<std::int64_t>(info.pattern) * world_ + linear;
+  }
+  if (patterns_.empty()) patterns_.push_back(0);
+  const std::size_t np = patterns_.size();
+  rank_keys_.resize(static_cast<std::size_t>(world_) * np);
+  for (int r = 0; r < world_; ++r)
+    for (std::size_t p = 0; p < np; ++p) {
+      std::int64_t linear = 0;
+      for (int d = 0; d < nd_; ++d)
+        if ((patterns_[p] >> d) & 1u)
+          linear += static_cast<std::int64_t>(coord(r, d)) * m.stride(d);
+      rank_keys_[static_cast<std::size_t>(r) * np + p] =
+          static_cast<std::int64_t>(p) * world_ + linear;
+    }
+  // Groups `items` (key, value) by key into ranges over `values`, keys ascending and values in
+  // their order within a key.
+  const auto group = [](std::vector<std::pair<std::int64_t, int>>& items,
+                        std::vector<KeyRange>& ranges, std::vector<int>& values) {
+    std::stable_sort(items.begin(), items.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [key, value] : items) {
+      if (ranges.empty() || ranges.back().key != key) {
+        const int at = static_cast<int>(values.size());
+        ranges.push_back({key, at, at});
+      }
+      values.push_back(value);
+      ranges.back().end = static_cast<int>(values.size());
+    }
+  };
+  const int ns = num_streams();
+  stream_patterns_.assign(ns, {});
+  stream_keys_.assign(ns, {});
+  stream_positions_.assign(ns, {});
+  std::vector<std::pair<std::int64_t, int>> items;
+  for (int s = 0; s < ns; ++s) {
+    items.clear();
+    const std::vector<int>& list = stream_ops_[s];
+    for (int pos = 0; pos < static_cast<int>(list.size()); ++pos) {
+      const Info& info = info_[list[pos]];
+      items.emplace_back(info.key, pos);
+      std::vector<int>& patterns = stream_patterns_[s];
+      if (std::find(patterns.begin(), patterns.end(), info.pattern) == patterns.end())
+        patterns.push_back(info.pattern);
+    }
+    group(items, stream_keys_[s], stream_positions_[s]);
+  }
+  dep_key_begin_.assign(static_cast<std::size_t>(nops) + 1, 0);
+  for (int i = 0; i < nops; ++i) {
+    items.clear();
+    for (int d : plan_->ops[i].deps) items.emplace_back(info_[d].key, d);
+    dep_key_begin_[i] = static_cast<int>(dep_keys_.size());
+    std::vector<KeyRange> ranges;
+    std::vector<int> values;
+    group(items, ranges, values);
+    const int offset = static_cast<int>(grouped_deps_.size());
+    for (KeyRange& r : ranges) {
+      r.begin += offset;
+      r.end += offset;
+      dep_keys_.push_back(r);
+    }
+    grouped_deps_.insert(grouped_deps_.end(), values.begin(), values.end());
+  }
+  dep_key_begin_[nops] = static_cast<int>(dep_keys_.size());
+}
+
+const PlanIndex::KeyRange* PlanIndex::find_key(const std::vector<KeyRange>& ranges, int begin,
+                                               int end, std::int64_t key) const {
+  const auto it = std::lower_bound(ranges.begin() + begin, ranges.begin() + end, key,
+                                   [](const KeyRange& r, std::int64_t k) { return r.key < k; });
+  return it != ranges.begin() + end && it->key == key ? &*it : nullptr;
+}
+
+int PlanIndex::next_position(int stream, int rank, int pos) const {
+  // The next op of the rank is often a few positions on: look there before the binary searches.
+  const std::vector<int>& list = stream_ops_[stream];
+  const int near = std::min(static_cast<int>(list.size()), pos + kProbe);
+  for (; pos < near; ++pos)
+    if (contains(list[pos], rank)) return pos;
+  if (pos == static_cast<int>(list.size())) return pos;
+  const std::vector<int>& positions = stream_positions_[stream];
+  const std::vector<KeyRange>& keys = stream_keys_[stream];
+  int next = static_cast<int>(stream_ops_[stream].size());
+  for (int p : stream_patterns_[stream]) {
+    const KeyRange* r = find_key(keys, 0, static_cast<int>(keys.size()), rank_key(rank, p));
+    if (!r) continue;
+    const auto it = std::lower_bound(positions.begin() + r->begin, positions.begin() + r->end, pos);
+    if (it != positions.begin() + r->end) next = std::min(next, *it);
+  }
+  return next;
 }
 
 std::vector<int> PlanIndex::all_ranks() const {
@@ -146,6 +253,9 @@ Engine::Engine(const PlanIndex& index, OpHandler& handler, std::vector<int> loca
   dep_next_.assign(slots, 0);
   busy_.assign(slots, 0);
   ended_.assign(slots, 1);
+  sleeping_.assign(slots, 0);
+  first_sleeper_.assign(slots, -1);
+  sleeper_next_.assign(slots, -1);
   words_ = (ns_ + 63) / 64;
   waiting_.assign(local_.size() * static_cast<std::size_t>(words_), 0);
   streams_left_.assign(local_.size(), 0);
@@ -158,6 +268,9 @@ void Engine::begin_step(int step) {
   step_ = step;
   std::fill(pos_.begin(), pos_.end(), 0);
   std::fill(dep_op_.begin(), dep_op_.end(), -1);
+  std::fill(sleeping_.begin(), sleeping_.end(), 0);
+  std::fill(first_sleeper_.begin(), first_sleeper_.end(), -1);
+  std::fill(sleeper_next_.begin(), sleeper_next_.end(), -1);
   for (std::size_t k = 0; k < busy_.size(); ++k) set_state(k, false, false);
   std::fill(streams_left_.begin(), streams_left_.end(), ns_);
   ranks_left_ = static_cast<int>(local_.size());
@@ -179,27 +292,64 @@ bool Engine::busy(int rank, int stream) const {
 }
 
 // Has `rank` completed dep `d` (or, for an op inactive in this step, passed it with its own deps
-// completed)?
-bool Engine::dep_done(int rank, int local, int d) const {
-  if (pos_[slot(local, index_.stream(d))] <= index_.position(d)) return false;
-  if (index_.active(d, step_)) return true;
-  for (int dd : index_.deps(d))
-    if (index_.contains(dd, rank) && !dep_done(rank, local, dd)) return false;
-  return true;
+// completed)? -1 if so, else a stream of the rank that has to move on before it can be.
+int Engine::dep_blocker(int rank, int local, int d) const {
+  if (pos_[slot(local, index_.stream(d))] <= index_.position(d)) return index_.stream(d);
+  if (index_.active(d, step_)) return -1;
+  int blocker = -1;
+  index_.for_each_rank_dep(d, rank, [&](const int* begin, const int* end) {
+    for (const int* dd = begin; dd != end; ++dd)
+      if ((blocker = dep_blocker(rank, local, *dd)) >= 0) return false;
+    return true;
+  });
+  return blocker;
 }
 
 // Are the deps of the op at the head of a stream complete on the rank (those it takes part in)?
-// Resumes after the deps found complete before.
+// Resumes after the deps found complete before: dep_next_ counts them, in the fixed order of
+// PlanIndex::for_each_rank_dep. If not, the stream sleeps until the stream it waits for moves.
 bool Engine::head_deps_ok(int rank, int local, int stream, int op) {
   const std::size_t k = slot(local, stream);
   if (dep_op_[k] != op) {
     dep_op_[k] = op;
     dep_next_[k] = 0;
   }
-  const std::vector<int>& deps = index_.deps(op);
-  for (int& next = dep_next_[k]; next < static_cast<int>(deps.size()); ++next)
-    if (index_.contains(deps[next], rank) && !dep_done(rank, local, deps[next])) return false;
-  return true;
+  int& next = dep_next_[k];
+  int skipped = 0;  // deps of the runs before the current one
+  int blocker = -1;
+  const bool ok = index_.for_each_rank_dep(op, rank, [&](const int* begin, const int* end) {
+    const int n = static_cast<int>(end - begin);
+    for (const int* d = begin + std::min(n, next - skipped); d < end; ++d, ++next)
+      if ((blocker = dep_blocker(rank, local, *d)) >= 0) return false;
+    skipped += n;
+    return true;
+  });
+  if (!ok) sleep_until_moves(k, slot(local, blocker));
+  return ok;
+}
+
+// Stream slot k waits for slot `on` to move: it leaves the waiting set (drain() skips it) and
+// joins the list of slots `on` wakes. Advancing a sleeping stream would only find the same
+// incomplete dep again: with hundreds of streams per rank blocked on deps, retrying each on every
+// completion of its rank was most of `muonbed plan` at 1,024 ranks.
+void Engine::sleep_until_moves(std::size_t k, std::size_t on) {
+  sleeping_[k] = 1;
+  set_state(k, false, false);
+  sleeper_next_[k] = first_sleeper_[on];
+  first_sleeper_[on] = static_cast<int>(k);
+}
+
+// Slot k moved (its position changed): the streams sleeping on it wait again, to be advanced in
+// the ongoing or the next pass of drain() over the rank, as if they had been retried all along.
+void Engine::moved(std::size_t k) {
+  for (int w = first_sleeper_[k]; w >= 0;) {
+    const int next = sleeper_next_[w];
+    sleeping_[w] = 0;
+    set_state(static_cast<std::size_t>(w), false, false);
+    sleeper_next_[w] = -1;
+    w = next;
+  }
+  first_sleeper_[k] = -1;
 }
 
 void Engine::schedule(int local) {
@@ -212,10 +362,11 @@ void Engine::schedule(int local) {
 void Engine::set_state(std::size_t k, bool busy, bool ended) {
   busy_[k] = busy;
   ended_[k] = ended;
+  const bool idle = busy || ended || sleeping_[k];
   const std::size_t local = k / ns_, s = k % ns_;
   std::uint64_t& word = waiting_[local * words_ + s / 64];
   const std::uint64_t bit = std::uint64_t{1} << (s % 64);
-  word = busy || ended ? word & ~bit : word | bit;
+  word = idle ? word & ~bit : word | bit;
 }
 
 // The first stream >= from of a local rank that is neither busy nor ended (ns_ if none).
@@ -249,12 +400,15 @@ void Engine::drain() {
 // Moves stream s of a local rank forward until it starts an op that takes time, blocks, or ends.
 void Engine::advance(int local, int s) {
   const std::size_t k = slot(local, s);
-  if (busy_[k] || ended_[k]) return;
+  if (busy_[k] || ended_[k] || sleeping_[k]) return;
   const int rank = local_[local];
   const std::vector<int>& list = index_.stream_ops(s);
   int& pos = pos_[k];
   while (true) {
-    while (pos < static_cast<int>(list.size()) && !index_.contains(list[pos], rank)) ++pos;
+    if (pos < static_cast<int>(list.size()) && !index_.contains(list[pos], rank)) {
+      pos = index_.next_position(s, rank, pos);
+      moved(k);
+    }
     if (pos == static_cast<int>(list.size())) {
       set_state(k, false, true);
       if (--streams_left_[local] == 0) {
@@ -266,6 +420,7 @@ void Engine::advance(int local, int s) {
     const int op = list[pos];
     if (!index_.active(op, step_)) {  // passes through without occupying the stream
       ++pos;
+      moved(k);
       schedule(local);  // other streams of the rank may depend on it
       continue;
     }
@@ -275,6 +430,7 @@ void Engine::advance(int local, int s) {
       case OpClass::memory:
         handler_.memory(rank, op);
         ++pos;
+        moved(k);
         schedule(local);
         continue;
       case OpClass::compute:
@@ -294,6 +450,7 @@ void Engine::complete(int rank, int stream) {
   const std::size_t k = slot(local, stream);
   set_state(k, false, false);
   ++pos_[k];
+  moved(k);
   schedule(local);
 }
 
@@ -413,7 +570,7 @@ std::string Engine::stall_report(int max_ranks) const {
       const int op = index_.stream_ops(s)[pos_[k]];
       std::string waiting;
       for (int d : index_.deps(op))
-        if (index_.contains(d, rank) && !dep_done(rank, static_cast<int>(local), d))
+        if (index_.contains(d, rank) && dep_blocker(rank, static_cast<int>(local), d) >= 0)
           waiting +=
               (waiting.empty() ? "" : ", ") + std::to_string(d) + " ('" + plan.ops[d].label + "')";
       const std::string stream =

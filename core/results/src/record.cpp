@@ -168,8 +168,8 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
 
   // Per rank: averages over patterns weighted by their step counts, and the worst step's values.
   record.ranks.assign(world, RankResult{});
-  std::vector<TrainingMemory> memory(world);
-  for (int r = 0; r < world; ++r) memory[r] = training_memory(plan, r);
+  // Once per class of ranks holding the same (core/plan/plan.hpp training_memories), not per rank.
+  const std::vector<TrainingMemory> memory = training_memories(plan);
   std::vector<double> mean_compute(steps.size()), mean_comm(steps.size()),
       mean_exposed(steps.size()), sent(steps.size());
   for (std::size_t i = 0; i < steps.size(); ++i) {
