@@ -824,7 +824,7 @@ TEST_CASE("an uneven all-to-all to consecutive owners is priced by the busiest o
   // 504 x 16,384 B / 50 GB/s, and the analytic model adds its pairwise rounds' latencies:
   // ceil(511 / 8) x (5 + 1) us. Sized by a sender instead (each sends 36 x 2,048 B), the
   // bandwidth part would be 1.5 us.
-  ClusterSpec c = test_cluster(8);
+  ClusterSpec c = testing::unit_cluster(8);
   c.intra.bandwidth_GBps = 450;
   c.nic.count_per_node = 8;
   c.nic.bandwidth_GBps = 50;
