@@ -149,6 +149,19 @@ std::string shape_text(const NsCallShape& s) {
          std::to_string(s.cols);
 }
 
+// The end of both backends' report: the fits' quality lines, then the file written (and whether
+// its header carries warnings).
+void print_fit_quality_and_output(const CalibrationResult& fitted, const CalibrateOptions& o,
+                                  const std::vector<std::string>& fit_warnings) {
+  for (const std::string& line : fit_quality_header(fitted, o.max_fit_error))
+    std::cout << "# " << line << "\n";
+  std::cout << "# wrote " << o.out
+            << (fit_warnings.empty() && fitted.clamped.empty()
+                    ? std::string()
+                    : " (with the warnings above in its header)")
+            << "\n";
+}
+
 #if MUONBED_HAVE_MPI
 // The mpi backend's timer: every rank runs the bench plans (compute_bench under mpirun, rank 0
 // leads), one rank at a time unless --concurrent; prints its table as it goes.
@@ -361,13 +374,7 @@ int calibrate_inside(CalibrateOptions& o, const std::vector<Experiment>& points)
       back.gpu.host_comm_ns_per_byte, back.intra.bandwidth_GBps, back.intra.latency_us,
       back.launch_overhead.collective_us, back.efficiency.intra_node.ring,
       back.efficiency.intra_node.all_to_all, back.efficiency.intra_node.p2p);
-  for (const std::string& line : fit_quality_header(fitted, o.max_fit_error))
-    std::cout << "# " << line << "\n";
-  std::cout << "# wrote " << o.out
-            << (fit_warnings.empty() && fitted.clamped.empty()
-                    ? std::string()
-                    : " (with the warnings above in its header)")
-            << "\n";
+  print_fit_quality_and_output(fitted, o, fit_warnings);
   return 0;
 }
 #endif
@@ -510,13 +517,7 @@ int calibrate_gpu(const CalibrateOptions& o, const std::vector<Experiment>& poin
       profile.name, w.ns_shapes.size(), timer.ns_version(), profile.gpu.ns_table.size(),
       profile.gpu.elementwise_table.size(), profile.gpu.hbm_GBps,
       profile.launch_overhead.kernel_us);
-  for (const std::string& line : fit_quality_header(fitted, o.max_fit_error))
-    std::cout << "# " << line << "\n";
-  std::cout << "# wrote " << o.out
-            << (fit_warnings.empty() && fitted.clamped.empty()
-                    ? std::string()
-                    : " (with the warnings above in its header)")
-            << "\n";
+  print_fit_quality_and_output(fitted, o, fit_warnings);
   return 0;
 }
 
