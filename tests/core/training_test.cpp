@@ -353,3 +353,51 @@ TEST_CASE("the training step's gradient sync spans the data-parallel dims, not T
     CHECK(training_memory(plan, r).gradients == shards + largest);
   }
 }
+
+TEST_CASE("the EP token exchange moves top-k copies of every token, in every pricing path",
+          "[training][ep]") {
+  // Each MoE layer exchanges every token's top-k hidden states four times (forward dispatch
+  // and combine, their two backward twins), bf16, each member keeping its own 1/ep share:
+  // 4 x moe_layers x tokens_per_step x k x hidden x 2 B x (ep - 1) / ep leaves the ranks in all.
+  // bytes_sent (the plan's summaries) and all_to_all_transfers (the analytic model's and the
+  // simulator's pair matrices) must both say so: the second once priced these ops at zero bytes.
+  for (const auto& topology : testing::topologies()) {
+    const ShardedModel model = testing::make_model(topology);
+    const StepPlan plan = training_plan(model, training(4 * 64 * 8, 64));
+    const DeviceMesh& mesh = plan.mesh();
+    double via_bytes_sent = 0, via_transfers = 0;
+    int exchanges = 0;
+    for (const Op& op : plan.ops) {
+      if (op.kind != OpKind::all_to_all || op.tensor != TensorRole::activation) continue;
+      ++exchanges;
+      for (int r : op.ranks.ranks(mesh)) {
+        for (const std::int64_t b : bytes_sent(plan, op, r))
+          via_bytes_sent += static_cast<double>(b);
+        if (mesh.group_leader(r, op.group) != r) continue;
+        for (const PairBytes& t : all_to_all_transfers(plan, op, mesh.group_members(r, op.group)))
+          via_transfers += static_cast<double>(t.bytes);
+      }
+    }
+    INFO(topology.name << ": " << exchanges << " token exchanges");
+    CHECK(via_transfers == via_bytes_sent);
+    const Model unsharded = *find_preset(topology.model);
+    const bool moe = std::any_of(unsharded.params.begin(), unsharded.params.end(),
+                                 [](const Parameter& p) { return p.role == ParamRole::expert_up; });
+    const int ep = mesh.find("ep") >= 0 ? mesh.size(mesh.find("ep")) : 1;
+    if (!moe || ep < 2) {
+      CHECK(exchanges == 0);
+      continue;
+    }
+    std::set<int> moe_layers;
+    for (const Parameter& p : unsharded.params)
+      if (p.role == ParamRole::expert_up) moe_layers.insert(p.layer);
+    const auto embedding =
+        std::find_if(unsharded.params.begin(), unsharded.params.end(),
+                     [](const Parameter& p) { return p.role == ParamRole::embedding; });
+    REQUIRE(embedding != unsharded.params.end());
+    const double hidden = static_cast<double>(embedding->shape.back());  // [vocab, hidden]
+    const double expected =
+        4.0 * static_cast<double>(moe_layers.size()) * 4 * 64 * 8 * 2 * hidden * 2 * (ep - 1) / ep;
+    CHECK(via_bytes_sent == Approx(expected).epsilon(1e-9));
+  }
+}

@@ -328,6 +328,16 @@ std::vector<PairBytes> all_to_all_transfers(const StepPlan& plan, const Op& op,
   if (op.kind != OpKind::all_to_all || members.empty()) return out;
   const DeviceMesh& mesh = plan.mesh();
   const int n = static_cast<int>(members.size());
+  if (op.tensor == TensorRole::activation) {
+    // The EP token exchange names no params: every member sends every other its even share
+    // (all_to_all_bytes, the one rule).
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j)
+        if (i != j)
+          if (const std::int64_t b = all_to_all_bytes(plan, op, members[i], members[j]); b > 0)
+            out.push_back({i, j, b});
+    return out;
+  }
   const int leader = mesh.group_leader(members.front(), op.group);
   const std::int64_t width = comm_bytes(plan);
   for (int p : op.params) {
