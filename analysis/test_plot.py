@@ -1100,6 +1100,14 @@ class PlotTest(unittest.TestCase):
                          "owner, prefetch_count=2")
         self.assertEqual(sweep_mod.short_value("{preset: seeds, comm_lanes: 128}"),
                          "seeds, comm_lanes=128")
+        self.assertEqual(sweep_mod.short_value("{dims: {dp_shard: 128, ep: 8}}"),
+                         "dp_shard128×ep8")
+        self.assertEqual(sweep_mod.short_value(
+            "{dims: [{name: dp_shard, size: 4}, {name: tp, size: 8}]}"), "dp_shard4×tp8")
+        self.assertEqual(sweep_mod.short_value(
+            "{hf_config: models/Qwen3-30B-A3B/config.json}"), "Qwen3-30B-A3B")
+        self.assertEqual(sweep_mod.short_value("{hf_config: my/mixtral.json}"), "mixtral")
+        self.assertEqual(sweep_mod.short_value("{preset: llama-7b}"), "llama-7b")
         self.assertEqual(common.time_unit(0.002), (1e3, "ms"))
 
 

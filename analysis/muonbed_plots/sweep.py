@@ -158,7 +158,10 @@ def short_value(value):
       '[{name: dp_shard, size: 4}, {name: tp, size: 8}]' -> 'dp_shard4×tp8' (mesh dims),
       '{dp_shard: 8, tp: 4}' -> 'dp_shard8×tp4' (a map of sizes),
       '{name: owner, prefetch_count: 2}' -> 'owner, prefetch_count=2' (a map with a name),
-      '{preset: seeds, comm_lanes: 128}' -> 'seeds, comm_lanes=128' (a strategy preset)."""
+      '{preset: seeds, comm_lanes: 128}' -> 'seeds, comm_lanes=128' (a strategy preset),
+      '{dims: {dp_shard: 128, ep: 8}}' -> 'dp_shard128×ep8' (a whole mesh),
+      '{hf_config: models/Qwen3-30B-A3B/config.json}' -> 'Qwen3-30B-A3B' (the config's folder;
+      a file of another name: its stem)."""
     value = str(value).strip()
     dims = re.findall(r"name:\s*([A-Za-z_]\w*)\s*,\s*size:\s*(\d+)", value)
     if dims:
@@ -166,6 +169,14 @@ def short_value(value):
     if value.startswith("{") and value.endswith("}"):
         pairs = [tuple(x.strip() for x in part.split(":", 1))
                  for part in split_top(value[1:-1]) if ":" in part]
+        if len(pairs) == 1 and pairs[0][0] == "dims":
+            return short_value(pairs[0][1])
+        if len(pairs) == 1 and pairs[0][0] == "hf_config":
+            path = pairs[0][1].strip("'\"").rstrip("/")
+            parts = [p for p in path.split("/") if p]
+            if len(parts) >= 2 and parts[-1] == "config.json":
+                return parts[-2]
+            return re.sub(r"\.json$", "", parts[-1]) if parts else path
         if pairs and all(re.fullmatch(r"\d+", v) for _, v in pairs):
             return "×".join(f"{k}{v}" for k, v in pairs)
         named = [v for k, v in pairs if k in ("name", "preset")]
