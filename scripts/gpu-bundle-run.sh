@@ -26,6 +26,10 @@
 #              at 8 ranks, run them with that profile, compare (CPU only; no oversubscription)
 #   ns         `muonbed bench ns` per kernel version, PyTorch's Muon NS, the comparison table
 #              (last: the plans' shapes are timed by calibrate)
+# Not in the default run (name it: `bash gpu-bundle/run.sh training`):
+#   training   issue 24's CPU check on this machine's quiet cores: calibrate --backend mpi for
+#              experiments/mpi_training.yaml (2 ranks), three runs of it with that profile, then
+#              compare: measured against predicted Muon overhead, with the runs' noise
 #
 # Knobs for a rerun of part of it (environment): MUONBED_SHARE_<stage>=SECONDS,
 # MUONBED_GPU_TESTS_FILTER (a Catch2 spec, e.g. "[loopback]"), MUONBED_LOOPBACK_REPEATS,
@@ -44,7 +48,7 @@ root=$(cd "$here/.." && pwd)
 start_s=$(date +%s)
 budget=${MUONBED_BUNDLE_BUDGET:-400}
 declare -A STAGE_SECONDS=([tests]=90 [nccl]=40 [loopback]=60 [llama]=110 [calibrate]=40
-  [validate8]=140 [ns]=50)
+  [validate8]=140 [ns]=50 [training]=120)
 default_stages=(tests nccl loopback llama calibrate validate8 ns)
 
 dest=${OUT:-$here/out}
@@ -223,6 +227,29 @@ stage_validate8() {
   run validate8_compare "$mb" compare "$v/validate_cpu$ranks.yaml" "${outs[@]}" --no-plots \
     --json "$v/compare.json"
   cp "$out/validate8_compare.log" "$dest/validate8.txt" 2>/dev/null
+}
+
+# The training step on 2 CPU ranks (experiments/mpi_training.yaml) with a profile calibrated here:
+# the overhead check of issue 24 on cores nothing else uses (the 2-core VMs are noisy).
+stage_training() {
+  local t=$out/training
+  mkdir -p "$t"
+  local profile=$t/gpu-host-cpu2.yaml
+  run training_calibrate "$mb" calibrate --backend mpi --experiment \
+    "$root/experiments/mpi_training.yaml" --ranks 2 --out "$profile" \
+    --note "the lent GPU machine's CPU cores ($(nproc)), 2 MPI ranks, gpu-bundle"
+  [ -s "$profile" ] || return
+  sed -e "s|^cluster: .*|cluster: $profile|" "$root/experiments/mpi_training.yaml" \
+    >"$t/mpi_training.yaml"
+  local outs=() i
+  for i in 1 2 3; do
+    run "training_run$i" "$mb" run "$t/mpi_training.yaml" --no-plots --force --output "$t/run$i"
+    [ -d "$t/run$i" ] && outs+=(--output "$t/run$i")
+  done
+  [ ${#outs[@]} -gt 0 ] || return
+  run training_compare "$mb" compare "$t/mpi_training.yaml" "${outs[@]}" --no-plots \
+    --json "$t/compare.json"
+  cp "$out/training_compare.log" "$dest/training.txt" 2>/dev/null
 }
 
 stage_ns() {
