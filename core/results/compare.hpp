@@ -75,9 +75,9 @@ double compared_step_seconds(const ResultRecord& record);
 // A record's training section as compare shows it (absent: present false).
 struct ComparedTraining {
   bool present = false;
-  double step_s = 0;               // TrainingResult::step_s (the average step)
-  double adamw_step_s = 0;         // 0: the AdamW twin did not run
-  double muon_overhead_pct = 0;    // 100 x (step / AdamW step - 1)
+  double step_s = 0;             // TrainingResult::step_s (the average step)
+  double adamw_step_s = 0;       // 0: the AdamW twin did not run
+  double muon_overhead_pct = 0;  // 100 x (step / AdamW step - 1)
   // A twin measured interleaved with the point's steps: the standard deviation of the per-pair
   // overheads, in percentage points (TrainingResult::overhead_spread; 0: not paired).
   double overhead_pair_spread_pp = 0;

@@ -289,9 +289,9 @@ void print_training_table(const std::vector<const ResultRecord*>& ordered) {
     table.add({r->provenance.point.empty() ? r->provenance.experiment : r->provenance.point,
                backend_text(*r), human_seconds(t.step_s),
                t.adamw_step_s > 0 ? human_seconds(t.adamw_step_s) : "-",
-               t.adamw_step_s <= 0     ? "-"
-               : t.overhead_pairs > 0 ? fmt::format("{:+.1f} % (sd {:.1f} pp)", 100 * t.muon_overhead,
-                                                    100 * t.overhead_spread)
+               t.adamw_step_s <= 0    ? "-"
+               : t.overhead_pairs > 0 ? fmt::format("{:+.1f} % (sd {:.1f} pp)",
+                                                    100 * t.muon_overhead, 100 * t.overhead_spread)
                                       : fmt::format("{:+.1f} %", 100 * t.muon_overhead),
                human_seconds(t.forward_s), human_seconds(t.backward_s),
                human_seconds(t.parameter_gather_s), human_seconds(t.activation_comm_s),

@@ -166,8 +166,8 @@ std::string check_paired(const Case& c, const Model& model, int rank) {
   if (!m->twin) return "no twin record came back with the point's";
   const TrainingResult& t = m->record.training;
   if (m->record.step.measured.timed_steps != 3 || m->twin->step.measured.timed_steps != 3)
-    return "timed steps: point " + std::to_string(m->record.step.measured.timed_steps) +
-           ", twin " + std::to_string(m->twin->step.measured.timed_steps) + " (expected 3 each)";
+    return "timed steps: point " + std::to_string(m->record.step.measured.timed_steps) + ", twin " +
+           std::to_string(m->twin->step.measured.timed_steps) + " (expected 3 each)";
   if (!m->twin->training.present) return "the twin's record has no training section";
   if (!(m->twin->step.measured.median_s > 0)) return "the twin's median step is not positive";
   if (t.overhead_pairs != 3) return "overhead_pairs " + std::to_string(t.overhead_pairs);

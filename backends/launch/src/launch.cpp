@@ -365,13 +365,13 @@ PointRun launch_job(const Job& job, int ranks, const std::string& failure_log, s
 
 std::string run_to_json(const PointRun& run) {
   nlohmann::json out = {{"record", result_to_json(run.record)},
-                              {"trace", run.trace},
-                              {"cost",
-                               {{"wall_s", run.cost.wall_s},
-                                {"peak_rss_bytes", run.cost.peak_rss_bytes},
-                                {"messages", run.cost.messages},
-                                {"messages_what", run.cost.messages_what}}},
-                              {"wrong_elements", run.wrong_elements}};
+                        {"trace", run.trace},
+                        {"cost",
+                         {{"wall_s", run.cost.wall_s},
+                          {"peak_rss_bytes", run.cost.peak_rss_bytes},
+                          {"messages", run.cost.messages},
+                          {"messages_what", run.cost.messages_what}}},
+                        {"wrong_elements", run.wrong_elements}};
   if (run.adamw_twin) out["adamw_twin"] = result_to_json(*run.adamw_twin);
   return out.dump();
 }

@@ -311,8 +311,9 @@ std::vector<std::vector<StepTimings>> run_interleaved_steps(
 std::vector<double> paired_overheads(const std::vector<double>& point_steps_s,
                                      const std::vector<double>& twin_steps_s) {
   if (point_steps_s.size() != twin_steps_s.size())
-    throw Error("paired_overheads: " + std::to_string(point_steps_s.size()) + " steps of the point against " +
-                std::to_string(twin_steps_s.size()) + " of its twin");
+    throw Error("paired_overheads: " + std::to_string(point_steps_s.size()) +
+                " steps of the point against " + std::to_string(twin_steps_s.size()) +
+                " of its twin");
   std::vector<double> out;
   for (std::size_t i = 0; i < point_steps_s.size(); ++i) {
     if (!(twin_steps_s[i] > 0))
@@ -346,8 +347,7 @@ long long run_check(MPI_Comm world, MeasuredRank& executor, double timeout_s,
 }
 
 // Collective: every rank's kept timings to rank 0, which builds the plan's record.
-std::optional<Measured> gather_record(const StepPlan& plan, MPI_Comm world,
-                                      MeasuredRank& executor,
+std::optional<Measured> gather_record(const StepPlan& plan, MPI_Comm world, MeasuredRank& executor,
                                       const std::vector<StepTimings>& kept, double messages,
                                       long long wrong, double timeout_s,
                                       const MeasureSettings& settings, Clock::time_point start) {
@@ -434,8 +434,8 @@ std::optional<Measured> measure_paired(const StepPlan& plan, const StepPlan& twi
   const std::vector<std::vector<StepTimings>> kept = run_interleaved_steps(
       {&executor, &twin_executor}, settings.warmup_steps, settings.timed_steps, messages);
   const long long wrong = run_check(world, executor, timeout_s, settings);
-  std::optional<Measured> out = gather_record(plan, world, executor, kept[0], messages[0], wrong,
-                                              timeout_s, settings, start);
+  std::optional<Measured> out =
+      gather_record(plan, world, executor, kept[0], messages[0], wrong, timeout_s, settings, start);
   MeasureSettings twin_settings = settings;
   twin_settings.trace_ranks = 0;  // the point's trace is the one kept
   std::optional<Measured> twin = gather_record(twin_plan, world, twin_executor, kept[1],
@@ -450,9 +450,10 @@ std::optional<Measured> measure_paired(const StepPlan& plan, const StepPlan& twi
   t.overhead_spread = std::sqrt(square);
   std::vector<double> sorted = pairs;
   std::sort(sorted.begin(), sorted.end());
-  const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                          : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
-  char text[400];
+  const double median = sorted.size() % 2
+                            ? sorted[sorted.size() / 2]
+                            : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
+  char text[640];
   std::snprintf(text, sizeof text,
                 "%s: the AdamW twin (training.adamw_step_s) was measured interleaved in the same "
                 "job and world: its executor beside this one, both warmed up, then the timed "

@@ -693,7 +693,7 @@ std::string training_table(const CompareReport& report) {
       "median steps" +
       std::string(any_runs ? "; measured over several runs: the median of the runs' Muon +" : "") +
       "; opt share: exposed optimizer / step; error: predicted - measured Muon +, in percentage "
-      "points; noise: the measured step's, as above; Muon + noise: " +
+      "points; noise: the measured step's, as above; Muon +/-: the overhead's noise, " +
       (any_runs ? "max - min of the runs' Muon +, or for one run " : "") +
       "the standard deviation of its per-pair overheads where the AdamW twin ran interleaved "
       "with the step, in pp; -: not measured):\n";
