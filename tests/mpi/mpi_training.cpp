@@ -171,8 +171,20 @@ std::string check_paired(const Case& c, const Model& model, int rank) {
   if (!m->twin->training.present) return "the twin's record has no training section";
   if (!(m->twin->step.measured.median_s > 0)) return "the twin's median step is not positive";
   if (t.overhead_pairs != 3) return "overhead_pairs " + std::to_string(t.overhead_pairs);
-  if (!(t.overhead_spread >= 0) || !std::isfinite(t.overhead_spread))
-    return "overhead_spread " + std::to_string(t.overhead_spread);
+  // The spread from the two records' own per-step times (step.patterns, in the order run): the
+  // population standard deviation of step i / twin step i - 1.
+  const std::vector<StepPatternResult>& a = m->record.step.patterns;
+  const std::vector<StepPatternResult>& b = m->twin->step.patterns;
+  if (a.size() != 3 || b.size() != 3) return "the records do not list their 3 timed steps";
+  std::vector<double> overheads;
+  double mean = 0, variance = 0;
+  for (std::size_t i = 0; i < 3; ++i) overheads.push_back(a[i].time_s / b[i].time_s - 1);
+  for (double o : overheads) mean += o / 3;
+  for (double o : overheads) variance += (o - mean) * (o - mean) / 3;
+  if (!std::isfinite(t.overhead_spread) ||
+      std::abs(t.overhead_spread - std::sqrt(variance)) > 1e-9 * (1 + std::sqrt(variance)))
+    return "overhead_spread " + std::to_string(t.overhead_spread) + ", the steps' pairs give " +
+           std::to_string(std::sqrt(variance));
   bool noted = false;
   for (const std::string& note : m->record.notes)
     noted = noted || note.find("measured interleaved") != std::string::npos;

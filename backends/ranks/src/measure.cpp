@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <map>
 #include <tuple>
@@ -442,17 +441,12 @@ std::optional<Measured> measure_paired(const StepPlan& plan, const StepPlan& twi
                                                messages[1], -1, timeout_s, twin_settings, start);
   if (!out) return std::nullopt;
   const std::vector<double> pairs = paired_overheads(out->step_times_s, twin->step_times_s);
-  double mean = 0, square = 0;
-  for (double p : pairs) mean += p / static_cast<double>(pairs.size());
-  for (double p : pairs) square += (p - mean) * (p - mean) / static_cast<double>(pairs.size());
+  // The same statistics as the steps' (median, population standard deviation, minimum).
+  const StepStatistics stats = step_statistics(pairs, settings.warmup_steps);
   TrainingResult& t = out->record.training;
   t.overhead_pairs = static_cast<int>(pairs.size());
-  t.overhead_spread = std::sqrt(square);
-  std::vector<double> sorted = pairs;
-  std::sort(sorted.begin(), sorted.end());
-  const double median = sorted.size() % 2
-                            ? sorted[sorted.size() / 2]
-                            : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
+  t.overhead_spread = stats.stddev_s;
+  const double highest = *std::max_element(pairs.begin(), pairs.end());
   char text[640];
   std::snprintf(text, sizeof text,
                 "%s: the AdamW twin (training.adamw_step_s) was measured interleaved in the same "
@@ -460,8 +454,8 @@ std::optional<Measured> measure_paired(const StepPlan& plan, const StepPlan& twi
                 "steps alternated point, twin, point, twin, ... (each after its barrier); the %d "
                 "per-pair overheads (step i / twin step i - 1) have median %+.1f %%, range "
                 "%+.1f .. %+.1f %%, standard deviation %.1f pp (training.overhead_spread)",
-                settings.backend.c_str(), t.overhead_pairs, 100 * median, 100 * sorted.front(),
-                100 * sorted.back(), 100 * t.overhead_spread);
+                settings.backend.c_str(), t.overhead_pairs, 100 * stats.median_s, 100 * stats.min_s,
+                100 * highest, 100 * t.overhead_spread);
   out->record.notes.push_back(text);
   out->twin = std::move(twin->record);
   out->wall_s = std::chrono::duration<double>(Clock::now() - start).count();
