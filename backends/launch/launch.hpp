@@ -64,6 +64,10 @@ struct Job {
   std::string kind = "plan";
   std::string backend = "mpi";  // whose job runner the ranks call (backends/ranks/jobs.hpp)
   nlohmann::json plan;          // plan_to_json; null for other kinds
+  // A training point's AdamW twin (plan_to_json), measured in the same job with its steps
+  // interleaved with the point's (backends/ranks/measure.hpp measure_paired); null: none. Set by
+  // a backend whose job runner pairs them (mpi).
+  nlohmann::json twin_plan;
   int warmup_steps = 2;
   int timed_steps = 10;
   std::uint64_t seed = 1;

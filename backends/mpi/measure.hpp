@@ -14,8 +14,12 @@
 namespace muonbed::mpi {
 
 // Collective over `world`: runs the steps and returns the record on rank 0 (nullopt elsewhere).
+// With `twin` (a training point's AdamW twin), a second executor runs it beside the first and the
+// two plans' timed steps interleave (backends/ranks/measure.hpp measure_paired); the twin runs
+// without `options.fault`, whose op numbers are the point's plan's.
 std::optional<Measured> measure(const StepPlan& plan, MPI_Comm world,
-                                const ExecutorOptions& options, const MeasureSettings& settings);
+                                const ExecutorOptions& options, const MeasureSettings& settings,
+                                const StepPlan* twin = nullptr);
 
 // Collective over `world`: the compute half of `muonbed calibrate`. Each plan is a
 // compute_bench_plan (core/results/calibration.hpp); every rank runs its momentum, newton_schulz

@@ -92,6 +92,9 @@ struct Measured {
   std::int64_t messages = 0;         // sent by all ranks over all steps run
   std::string messages_what;         // MeasureSettings::messages_what
   std::int64_t wrong_elements = -1;  // check_data: elements received wrong (-1: not checked)
+  std::vector<double> step_times_s;  // each timed step's time, in the order they ran
+  // measure_paired: the twin's record (its provenance's experiment part left to the caller too).
+  std::optional<ResultRecord> twin;
 };
 
 // What measuring needs of a rank's executor, so that every executor under MPI (this one, the
@@ -119,6 +122,35 @@ class MeasuredRank {
 // measure() with any executor: `settings.backend` names the record's backend.
 std::optional<Measured> measure_rank(const StepPlan& plan, MPI_Comm world, MeasuredRank& executor,
                                      double timeout_s, const MeasureSettings& settings);
+
+// The steps measure_rank runs, for one executor or several sharing the world (one plan each):
+// every executor's `warmup` untimed steps, one executor after the other, then `timed` rounds
+// in which each executor runs one timed step in turn (A, B, A, B, ...), so that a drift of the
+// machine's speed during the run falls on every plan alike. Step numbers count from 0 per
+// executor over its warm-up and timed steps. Returns each executor's timed steps' timings;
+// `messages` gets each executor's messages over all its steps. Local to the rank (no MPI call of
+// its own: each run_step has its barrier).
+std::vector<std::vector<StepTimings>> run_interleaved_steps(
+    const std::vector<MeasuredRank*>& executors, int warmup, int timed,
+    std::vector<double>& messages);
+
+// A training point and its AdamW twin (issue 24's muon_overhead) measured in one job and world,
+// their executors side by side and their timed steps interleaved (run_interleaved_steps): the
+// ratio of the two steps is then a paired comparison, which a drift of the machine between two
+// separate runs would otherwise bias. Each plan's record is measure_rank's; on rank 0 the
+// point's record carries the twin's (Measured::twin: run_plan takes adamw_step_s and
+// muon_overhead from it) and the spread of the per-pair overheads (training.overhead_pairs,
+// overhead_spread) with a note saying how the twin ran. `settings.check_data` checks the point's
+// plan only.
+std::optional<Measured> measure_paired(const StepPlan& plan, const StepPlan& twin_plan,
+                                       MPI_Comm world, MeasuredRank& executor,
+                                       MeasuredRank& twin_executor, double timeout_s,
+                                       const MeasureSettings& settings);
+
+// The per-pair overheads of interleaved steps: point[i] / twin[i] - 1 for each timed round i
+// (Error when the counts differ or a twin step is not positive).
+std::vector<double> paired_overheads(const std::vector<double>& point_steps_s,
+                                     const std::vector<double>& twin_steps_s);
 
 // OpenBLAS found in this process (by its exported symbols, without linking it): its
 // configuration text and thread count, after setting the count to `threads` when > 0.

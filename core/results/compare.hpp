@@ -75,9 +75,12 @@ double compared_step_seconds(const ResultRecord& record);
 // A record's training section as compare shows it (absent: present false).
 struct ComparedTraining {
   bool present = false;
-  double step_s = 0;               // TrainingResult::step_s (the average step)
-  double adamw_step_s = 0;         // 0: the AdamW twin did not run
-  double muon_overhead_pct = 0;    // 100 x (step / AdamW step - 1)
+  double step_s = 0;             // TrainingResult::step_s (the average step)
+  double adamw_step_s = 0;       // 0: the AdamW twin did not run
+  double muon_overhead_pct = 0;  // 100 x (step / AdamW step - 1)
+  // A twin measured interleaved with the point's steps: the standard deviation of the per-pair
+  // overheads, in percentage points (TrainingResult::overhead_spread; 0: not paired).
+  double overhead_pair_spread_pp = 0;
   double optimizer_share_pct = 0;  // 100 x exposed_optimizer_s / step_s
   // Predicted backends: predicted - measured overhead, in percentage points.
   double overhead_error_pp = 0;
@@ -110,6 +113,12 @@ struct ComparedPoint {
   // measured.step_s is then the median over runs; phases, trace and probe are the median run's.
   std::vector<double> runs_s;
   double spread_pct = 0;
+  // A training point over several runs: each run's measured Muon overhead (in folder order, in
+  // %), whose median is then measured.training.muon_overhead_pct (each run's overhead is its own
+  // ratio, paired where the backend interleaves the twin; the median run's overhead would mix
+  // one run's step with another's noise), and their spread, max - min in percentage points.
+  std::vector<double> runs_overhead_pct;
+  double overhead_spread_pp = 0;
   // How far apart two measurements of this point may land by chance, in %: the runs' spread
   // when runs are combined, else twice the timed steps' standard deviation over their median
   // (within one run: it misses drift between runs, so it is a lower bound).

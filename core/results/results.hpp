@@ -102,7 +102,10 @@
 //                    optimizer_s (means over ranks of the time each phase had an op running),
 //                    exposed_optimizer_s (the step after every rank's last forward, backward,
 //                    gather and sync op), model_tflops, mfu, adamw_step_s (the same step with
-//                    AdamW for every parameter), muon_overhead (step_s / adamw_step_s - 1)
+//                    AdamW for every parameter), muon_overhead (step_s / adamw_step_s - 1);
+//                    where the twin was measured interleaved with the point's steps (mpi),
+//                    overhead_pairs and overhead_spread (the standard deviation of the per-pair
+//                    overheads, a fraction like muon_overhead)
 //   memory           the training state against the device's memory (absent from files written
 //                    before it): model ("training_state"), limit_bytes (gpu.memory_GiB of the
 //                    cluster: one GPU's, or one CPU rank's), peak_bytes and peak_rank (the fullest
@@ -299,6 +302,11 @@ struct TrainingResult {
   // The same step with AdamW for every parameter (the run's twin plan; 0: not run).
   double adamw_step_s = 0;
   double muon_overhead = 0;  // step_s / adamw_step_s - 1
+  // A twin measured interleaved with the point's steps (a measured backend that pairs them):
+  // the number of (step, twin step) pairs and the population standard deviation of their
+  // overheads (step i / twin step i - 1), the noise of muon_overhead within the run (0: none).
+  int overhead_pairs = 0;
+  double overhead_spread = 0;
 };
 
 // One other backend's result of the same point beside this one: whether they agree.

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,11 @@ struct RunSettings {
   // Not empty: a backend whose run takes long (the simulator) shows a progress line named so on
   // stderr while it runs (core/base/progress.hpp).
   std::string progress_label;
+  // A training point's AdamW twin (run_plan sets it; issue 24's muon_overhead). A backend that
+  // can measure it in the same job, its steps interleaved with the point's (mpi), does so and
+  // returns its record in PointRun::adamw_twin; every other backend ignores it, and run_plan
+  // runs the twin after the point.
+  const StepPlan* adamw_twin_plan = nullptr;
 };
 
 // What a run cost, for progress lines; not part of the results file (it is not deterministic).
@@ -70,6 +76,9 @@ struct PointRun {
   // Elements a real backend found wrong when it checked its results against the reference
   // (nccl-tests' #wrong); -1 when nothing was checked (predicting backends).
   std::int64_t wrong_elements = -1;
+  // The AdamW twin's record when the backend measured it with the point (RunSettings::
+  // adamw_twin_plan); run_plan takes training.adamw_step_s from it.
+  std::optional<ResultRecord> adamw_twin;
 };
 
 // A backend's run function: the record (provenance included, timestamp left to run_plan) and,

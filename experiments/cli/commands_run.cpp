@@ -289,14 +289,19 @@ void print_training_table(const std::vector<const ResultRecord*>& ordered) {
     table.add({r->provenance.point.empty() ? r->provenance.experiment : r->provenance.point,
                backend_text(*r), human_seconds(t.step_s),
                t.adamw_step_s > 0 ? human_seconds(t.adamw_step_s) : "-",
-               t.adamw_step_s > 0 ? fmt::format("{:+.1f} %", 100 * t.muon_overhead) : "-",
+               t.adamw_step_s <= 0    ? "-"
+               : t.overhead_pairs > 0 ? fmt::format("{:+.1f} % (sd {:.1f} pp)",
+                                                    100 * t.muon_overhead, 100 * t.overhead_spread)
+                                      : fmt::format("{:+.1f} %", 100 * t.muon_overhead),
                human_seconds(t.forward_s), human_seconds(t.backward_s),
                human_seconds(t.parameter_gather_s), human_seconds(t.activation_comm_s),
                human_seconds(t.gradient_sync_s), human_seconds(t.optimizer_s),
                human_seconds(t.exposed_optimizer_s), fmt::format("{:.1f} %", 100 * t.mfu)});
   }
   std::cout << "\ntraining step per point (core/plan/training.hpp; AdamW step: the same step with "
-               "AdamW for every parameter; Muon +: step / AdamW step - 1; phases: means over "
+               "AdamW for every parameter; Muon +: step / AdamW step - 1 of the median steps, and "
+               "where the AdamW step ran interleaved with the step (mpi) the standard deviation "
+               "of the per-pair overheads; phases: means over "
                "ranks of the time an op of the phase ran, so they overlap; exposed opt: the step "
                "after every rank's last forward, backward, gather and sync; MFU: forward and "
                "backward FLOPs / (step x ranks x peak))\n";

@@ -501,3 +501,61 @@ TEST_CASE("compare_points: a training step's overhead and share, by hand", "[cor
   CHECK_THAT(compare_table(compare_points({point("default", 0.1, 0.1, 2)})),
              !Contains("training step"));
 }
+
+TEST_CASE("compare_points: a training overhead over runs is the median of the runs' overheads",
+          "[core][compare]") {
+  // Three runs of one training point, each with its own (paired) AdamW step:
+  //   run 1: step 120 ms over AdamW 100 ms: +20 %
+  //   run 2: step 130 ms over AdamW 125 ms: +4 %   <- the median step (120 < 130 < 150)
+  //   run 3: step 150 ms over AdamW 100 ms: +50 %
+  // The median-step run's overhead would be +4 %; the median of the runs' overheads is +20 %,
+  // their spread 50 - 4 = 46 pp. Analytic predicts 110 over 100 ms: +10 %, 10 pp under.
+  PointRecords p = point("default", 0.120, 0.110, 2);
+  const auto train = [](ResultRecord& r, double step, double adamw, double pair_spread) {
+    r.training.present = true;
+    r.training.step_s = step;
+    r.training.adamw_step_s = adamw;
+    r.training.muon_overhead = step / adamw - 1;
+    if (pair_spread > 0) {
+      r.training.overhead_pairs = 10;
+      r.training.overhead_spread = pair_spread;
+    }
+  };
+  train(p.records["mpi"], 0.120, 0.100, 0.03);
+  train(p.records["analytic"], 0.110, 0.100, 0);
+  p.more_runs = {record("mpi", 0.130, 2), record("mpi", 0.150, 2)};
+  train(p.more_runs[0], 0.130, 0.125, 0.02);
+  train(p.more_runs[1], 0.150, 0.100, 0.05);
+  p.more_run_paths = {"run2/mpi.json", "run3/mpi.json"};
+  p.more_run_traces = {"", ""};
+  const CompareReport r = compare_points({p});
+  REQUIRE(r.points.size() == 1);
+  const ComparedPoint& c = r.points[0];
+  CHECK(c.measured.path == "run2/mpi.json");  // the median step's run lends the rest ...
+  REQUIRE(c.runs_overhead_pct.size() == 3);
+  CHECK(c.runs_overhead_pct[0] == Approx(20));
+  CHECK(c.runs_overhead_pct[1] == Approx(4));
+  CHECK(c.runs_overhead_pct[2] == Approx(50));
+  CHECK(c.measured.training.muon_overhead_pct == Approx(20));  // ... but not its overhead
+  CHECK(c.overhead_spread_pp == Approx(46));
+  CHECK(c.predicted.at(0).training.overhead_error_pp == Approx(10 - 20));
+  const std::string table = compare_table(r);
+  CHECK_THAT(table, Contains("median of the runs' Muon +"));
+  CHECK_THAT(table, Contains("46.0 pp"));
+  CHECK_THAT(table, Contains("-10.0 pp"));
+  const auto j = compare_json(r);
+  CHECK(j["points"][0]["measured"]["training"]["muon_overhead_pct"].get<double>() == Approx(20));
+  CHECK(j["points"][0]["measured"]["training"]["overhead_spread_pp"].get<double>() == Approx(46));
+  CHECK(j["points"][0]["measured"]["training"]["runs_muon_overhead_pct"].size() == 3);
+
+  // One paired run: its overhead as recorded, its per-pair spread (3 pp) as the overhead's noise.
+  PointRecords one = point("default", 0.120, 0.110, 2);
+  train(one.records["mpi"], 0.120, 0.100, 0.03);
+  train(one.records["analytic"], 0.110, 0.100, 0);
+  const CompareReport single = compare_points({one});
+  CHECK(single.points[0].runs_overhead_pct.empty());
+  CHECK(single.points[0].measured.training.muon_overhead_pct == Approx(20));
+  CHECK(single.points[0].measured.training.overhead_pair_spread_pp == Approx(3));
+  CHECK_THAT(compare_table(single), Contains("3.0 pp"));
+  CHECK_THAT(compare_table(single), !Contains("median of the runs' Muon +"));
+}

@@ -9,13 +9,17 @@
 //   - its parameters and optimizer state equal the single-device reference bit for bit: the
 //     training ops leave the optimizer's seeded gradients as they are;
 // and measures the step (backends/mpi/measure.hpp): the record's training section is present
-// with every phase the plan has taking time.
+// with every phase the plan has taking time. Then the paired measurement of issue 24's Muon
+// overhead: the loop runs two executors' timed steps alternately (a fake executor records the
+// order of its run_step calls), and the FSDP point measured with its AdamW twin in one job gives
+// both records, the twin's with as many timed steps as the point's, and one overhead per pair.
 //
 //   mpirun -np 2 mpi_training [--compute threads|progress_points]
 //
 // prints one line per case on rank 0 and PASS: when all pass.
 #include <mpi.h>
 
+#include <cmath>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -63,7 +67,7 @@ struct Case {
   bool gathers = false, activations = false, syncs = false;
 };
 
-StepPlan plan_of(const Case& c, const Model& model) {
+StepPlan plan_of(const Case& c, const Model& model, bool everything_to_adamw = false) {
   TrainingOptions o;
   o.enabled = true;
   o.tokens_per_step = c.tokens;
@@ -74,11 +78,123 @@ StepPlan plan_of(const Case& c, const Model& model) {
   options.name = "owner";
   int world = 1;
   for (const MeshDim& d : c.dims) world *= d.size;
-  return build_plan(parallelize(model, DeviceMesh(c.dims, world), ParallelRules{}), options,
-                    settings);
+  ParallelRules rules;
+  rules.routing.everything_to_adamw = everything_to_adamw;
+  return build_plan(parallelize(model, DeviceMesh(c.dims, world), rules), options, settings);
 }
 
 mpi::ComputeMode g_compute = mpi::ComputeMode::automatic;
+
+// An executor that runs nothing: it appends "<name><step>" to a shared log for each run_step,
+// and reports `messages` messages per step.
+class LoggingRank final : public mpi::MeasuredRank {
+ public:
+  LoggingRank(std::string name, double messages, std::vector<std::string>& log)
+      : name_(std::move(name)), log_(log) {
+    timings_.messages = messages;
+  }
+  void run_step(int step) override {
+    log_.push_back(name_ + std::to_string(step));
+    timings_.step = step;
+  }
+  const mpi::StepTimings& timings() const override { return timings_; }
+  int rank() const override { return 0; }
+  const std::vector<int>& host_of() const override { return host_of_; }
+  const std::vector<std::string>& hosts() const override { return hosts_; }
+  int compute_threads() const override { return 0; }
+  void run_check_step(int) override {}
+
+ private:
+  std::string name_;
+  std::vector<std::string>& log_;
+  mpi::StepTimings timings_;
+  std::vector<int> host_of_ = {0};
+  std::vector<std::string> hosts_ = {"here"};
+};
+
+// The loop's order, by hand: 2 warm-up steps each, one executor after the other, then 3 timed
+// rounds alternating a, b; each keeps its own timed steps 2, 3, 4; messages summed per executor
+// over its 5 steps (1 and 10 per step).
+std::string check_interleaving() {
+  std::vector<std::string> log;
+  LoggingRank a("a", 1, log), b("b", 10, log);
+  std::vector<double> messages;
+  const auto kept = mpi::run_interleaved_steps({&a, &b}, 2, 3, messages);
+  const std::vector<std::string> expected = {"a0", "a1", "b0", "b1", "a2",
+                                             "b2", "a3", "b3", "a4", "b4"};
+  if (log != expected) {
+    std::string got;
+    for (const std::string& s : log) got += s + " ";
+    return "run_step order " + got + "(expected a0 a1 b0 b1 a2 b2 a3 b3 a4 b4)";
+  }
+  if (kept.size() != 2) return "kept timings of " + std::to_string(kept.size()) + " executors";
+  for (const auto& steps : kept)
+    if (steps.size() != 3 || steps[0].step != 2 || steps[2].step != 4)
+      return "an executor kept the wrong timed steps";
+  if (messages != std::vector<double>{5, 50})
+    return "messages " + std::to_string(messages[0]) + ", " + std::to_string(messages[1]) +
+           " (expected 5 and 50)";
+  return "";
+}
+
+// The point and its AdamW twin measured in one job: rank 0 gets both records, each with the
+// timed steps asked for, and one overhead per pair of steps with its spread.
+std::string check_paired(const Case& c, const Model& model, int rank) {
+  const StepPlan plan = plan_of(c, model);
+  const StepPlan twin = plan_of(c, model, true);
+  const auto runs_newton_schulz = [](const StepPlan& p) {
+    for (const Op& op : p.ops)
+      if (op.kind == OpKind::newton_schulz || op.kind == OpKind::split_newton_schulz) return true;
+    return false;
+  };
+  if (!runs_newton_schulz(plan) || runs_newton_schulz(twin))
+    return "the test's plans: the point must run Newton-Schulz and its AdamW twin none";
+  mpi::ExecutorOptions options;
+  options.seed = kSeed;
+  options.timeout_s = 60;
+  options.compute_mode = g_compute;
+  mpi::MeasureSettings settings;
+  settings.warmup_steps = 1;
+  settings.timed_steps = 3;
+  settings.trace_ranks = 0;
+  settings.cluster_name = "test";
+  settings.peak_tflops = 0.1;
+  const std::optional<mpi::Measured> m =
+      mpi::measure(plan, MPI_COMM_WORLD, options, settings, &twin);
+  if (rank != 0) return m ? "a rank other than 0 got a record" : "";
+  if (!m) return "rank 0 got no record";
+  if (!m->twin) return "no twin record came back with the point's";
+  const TrainingResult& t = m->record.training;
+  if (m->record.step.measured.timed_steps != 3 || m->twin->step.measured.timed_steps != 3)
+    return "timed steps: point " + std::to_string(m->record.step.measured.timed_steps) + ", twin " +
+           std::to_string(m->twin->step.measured.timed_steps) + " (expected 3 each)";
+  if (!m->twin->training.present) return "the twin's record has no training section";
+  if (!(m->twin->step.measured.median_s > 0)) return "the twin's median step is not positive";
+  if (t.overhead_pairs != 3) return "overhead_pairs " + std::to_string(t.overhead_pairs);
+  // The spread from the two records' own per-step times (step.patterns, in the order run): the
+  // population standard deviation of step i / twin step i - 1.
+  const std::vector<StepPatternResult>& a = m->record.step.patterns;
+  const std::vector<StepPatternResult>& b = m->twin->step.patterns;
+  if (a.size() != 3 || b.size() != 3) return "the records do not list their 3 timed steps";
+  std::vector<double> overheads;
+  double mean = 0, variance = 0;
+  for (std::size_t i = 0; i < 3; ++i) overheads.push_back(a[i].time_s / b[i].time_s - 1);
+  for (double o : overheads) mean += o / 3;
+  for (double o : overheads) variance += (o - mean) * (o - mean) / 3;
+  if (!std::isfinite(t.overhead_spread) ||
+      std::abs(t.overhead_spread - std::sqrt(variance)) > 1e-9 * (1 + std::sqrt(variance)))
+    return "overhead_spread " + std::to_string(t.overhead_spread) + ", the steps' pairs give " +
+           std::to_string(std::sqrt(variance));
+  bool noted = false;
+  for (const std::string& note : m->record.notes)
+    noted = noted || note.find("measured interleaved") != std::string::npos;
+  if (!noted) return "no note says the twin was measured interleaved";
+  // The per-pair overheads from the two records' step times, by their definition.
+  const std::vector<double> pairs = mpi::paired_overheads({0.3, 0.2}, {0.2, 0.25});
+  if (pairs.size() != 2 || std::abs(pairs[0] - 0.5) > 1e-12 || std::abs(pairs[1] + 0.2) > 1e-12)
+    return "paired_overheads({0.3, 0.2}, {0.2, 0.25}) is not {+0.5, -0.2}";
+  return "";
+}
 
 // This rank's problems with case `c` ("" when none).
 std::string check_rank(const Case& c, const Model& model, const StepPlan& plan, int rank) {
@@ -174,6 +290,14 @@ int main(int argc, char** argv) {
       {"tp 2", {{"tp", 2, DimRole::tp}}, 64, false, true, false},
   };
   int failed = 0;
+  const auto verdict = [&](const std::string& name, const std::string& problem) {
+    // Every rank's verdict: the first problem of any rank fails the case.
+    int bad = problem.empty() ? 0 : 1, any = 0;
+    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (!problem.empty()) std::cerr << "rank " << rank << ", " << name << ": " << problem << "\n";
+    if (rank == 0) std::cout << (any ? "FAIL " : "ok   ") << name << std::endl;
+    failed += any;
+  };
   for (const Case& c : cases) {
     std::string problem;
     try {
@@ -181,15 +305,18 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       mpi::abort_world("rank " + std::to_string(rank) + ", case " + c.name + ": " + e.what());
     }
-    // Every rank's verdict: the first problem of any rank fails the case.
-    int bad = problem.empty() ? 0 : 1, any = 0;
-    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (!problem.empty()) std::cerr << "rank " << rank << ", " << c.name << ": " << problem << "\n";
-    if (rank == 0) std::cout << (any ? "FAIL " : "ok   ") << c.name << std::endl;
-    failed += any;
+    verdict(c.name, problem);
   }
+  verdict("interleaved loop order", check_interleaving());
+  std::string paired;
+  try {
+    paired = check_paired(cases.front(), model, rank);
+  } catch (const std::exception& e) {
+    mpi::abort_world("rank " + std::to_string(rank) + ", paired: " + e.what());
+  }
+  verdict("paired " + cases.front().name + " with its AdamW twin", paired);
   if (rank == 0)
-    std::cout << (failed ? "FAIL: " : "PASS: ") << failed << " of " << cases.size()
+    std::cout << (failed ? "FAIL: " : "PASS: ") << failed << " of " << cases.size() + 2
               << " training cases failed" << std::endl;
   MPI_Finalize();
   return failed ? 1 : 0;

@@ -147,6 +147,7 @@ nlohmann::json to_json(const Job& j) {
   return {{"kind", j.kind},
           {"backend", j.backend},
           {"plan", j.plan},
+          {"twin_plan", j.twin_plan},
           {"warmup_steps", j.warmup_steps},
           {"timed_steps", j.timed_steps},
           {"seed", j.seed},
@@ -167,6 +168,7 @@ Job job_from_json(const nlohmann::json& v) {
   j.kind = v.at("kind").get<std::string>();
   j.backend = v.at("backend").get<std::string>();
   j.plan = v.at("plan");
+  j.twin_plan = v.at("twin_plan");
   j.warmup_steps = v.at("warmup_steps").get<int>();
   j.timed_steps = v.at("timed_steps").get<int>();
   j.seed = v.at("seed").get<std::uint64_t>();
@@ -354,20 +356,23 @@ PointRun launch_job(const Job& job, int ranks, const std::string& failure_log, s
   run.cost.messages = cost.at("messages").get<std::int64_t>();
   run.cost.messages_what = cost.at("messages_what").get<std::string>();
   run.wrong_elements = result.value("wrong_elements", std::int64_t{-1});
+  if (result.contains("adamw_twin"))
+    run.adamw_twin = result_from_json(result.at("adamw_twin").get<std::string>());
   fs::remove_all(dir, ec);
   fs::remove(log_copy, ec);
   return run;
 }
 
 std::string run_to_json(const PointRun& run) {
-  const nlohmann::json out = {{"record", result_to_json(run.record)},
-                              {"trace", run.trace},
-                              {"cost",
-                               {{"wall_s", run.cost.wall_s},
-                                {"peak_rss_bytes", run.cost.peak_rss_bytes},
-                                {"messages", run.cost.messages},
-                                {"messages_what", run.cost.messages_what}}},
-                              {"wrong_elements", run.wrong_elements}};
+  nlohmann::json out = {{"record", result_to_json(run.record)},
+                        {"trace", run.trace},
+                        {"cost",
+                         {{"wall_s", run.cost.wall_s},
+                          {"peak_rss_bytes", run.cost.peak_rss_bytes},
+                          {"messages", run.cost.messages},
+                          {"messages_what", run.cost.messages_what}}},
+                        {"wrong_elements", run.wrong_elements}};
+  if (run.adamw_twin) out["adamw_twin"] = result_to_json(*run.adamw_twin);
   return out.dump();
 }
 

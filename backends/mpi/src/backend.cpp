@@ -71,7 +71,11 @@ std::optional<mpi::Measured> run_mpi_job(const StepPlan& plan, MPI_Comm world,
   std::optional<StepPlan> probe_plan;
   if (probe) probe_plan = plan_from_json(job.options.at("probe_plan"));
   const double before = probe ? mpi::time_newton_schulz(*probe_plan, world, job.timeout_s) : 0;
-  std::optional<mpi::Measured> m = mpi::measure(plan, world, options, settings);
+  // A training point's AdamW twin, measured interleaved with it (launch::Job::twin_plan).
+  std::optional<StepPlan> twin;
+  if (!job.twin_plan.is_null()) twin = plan_from_json(job.twin_plan);
+  std::optional<mpi::Measured> m =
+      mpi::measure(plan, world, options, settings, twin ? &*twin : nullptr);
   const double after = probe ? mpi::time_newton_schulz(*probe_plan, world, job.timeout_s) : 0;
   if (m && probe) {
     ExecutionInfo& e = m->record.execution;
@@ -101,6 +105,7 @@ launch::Job make_mpi_job(const Experiment& experiment, const StepPlan& plan,
                          const RunSettings& settings) {
   launch::Job job = launch::make_job(experiment, plan, settings);
   job.backend = "mpi";
+  if (settings.adamw_twin_plan != nullptr) job.twin_plan = plan_to_json(*settings.adamw_twin_plan);
   if (const auto mode = env_choice("MUONBED_MPI_EXCHANGE", {"alltoallv", "natural"}))
     job.options["generic_exchange"] = *mode == "alltoallv";
   if (const char* v = std::getenv("MUONBED_MPI_COMPUTE"); v != nullptr && *v != '\0') {
@@ -133,23 +138,29 @@ launch::Job make_mpi_job(const Experiment& experiment, const StepPlan& plan,
 // and its peak of live buffers, which is rank_memory; plus each process's own ~64 MiB, which also
 // covers the handlers' fp32 working copies of small ops) against what this machine has available;
 // a point that cannot fit is refused with the numbers instead of swapping or being killed
-// halfway. A plan with more ranks than this machine has cores still counts all of them.
-void check_host_memory(const StepPlan& plan, const std::string& label) {
+// halfway. A plan with more ranks than this machine has cores still counts all of them. A
+// training point's AdamW twin (`twin`, or null) is held by the same ranks at the same time
+// (measured interleaved), so its tensors count too.
+void check_host_memory(const StepPlan& plan, const StepPlan* twin, const std::string& label) {
   const long long available = available_memory_bytes();
   if (available < 0) return;  // no /proc/meminfo: nothing to check against
   constexpr double kPerProcess = 64.0 * (1 << 20);
   double need = 0;
   const int ranks = plan.mesh().world_size();
-  for (int r = 0; r < ranks; ++r)
+  for (int r = 0; r < ranks; ++r) {
     need += static_cast<double>(rank_memory(plan, r).peak_bytes()) + kPerProcess;
+    if (twin != nullptr) need += static_cast<double>(rank_memory(*twin, r).peak_bytes());
+  }
   if (need <= static_cast<double>(available)) return;
   const double gib = 1024.0 * 1024 * 1024;
   char text[512];
   std::snprintf(text, sizeof text,
                 "point '%s' needs about %.2f GiB of host memory in its %d ranks (the plan's "
-                "tensors in their dtypes, rank_memory, plus ~64 MiB per process), but this "
+                "tensors in their dtypes, rank_memory%s, plus ~64 MiB per process), but this "
                 "machine has %.2f GiB available (MemAvailable)",
-                label.c_str(), need / gib, ranks, static_cast<double>(available) / gib);
+                label.c_str(), need / gib, ranks,
+                twin != nullptr ? ", and its AdamW twin's, measured beside it" : "",
+                static_cast<double>(available) / gib);
   throw Error(std::string(text) +
               "; fix: a smaller model or fewer ranks, free memory, or run it on a larger "
               "machine (the analytic and sim backends predict it without running it)");
@@ -179,7 +190,7 @@ PointRun run_mpi(const Experiment& experiment, const StepPlan& plan, const RunSe
     run = mpi::lead_job(job);
   } else {
     job.launcher = "mpirun (started by muonbed)";
-    check_host_memory(plan, job.label);  // every rank on this machine
+    check_host_memory(plan, settings.adamw_twin_plan, job.label);  // every rank on this machine
     run = launch::launch_job(
         job, ranks,
         fs::path(result_path(experiment, "mpi")).replace_filename("mpi.failed.log").string());

@@ -31,11 +31,16 @@ class MpiRank final : public MeasuredRank {
 }  // namespace
 
 std::optional<Measured> measure(const StepPlan& plan, MPI_Comm world,
-                                const ExecutorOptions& options, const MeasureSettings& settings) {
+                                const ExecutorOptions& options, const MeasureSettings& settings,
+                                const StepPlan* twin) {
   if (settings.timed_steps < 1) throw Error("mpi: at least one timed step (repeats >= 1)");
   set_blas_threads(settings.blas_threads);
   MpiRank executor(plan, world, options);
-  return measure_rank(plan, world, executor, options.timeout_s, settings);
+  if (twin == nullptr) return measure_rank(plan, world, executor, options.timeout_s, settings);
+  ExecutorOptions twin_options = options;
+  twin_options.fault = {};
+  MpiRank twin_executor(*twin, world, twin_options);
+  return measure_paired(plan, *twin, world, executor, twin_executor, options.timeout_s, settings);
 }
 
 }  // namespace muonbed::mpi

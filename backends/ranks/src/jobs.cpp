@@ -101,6 +101,7 @@ std::optional<PointRun> execute_job(const launch::Job& job, bool& wrong_world) {
     run.cost.messages = m->messages;
     run.cost.messages_what = m->messages_what;
     run.wrong_elements = m->wrong_elements;
+    run.adamw_twin = std::move(m->twin);
     return run;
   } catch (const std::exception& e) {
     fail(e);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <tuple>
 
@@ -259,6 +260,7 @@ Measured build_record(const StepPlan& plan, const std::vector<std::vector<StepTi
                            "): ranks share cores, so these timings are functional only, not a "
                            "benchmark");
 
+  out.step_times_s = times;
   out.trace = chrome_trace(
       plan, worst_events, traced, gpn, worst_step,
       "measured: ranks 0.." + std::to_string(traced - 1) + " of the slowest timed step (" +
@@ -286,20 +288,48 @@ BlasInfo set_blas_threads(int threads) {
   return info;
 }
 
-std::optional<Measured> measure_rank(const StepPlan& plan, MPI_Comm world, MeasuredRank& executor,
-                                     double timeout_s, const MeasureSettings& settings) {
-  const auto start = Clock::now();
-  if (settings.timed_steps < 1)
-    throw Error(settings.backend + ": at least one timed step (repeats >= 1)");
-  std::vector<StepTimings> kept;
-  double messages = 0;
-  for (int k = 0; k < settings.warmup_steps + settings.timed_steps; ++k) {
-    executor.run_step(k);
-    messages += executor.timings().messages;
-    if (k >= settings.warmup_steps) kept.push_back(executor.timings());
+std::vector<std::vector<StepTimings>> run_interleaved_steps(
+    const std::vector<MeasuredRank*>& executors, int warmup, int timed,
+    std::vector<double>& messages) {
+  messages.assign(executors.size(), 0);
+  std::vector<std::vector<StepTimings>> kept(executors.size());
+  for (std::size_t e = 0; e < executors.size(); ++e)
+    for (int k = 0; k < warmup; ++k) {
+      executors[e]->run_step(k);
+      messages[e] += executors[e]->timings().messages;
+    }
+  for (int k = warmup; k < warmup + timed; ++k)
+    for (std::size_t e = 0; e < executors.size(); ++e) {
+      executors[e]->run_step(k);
+      messages[e] += executors[e]->timings().messages;
+      kept[e].push_back(executors[e]->timings());
+    }
+  return kept;
+}
+
+std::vector<double> paired_overheads(const std::vector<double>& point_steps_s,
+                                     const std::vector<double>& twin_steps_s) {
+  if (point_steps_s.size() != twin_steps_s.size())
+    throw Error("paired_overheads: " + std::to_string(point_steps_s.size()) +
+                " steps of the point against " + std::to_string(twin_steps_s.size()) +
+                " of its twin");
+  std::vector<double> out;
+  for (std::size_t i = 0; i < point_steps_s.size(); ++i) {
+    if (!(twin_steps_s[i] > 0))
+      throw Error("paired_overheads: the twin's timed step " + std::to_string(i) + " took " +
+                  std::to_string(twin_steps_s[i]) + " s");
+    out.push_back(point_steps_s[i] / twin_steps_s[i] - 1);
   }
+  return out;
+}
+
+namespace {
+
+// After the timed steps: the check step of `executor` when settings ask for it (summed on
+// rank 0; -1: not checked).
+long long run_check(MPI_Comm world, MeasuredRank& executor, double timeout_s,
+                    const MeasureSettings& settings) {
   const int rank = executor.rank();
-  const int size = static_cast<int>(executor.host_of().size());
   const std::string where = "rank " + std::to_string(rank) + ", after the last step";
   // The untimed check step (nccl-tests' -c), last: it leaves the data meaningless.
   long long wrong = -1;
@@ -312,6 +342,17 @@ std::optional<Measured> measure_rank(const StepPlan& plan, MPI_Comm world, Measu
     wait_for(reduce, timeout_s, where, "summing the check step's wrong elements");
   }
 
+  return wrong;
+}
+
+// Collective: every rank's kept timings to rank 0, which builds the plan's record.
+std::optional<Measured> gather_record(const StepPlan& plan, MPI_Comm world, MeasuredRank& executor,
+                                      const std::vector<StepTimings>& kept, double messages,
+                                      long long wrong, double timeout_s,
+                                      const MeasureSettings& settings, Clock::time_point start) {
+  const int rank = executor.rank();
+  const int size = static_cast<int>(executor.host_of().size());
+  const std::string where = "rank " + std::to_string(rank) + ", after the last step";
   // Every rank's timings to rank 0, the cores of each rank's host and its pool's peak (bytes, exact
   // in a double up to 2^53).
   constexpr int kTrailing = 3;
@@ -363,6 +404,62 @@ std::optional<Measured> measure_rank(const StepPlan& plan, MPI_Comm world, Measu
   out.messages = total_messages;
   out.messages_what = settings.messages_what;
   out.wrong_elements = wrong;
+  return out;
+}
+
+}  // namespace
+
+std::optional<Measured> measure_rank(const StepPlan& plan, MPI_Comm world, MeasuredRank& executor,
+                                     double timeout_s, const MeasureSettings& settings) {
+  const auto start = Clock::now();
+  if (settings.timed_steps < 1)
+    throw Error(settings.backend + ": at least one timed step (repeats >= 1)");
+  std::vector<double> messages;
+  const std::vector<std::vector<StepTimings>> kept =
+      run_interleaved_steps({&executor}, settings.warmup_steps, settings.timed_steps, messages);
+  const long long wrong = run_check(world, executor, timeout_s, settings);
+  return gather_record(plan, world, executor, kept[0], messages[0], wrong, timeout_s, settings,
+                       start);
+}
+
+std::optional<Measured> measure_paired(const StepPlan& plan, const StepPlan& twin_plan,
+                                       MPI_Comm world, MeasuredRank& executor,
+                                       MeasuredRank& twin_executor, double timeout_s,
+                                       const MeasureSettings& settings) {
+  const auto start = Clock::now();
+  if (settings.timed_steps < 1)
+    throw Error(settings.backend + ": at least one timed step (repeats >= 1)");
+  std::vector<double> messages;
+  const std::vector<std::vector<StepTimings>> kept = run_interleaved_steps(
+      {&executor, &twin_executor}, settings.warmup_steps, settings.timed_steps, messages);
+  const long long wrong = run_check(world, executor, timeout_s, settings);
+  std::optional<Measured> out =
+      gather_record(plan, world, executor, kept[0], messages[0], wrong, timeout_s, settings, start);
+  MeasureSettings twin_settings = settings;
+  twin_settings.trace_ranks = 0;  // the point's trace is the one kept
+  std::optional<Measured> twin = gather_record(twin_plan, world, twin_executor, kept[1],
+                                               messages[1], -1, timeout_s, twin_settings, start);
+  if (!out) return std::nullopt;
+  const std::vector<double> pairs = paired_overheads(out->step_times_s, twin->step_times_s);
+  // The same statistics as the steps' (median, population standard deviation, minimum).
+  const StepStatistics stats = step_statistics(pairs, settings.warmup_steps);
+  TrainingResult& t = out->record.training;
+  t.overhead_pairs = static_cast<int>(pairs.size());
+  t.overhead_spread = stats.stddev_s;
+  const double highest = *std::max_element(pairs.begin(), pairs.end());
+  char text[640];
+  std::snprintf(text, sizeof text,
+                "%s: the AdamW twin (training.adamw_step_s) was measured interleaved in the same "
+                "job and world: its executor beside this one, both warmed up, then the timed "
+                "steps alternated point, twin, point, twin, ... (each after its barrier); the %d "
+                "per-pair overheads (step i / twin step i - 1) have median %+.1f %%, range "
+                "%+.1f .. %+.1f %%, standard deviation %.1f pp (training.overhead_spread)",
+                settings.backend.c_str(), t.overhead_pairs, 100 * stats.median_s, 100 * stats.min_s,
+                100 * highest, 100 * t.overhead_spread);
+  out->record.notes.push_back(text);
+  out->twin = std::move(twin->record);
+  out->wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+  out->messages += twin->messages;
   return out;
 }
 

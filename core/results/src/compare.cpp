@@ -84,6 +84,7 @@ ComparedBackend compared(const std::string& backend, const ResultRecord& r,
     c.training.step_s = t.step_s;
     c.training.adamw_step_s = t.adamw_step_s;
     c.training.muon_overhead_pct = 100 * t.muon_overhead;
+    c.training.overhead_pair_spread_pp = 100 * t.overhead_spread;
     c.training.optimizer_share_pct = t.step_s > 0 ? 100 * t.exposed_optimizer_s / t.step_s : 0;
   }
   return c;
@@ -244,6 +245,15 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
       c.runs_s = steps;
       const auto [lo, hi] = std::minmax_element(steps.begin(), steps.end());
       c.spread_pct = *lo > 0 ? (*hi - *lo) / *lo * 100 : 0;
+      for (const ResultRecord* r : runs)
+        if (r->training.present && r->training.adamw_step_s > 0)
+          c.runs_overhead_pct.push_back(100 * r->training.muon_overhead);
+      if (c.measured.training.present && !c.runs_overhead_pct.empty()) {
+        c.measured.training.muon_overhead_pct = median_of(c.runs_overhead_pct);
+        const auto [olo, ohi] =
+            std::minmax_element(c.runs_overhead_pct.begin(), c.runs_overhead_pct.end());
+        c.overhead_spread_pp = *ohi - *olo;
+      }
     }
     c.noise_pct = runs.size() > 1 ? c.spread_pct : within_run_noise_pct(m);
     for (const std::string& b : kPredicted) {
@@ -580,6 +590,8 @@ nlohmann::ordered_json compare_json(const CompareReport& report) {
                         {"adamw_step_s", t.adamw_step_s},
                         {"muon_overhead_pct", t.muon_overhead_pct},
                         {"optimizer_share_pct", t.optimizer_share_pct}};
+      if (t.overhead_pair_spread_pp > 0)
+        j["training"]["overhead_pair_spread_pp"] = t.overhead_pair_spread_pp;
       if (predicted) j["training"]["overhead_error_pp"] = t.overhead_error_pp;
     }
     return j;
@@ -612,6 +624,10 @@ nlohmann::ordered_json compare_json(const CompareReport& report) {
     if (!c.runs_s.empty()) {
       p["measured"]["runs_s"] = c.runs_s;
       p["measured"]["spread_pct"] = c.spread_pct;
+    }
+    if (!c.runs_overhead_pct.empty()) {
+      p["measured"]["training"]["runs_muon_overhead_pct"] = c.runs_overhead_pct;
+      p["measured"]["training"]["overhead_spread_pp"] = c.overhead_spread_pp;
     }
     p["measured"]["trace"] = c.measured_trace;
     J pred = J::array();
@@ -670,27 +686,39 @@ std::string training_table(const CompareReport& report) {
                                [](const ComparedPoint& c) { return c.measured.training.present; });
   if (!any) return "";
   const auto ms = [](double s) { return s > 0 ? strf("%.2f", s * 1e3) : std::string("-"); };
+  bool any_runs = false;
+  for (const ComparedPoint& c : report.points) any_runs = any_runs || !c.runs_overhead_pct.empty();
   std::string out =
-      "\ntraining step (step and AdamW step in ms, average step; Muon +: step / AdamW step - 1; "
-      "opt share: exposed optimizer / step; error: predicted - measured Muon +, in percentage "
-      "points; noise: the measured step's, as above):\n";
-  out += strf("  %-40s %-9s %9s %9s %8s %9s %8s %7s\n", "point", "backend", "step", "AdamW",
-              "Muon +", "opt share", "error", "noise");
+      "\ntraining step (step and AdamW step in ms, average step; Muon +: step / AdamW step - 1, "
+      "median steps" +
+      std::string(any_runs ? "; measured over several runs: the median of the runs' Muon +" : "") +
+      "; opt share: exposed optimizer / step; error: predicted - measured Muon +, in percentage "
+      "points; noise: the measured step's, as above; Muon +/-: the overhead's noise, " +
+      (any_runs ? "max - min of the runs' Muon +, or for one run " : "") +
+      "the standard deviation of its per-pair overheads where the AdamW twin ran interleaved "
+      "with the step, in pp; -: not measured):\n";
+  out += strf("  %-40s %-9s %9s %9s %8s %9s %8s %7s %8s\n", "point", "backend", "step", "AdamW",
+              "Muon +", "opt share", "error", "noise", "Muon +/-");
   const auto row = [&](const std::string& point, const ComparedBackend& b, bool predicted,
-                       double noise) {
+                       double noise, double overhead_noise) {
     const ComparedTraining& t = b.training;
     const std::string label = point.size() > 40 ? point.substr(0, 37) + "..." : point;
-    return strf("  %-40s %-9s %9s %9s %7.1f%% %8.1f%% %8s %7s\n", label.c_str(), b.backend.c_str(),
-                ms(t.step_s).c_str(), ms(t.adamw_step_s).c_str(), t.muon_overhead_pct,
-                t.optimizer_share_pct,
+    return strf("  %-40s %-9s %9s %9s %7.1f%% %8.1f%% %8s %7s %8s\n", label.c_str(),
+                b.backend.c_str(), ms(t.step_s).c_str(), ms(t.adamw_step_s).c_str(),
+                t.muon_overhead_pct, t.optimizer_share_pct,
                 predicted ? strf("%+.1f pp", t.overhead_error_pp).c_str() : "",
-                predicted ? "" : strf("%.1f%%", noise).c_str());
+                predicted ? "" : strf("%.1f%%", noise).c_str(),
+                predicted            ? ""
+                : overhead_noise > 0 ? strf("%.1f pp", overhead_noise).c_str()
+                                     : "-");
   };
   for (const ComparedPoint& c : report.points) {
     if (!c.measured.training.present) continue;
-    out += row(c.point, c.measured, false, c.noise_pct);
+    out += row(c.point, c.measured, false, c.noise_pct,
+               c.runs_overhead_pct.empty() ? c.measured.training.overhead_pair_spread_pp
+                                           : c.overhead_spread_pp);
     for (const ComparedBackend& b : c.predicted)
-      if (b.training.present) out += row("", b, true, 0);
+      if (b.training.present) out += row("", b, true, 0, 0);
   }
   return out;
 }

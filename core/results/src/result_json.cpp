@@ -210,7 +210,7 @@ std::string result_to_json(const ResultRecord& r) {
                           {"memory", std::move(memory)}});
   }
   j["ranks"] = std::move(ranks);
-  if (const TrainingResult& t = r.training; t.present)
+  if (const TrainingResult& t = r.training; t.present) {
     j["training"] = ojson{{"tokens_per_step", t.tokens_per_step},
                           {"seq_len", t.seq_len},
                           {"micro_batches", t.micro_batches},
@@ -228,6 +228,11 @@ std::string result_to_json(const ResultRecord& r) {
                           {"mfu", t.mfu},
                           {"adamw_step_s", t.adamw_step_s},
                           {"muon_overhead", t.muon_overhead}};
+    if (t.overhead_pairs > 0) {  // only a paired twin has them (goldens stay as they were)
+      j["training"]["overhead_pairs"] = t.overhead_pairs;
+      j["training"]["overhead_spread"] = t.overhead_spread;
+    }
+  }
   if (const MemoryFeasibilityResult& m = r.memory; m.present) {
     const TrainingMemory& b = m.breakdown;
     j["memory"] = ojson{{"model", m.model},
@@ -452,6 +457,10 @@ ResultRecord result_from_json(const std::string& text) {
       t.mfu = x.at("mfu").get<double>();
       t.adamw_step_s = x.at("adamw_step_s").get<double>();
       t.muon_overhead = x.at("muon_overhead").get<double>();
+      if (x.contains("overhead_pairs")) {
+        t.overhead_pairs = x.at("overhead_pairs").get<int>();
+        t.overhead_spread = x.at("overhead_spread").get<double>();
+      }
     }
     if (j.contains("memory")) {  // files written before the feasibility check have none
       const auto& m = j.at("memory");

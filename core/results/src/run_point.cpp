@@ -4,10 +4,12 @@
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
 
 #include "core/base/errors.hpp"
 #include "core/config/src/yaml_util.hpp"
 #include "core/experiment/backends.hpp"
+#include "core/plan/training.hpp"
 
 namespace muonbed {
 
@@ -93,19 +95,29 @@ PointRun run_plan(const Experiment& experiment, const StepPlan& plan, const std:
     throw Error("run_plan: backend '" + backend + "' is not built into this muonbed (it has " +
                 yaml_util::join(registered_backends()) +
                 "); fix: use one of those, or register the backend before running it");
-  PointRun run = b->run(experiment, plan, settings);
   // A training step is compared with the same step under AdamW for every parameter (issue 24):
-  // the twin plan runs on the same backend, and the record carries its step and the overhead.
-  if (run.record.training.present && experiment.training.enabled &&
-      !experiment.parallel.routing.everything_to_adamw) {
-    Experiment twin = experiment;
+  // the twin plan runs on the same backend (measured with the point when the backend pairs them,
+  // else after it), and the record carries its step and the overhead.
+  const bool has_twin = has_training_ops(plan) && experiment.training.enabled &&
+                        !experiment.parallel.routing.everything_to_adamw;
+  Experiment twin = experiment;
+  std::optional<StepPlan> twin_plan;
+  if (has_twin) {
     twin.parallel.routing.everything_to_adamw = true;
     twin.sharded = nullptr;  // routing changes the sharded model's optimizers
-    RunSettings quiet = settings;
-    quiet.trace_max_ranks = 0;
-    const PointRun adamw = b->run(twin, plan_experiment(twin), quiet);
+    twin_plan = plan_experiment(twin);
+  }
+  RunSettings with_twin = settings;
+  with_twin.adamw_twin_plan = twin_plan ? &*twin_plan : nullptr;
+  PointRun run = b->run(experiment, plan, with_twin);
+  if (has_twin && run.record.training.present) {
+    if (!run.adamw_twin) {
+      RunSettings quiet = settings;
+      quiet.trace_max_ranks = 0;
+      run.adamw_twin = b->run(twin, *twin_plan, quiet).record;
+    }
     TrainingResult& t = run.record.training;
-    t.adamw_step_s = adamw.record.comparable_step_s();
+    t.adamw_step_s = run.adamw_twin->comparable_step_s();
     t.muon_overhead = t.adamw_step_s > 0 ? run.record.comparable_step_s() / t.adamw_step_s - 1 : 0;
   }
   run.record.timestamp = utc_timestamp();
