@@ -145,6 +145,7 @@ FidelityCase fidelity_case(const StepPlan& plan, const ClusterSpec& cluster,
       for (const StepPatternSpec& p : patterns) runs += plan.active_in_step(op, p.step) ? 1 : 0;
       const int n = mesh.group_size(op.group);
       if (runs > 0 && n >= 2) {
+        // The first instance stands for the others, as below.
         const std::vector<int> members = mesh.group_members(op.ranks.ranks(mesh).front(), op.group);
         const double instances = static_cast<double>(op.ranks.count(mesh)) / n;
         const StepMessages each = step_messages(plan, op, members, topology, sent);
