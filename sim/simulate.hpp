@@ -14,7 +14,8 @@
 //         flow_net_fabric), where a gather or scatter with more than flow_pooled_members remote
 //         members is one pooled flow. For scale.
 //   auto  flow where tests/sim/fidelity_test.cpp shows flow within 1 % of step for plans like
-//         this one, else step up to `auto_step_max_ranks` ranks (64), else flow with a warning
+//         this one, else step where its estimated cost is within `auto_step_max_cost`, else
+//         flow with a warning
 //         (sim/src/fidelity.hpp: the rule, and what keeps a plan out of the proven class); the
 //         record's note says which it picked and why.
 // Step and flow agree within 3% on tests/sim's matrix of collectives, group sizes and layouts
@@ -44,10 +45,11 @@ namespace muonbed {
 
 struct SimOptions {
   std::string fidelity = "auto";  // step | flow | auto
-  // auto: the most ranks it simulates at step fidelity a plan whose flow fidelity is not proven
-  // (larger ones run at flow with a warning): step took 5 s at 64 GPUs and 57 s at 256 on
-  // llama-70B keller_jordan on the 2-core VM (experiments/BENCHMARKS.md, "Fidelity auto").
-  int auto_step_max_ranks = 64;
+  // auto: the most a plan whose flow fidelity is not proven may cost at step fidelity
+  // (sim/src/fidelity.hpp's FidelityCase::step_cost, SimGrid transfers weighted by those in
+  // flight beside them); costlier ones run at flow with a warning. 1.6 M is about 8 s of CPU on
+  // the 2-core VM at 5 us per unit (experiments/BENCHMARKS.md, "Fidelity auto").
+  double auto_step_max_cost = 1.6e6;
   bool isolate = true;       // run in a fork()ed child (see above)
   int trace_max_ranks = 64;  // ranks (lowest first) in the Chrome trace; 0 = no trace
   // Not empty: while a simulation runs long, a progress line named so on stderr: redrawn in

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -135,9 +136,9 @@ Outcome simulate_both(const Case& c) {
   flow.fidelity = "flow";
   SimOptions automatic = step;
   automatic.fidelity = "auto";
-  // The class of plans the rule proves, whatever the size: above auto_step_max_ranks an unproven
-  // plan runs at flow with a warning, which is no claim of agreement (the last test case).
-  automatic.auto_step_max_ranks = c.plan.mesh().world_size();
+  // The class of plans the rule proves, whatever the cost: above auto_step_max_cost an
+  // unproven plan runs at flow with a warning, which is no claim of agreement (a later test case).
+  automatic.auto_step_max_cost = std::numeric_limits<double>::infinity();
   Outcome o;
   o.where = c.where;
   o.facts = sim::fidelity_case(c.plan, c.cluster, automatic);
@@ -248,13 +249,22 @@ TEST_CASE("sim.fidelity auto's rule on the cases it names", "[sim][fidelity][aut
   CHECK(sim::choose_fidelity(plain, automatic).proven);
   sim::FidelityCase pcie = plain;
   pcie.pcie_nodes = true;
-  pcie.ranks = automatic.auto_step_max_ranks;
-  CHECK(sim::choose_fidelity(pcie, automatic).fidelity == "step");
-  pcie.ranks = automatic.auto_step_max_ranks + 1;  // above: flow, said to be unproven
+  pcie.step_cost = automatic.auto_step_max_cost;
+  const sim::FidelityChoice within = sim::choose_fidelity(pcie, automatic);
+  CHECK(within.fidelity == "step");
+  CHECK(within.proven);
+  // above the budget: flow, said to be unproven, with the estimate and the budget in the reason
+  pcie.step_cost = 2 * automatic.auto_step_max_cost;
   const sim::FidelityChoice above = sim::choose_fidelity(pcie, automatic);
   CHECK(above.fidelity == "flow");
   CHECK_FALSE(above.proven);
   CHECK(above.reason.find("PCIe") != std::string::npos);
+  CHECK(above.reason.find("budget") != std::string::npos);
+  // Above the ranks step fidelity accepts at all, flow however cheap step would be.
+  pcie.step_cost = 1;
+  pcie.ranks = kMaxStepFidelityRanks + 1;
+  CHECK(sim::choose_fidelity(pcie, automatic).fidelity == "flow");
+  CHECK_FALSE(sim::choose_fidelity(pcie, automatic).proven);
   // Explicit fidelities are kept whatever the plan.
   SimOptions step;
   step.fidelity = "step";
@@ -300,4 +310,27 @@ TEST_CASE("the rule's facts come from the plan", "[sim][fidelity][auto]") {
   ClusterSpec pcie = testing::cluster_file("a100-pcie-4x");
   pcie.nodes = 0;
   CHECK(sim::fidelity_case(plan_experiment(points[0]), pcie, SimOptions{}).pcie_nodes);
+}
+
+TEST_CASE("step's cost estimate counts the transfers step fidelity posts",
+          "[sim][fidelity][auto]") {
+  // auto's budget is in these transfers (sim/src/fidelity.hpp): the estimate from the plan must
+  // be what the simulator then posts to SimGrid at step fidelity (SimulationStats), on rings
+  // (even and uneven pieces), all-to-alls, pooled gathers and broadcasts over two nodes.
+  for (const char* strategy : {"{name: owner_allgather}", "{name: all_to_all}", "{preset: muonbed}",
+                               "{preset: keller_jordan}", "{preset: dion}", "{name: replicated}"}) {
+    const std::vector<Experiment> points = parse_experiment(
+        std::string("name: f\ncluster: dgx-h100\nmesh: {dims: {dp_shard: 16}}\nmodel: ") +
+            "{preset: tiny-dense}\nstrategy: " + strategy + "\n",
+        "f.yaml");
+    const StepPlan plan = plan_experiment(points[0]);
+    SimOptions step;
+    step.fidelity = "step";
+    step.trace_max_ranks = 0;
+    const sim::FidelityCase facts = sim::fidelity_case(plan, points[0].cluster, step);
+    const std::int64_t posted = simulate(plan, points[0].cluster, step).stats.simgrid_transfers;
+    INFO(strategy << ": estimate " << facts.step_transfers << ", posted " << posted);
+    CHECK(posted > 0);
+    CHECK(facts.step_transfers == static_cast<double>(posted));
+  }
 }

@@ -376,8 +376,8 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* c
            "sim.fidelity step models every transfer, and this mesh has " +
                std::to_string(e.mesh.world_size()) + " ranks (step fidelity takes hours above " +
                std::to_string(kMaxStepFidelityRanks) + ")",
-           "use fidelity: flow (or auto, which picks step only up to 64 ranks and where flow "
-           "is not proven within 1 % of it)");
+           "use fidelity: flow (or auto, which picks step only where flow is not proven within "
+           "1 % of it and step's estimated cost is within its budget)");
   }
   if (const Field* f = top.find("memory")) read_memory(ctx, *f, e.memory);
   if (const Field* f = top.find("training")) read_training(ctx, *f, e.training);
