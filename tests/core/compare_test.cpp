@@ -204,6 +204,15 @@ void write_results(const std::string& file, double scale, const std::string& out
   }
 }
 
+// A training result of `step` over its AdamW twin's `adamw` (seconds), overhead from the two.
+TrainingResult& set_training(ResultRecord& r, double step, double adamw) {
+  r.training.present = true;
+  r.training.step_s = step;
+  r.training.adamw_step_s = adamw;
+  r.training.muon_overhead = step / adamw - 1;
+  return r.training;
+}
+
 }  // namespace
 
 TEST_CASE("compare_experiment reads checked results and refuses wrong ones", "[core][compare]") {
@@ -472,15 +481,8 @@ TEST_CASE("compare_points: a training step's overhead and share, by hand", "[cor
   // Measured: step 150 ms, AdamW step 100 ms (+50 %), 30 ms of it the exposed optimizer (20 %);
   // analytic: 120 ms over 100 ms (+20 %), 24 ms exposed (20 %): 30 percentage points under.
   PointRecords p = point("default", 0.150, 0.120, 2);
-  const auto train = [](ResultRecord& r, double step, double adamw, double exposed) {
-    r.training.present = true;
-    r.training.step_s = step;
-    r.training.adamw_step_s = adamw;
-    r.training.muon_overhead = step / adamw - 1;
-    r.training.exposed_optimizer_s = exposed;
-  };
-  train(p.records["mpi"], 0.150, 0.100, 0.030);
-  train(p.records["analytic"], 0.120, 0.100, 0.024);
+  set_training(p.records["mpi"], 0.150, 0.100).exposed_optimizer_s = 0.030;
+  set_training(p.records["analytic"], 0.120, 0.100).exposed_optimizer_s = 0.024;
   const CompareReport r = compare_points({p});
   REQUIRE(r.points.size() == 1);
   const ComparedTraining& m = r.points[0].measured.training;
@@ -512,13 +514,10 @@ TEST_CASE("compare_points: a training overhead over runs is the median of the ru
   // their spread 50 - 4 = 46 pp. Analytic predicts 110 over 100 ms: +10 %, 10 pp under.
   PointRecords p = point("default", 0.120, 0.110, 2);
   const auto train = [](ResultRecord& r, double step, double adamw, double pair_spread) {
-    r.training.present = true;
-    r.training.step_s = step;
-    r.training.adamw_step_s = adamw;
-    r.training.muon_overhead = step / adamw - 1;
+    TrainingResult& t = set_training(r, step, adamw);
     if (pair_spread > 0) {
-      r.training.overhead_pairs = 10;
-      r.training.overhead_spread = pair_spread;
+      t.overhead_pairs = 10;
+      t.overhead_spread = pair_spread;
     }
   };
   train(p.records["mpi"], 0.120, 0.100, 0.03);

@@ -37,6 +37,18 @@ using namespace muonbed;
 
 namespace {
 
+// One warm-up and `timed` steps, no trace, a made-up cluster (the tests check structure, not
+// speed).
+mpi::MeasureSettings test_measure_settings(int timed) {
+  mpi::MeasureSettings settings;
+  settings.warmup_steps = 1;
+  settings.timed_steps = timed;
+  settings.trace_ranks = 0;
+  settings.cluster_name = "test";
+  settings.peak_tflops = 0.1;
+  return settings;
+}
+
 constexpr std::uint64_t kSeed = 20261128;
 
 // Two llama-like layers of hidden 64 (MLP 128, vocabulary 256): GEMMs of real size, a fast test.
@@ -153,12 +165,7 @@ std::string check_paired(const Case& c, const Model& model, int rank) {
   options.seed = kSeed;
   options.timeout_s = 60;
   options.compute_mode = g_compute;
-  mpi::MeasureSettings settings;
-  settings.warmup_steps = 1;
-  settings.timed_steps = 3;
-  settings.trace_ranks = 0;
-  settings.cluster_name = "test";
-  settings.peak_tflops = 0.1;
+  const mpi::MeasureSettings settings = test_measure_settings(3);
   const std::optional<mpi::Measured> m =
       mpi::measure(plan, MPI_COMM_WORLD, options, settings, &twin);
   if (rank != 0) return m ? "a rank other than 0 got a record" : "";
@@ -242,12 +249,7 @@ std::string check_rank(const Case& c, const Model& model, const StepPlan& plan, 
       problem = m->message;
   }
   // The measured step and its training section (rank 0's record).
-  mpi::MeasureSettings settings;
-  settings.warmup_steps = 1;
-  settings.timed_steps = 2;
-  settings.trace_ranks = 0;
-  settings.cluster_name = "test";
-  settings.peak_tflops = 0.1;
+  const mpi::MeasureSettings settings = test_measure_settings(2);
   const std::optional<mpi::Measured> m = mpi::measure(plan, MPI_COMM_WORLD, options, settings);
   if (rank == 0 && problem.empty()) {
     const TrainingResult& t = m->record.training;
