@@ -47,7 +47,7 @@ torch_python=${MUONBED_TORCH_PYTHON:-$(command -v python3 || echo /usr/bin/pytho
 root=$(cd "$here/.." && pwd)
 start_s=$(date +%s)
 budget=${MUONBED_BUNDLE_BUDGET:-400}
-declare -A STAGE_SECONDS=([tests]=90 [nccl]=40 [loopback]=60 [llama]=110 [calibrate]=40
+declare -A STAGE_SECONDS=([tests]=90 [nccl]=75 [loopback]=60 [llama]=110 [calibrate]=40
   [validate8]=140 [ns]=50 [training]=120)
 default_stages=(tests nccl loopback llama calibrate validate8 ns)
 
