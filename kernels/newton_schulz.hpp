@@ -107,5 +107,10 @@ void cpu_gemm_abt(std::int64_t m, std::int64_t n, std::int64_t k, const float* a
 // that the CPU executors run (backends/cpu).
 void cpu_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
               const float* a, const float* b, float* c);
+// The block C[row0, row0 + rows) x [col0, col0 + cols) of cpu_gemm's product (operands and C
+// addressed as the whole product's): a long product run as blocks with progress points between.
+void cpu_gemm_block(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                    const float* a, const float* b, float* c, std::int64_t row0, std::int64_t rows,
+                    std::int64_t col0, std::int64_t cols);
 
 }  // namespace muonbed

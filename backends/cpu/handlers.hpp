@@ -75,15 +75,22 @@ void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire,
 // the received messages as views into the receive buffer (no copy per message).
 struct PackedPhase {
   std::vector<std::byte> sends;
-  std::vector<float> own;
+  std::vector<std::byte> own;  // the rank's own part, in the wire dtype as a message carries it
 };
 // `first_send_only`: encode phase.sends[0] alone (at its displacement), for transports that send
 // one buffer to every peer (a broadcast's root, an all-gather member) when all sends carry the
 // same elements.
 PackedPhase begin_phase_packed(const RankStore& store, const ExchangePhase& phase, DType wire,
                                bool first_send_only = false);
+// The same into `out`, reusing its storage: an executor that keeps one PackedPhase per collective
+// in flight allocates (and the OS zero-fills) no pages per message, as the calibration's message
+// benchmark does not (backends/mpi/src/compute_bench.cpp).
+void begin_phase_packed(const RankStore& store, const ExchangePhase& phase, DType wire,
+                        bool first_send_only, PackedPhase& out);
 void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire,
                   const std::vector<float>& own,
+                  const std::vector<std::span<const std::byte>>& received);
+void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire, const PackedPhase& mine,
                   const std::vector<std::span<const std::byte>>& received);
 
 // split_newton_schulz (core/plan/program.hpp's SplitNsTask): the member's compute between the

@@ -56,6 +56,12 @@ class RankStore {
   void write(const View& view, const float* in);
   void accumulate(const View& view, const float* in);
   std::vector<float> read(const View& view) const;
+  // A view's elements encoded in a wire dtype (fp32 or bf16, little-endian bytes), and written
+  // back from it: exactly read() then rounding to the wire dtype, and decoding then write(), but
+  // a run stored in the wire's dtype is copied as it is (the CPU executors' messages move the
+  // stored bits without widening and rounding them back, as a GPU's copies do).
+  void read_wire(const View& view, DType wire, std::byte* out) const;
+  void write_wire(const View& view, DType wire, const std::byte* in);
 
   // Bytes held (measured from the storage): static tensors, live plan buffers now and at most so
   // far, their sum's peak; scratch (transient tensors that are no plan buffer) apart.
@@ -82,6 +88,19 @@ class RankStore {
   template <typename Fn>
   void walk(const View& view, Fn&& fn) const;
   bool scratch(int tensor) const;
+
+  // Released buffers' storage, reused by the next alloc it fits (smallest that fits): a step
+  // allocates its transient buffers again every step, and fresh pages cost the OS's zero-fill
+  // and a fault per page on the rank's own core, which a GPU's caching allocator does not pay.
+  // At most kMaxSpares per dtype are kept, holding at most the peak of live buffers (so the
+  // rank's memory stays within twice its plan peak); the accounting counts live elements only.
+  static constexpr std::size_t kMaxSpares = 64;
+  template <typename T>
+  static void take_spare(std::vector<std::vector<T>>& spares, std::size_t n, std::vector<T>& into);
+  template <typename T>
+  void keep_spare(std::vector<std::vector<T>>& spares, std::vector<T>&& v);
+  std::vector<std::vector<float>> spare_fp32_;
+  std::vector<std::vector<std::uint16_t>> spare_bf16_;
 
   const RankProgram* program_;
   std::vector<Storage> storage_;

@@ -74,21 +74,39 @@ void sgemm(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float a
 
 void sgemm_ab(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
               const float* a, const float* b, float* c) {
+  sgemm_ab_block(trans_a, trans_b, m, n, k, a, b, c, 0, m, 0, n);
+}
+
+void sgemm_ab_block(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                    const float* a, const float* b, float* c, std::int64_t row0, std::int64_t rows,
+                    std::int64_t col0, std::int64_t cols) {
+  if (row0 < 0 || rows < 0 || col0 < 0 || cols < 0 || row0 + rows > m || col0 + cols > n)
+    throw Error("sgemm: block [" + std::to_string(row0) + ", +" + std::to_string(rows) + ") x [" +
+                std::to_string(col0) + ", +" + std::to_string(cols) + ") is outside C [" +
+                std::to_string(m) + ", " + std::to_string(n) + "]");
+  if (rows == 0 || cols == 0) return;
+  // The block's rows of op(A) and columns of op(B), addressed in the full operands.
   const std::int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  const float* a_block = trans_a ? a + row0 : a + row0 * lda;
+  const float* b_block = trans_b ? b + col0 * ldb : b + col0;
+  float* c_block = c + row0 * n + col0;
 #if MUONBED_KERNELS_HAVE_CBLAS
   for (std::int64_t v : {m, n, k}) {
     if (v > INT_MAX) throw Error("sgemm: dimension " + std::to_string(v) + " exceeds BLAS's int");
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), 1.0f, a, static_cast<int>(lda), b, static_cast<int>(ldb), 0.0f,
-              c, static_cast<int>(n));
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(rows), static_cast<int>(cols),
+              static_cast<int>(k), 1.0f, a_block, static_cast<int>(lda), b_block,
+              static_cast<int>(ldb), 0.0f, c_block, static_cast<int>(n));
 #else
-  if (!trans_a) return gemm_loops<float>(trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
-  std::vector<float> at(static_cast<std::size_t>(m * k));
+  if (!trans_a)
+    return gemm_loops<float>(trans_b, rows, cols, k, 1.0f, a_block, lda, b_block, ldb, 0.0f,
+                             c_block, n);
+  std::vector<float> at(static_cast<std::size_t>(rows * k));
   for (std::int64_t p = 0; p < k; ++p)
-    for (std::int64_t i = 0; i < m; ++i) at[static_cast<std::size_t>(i * k + p)] = a[p * m + i];
-  gemm_loops<float>(trans_b, m, n, k, 1.0f, at.data(), k, b, ldb, 0.0f, c, n);
+    for (std::int64_t i = 0; i < rows; ++i)
+      at[static_cast<std::size_t>(i * k + p)] = a_block[p * lda + i];
+  gemm_loops<float>(trans_b, rows, cols, k, 1.0f, at.data(), k, b_block, ldb, 0.0f, c_block, n);
 #endif
 }
 

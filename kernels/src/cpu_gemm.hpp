@@ -22,6 +22,11 @@ void sgemm(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float a
 // available, else A^T copied out and gemm_loops<float>.
 void sgemm_ab(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
               const float* a, const float* b, float* c);
+// The block C[row0, row0 + rows) x [col0, col0 + cols) of that product, the operands and C
+// addressed as the whole product's (a long GEMM run as blocks with work between them).
+void sgemm_ab_block(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                    const float* a, const float* b, float* c, std::int64_t row0, std::int64_t rows,
+                    std::int64_t col0, std::int64_t cols);
 
 bool have_cblas();
 

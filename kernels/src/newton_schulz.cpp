@@ -292,6 +292,12 @@ void cpu_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::i
   detail::sgemm_ab(trans_a, trans_b, m, n, k, a, b, c);
 }
 
+void cpu_gemm_block(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                    const float* a, const float* b, float* c, std::int64_t row0, std::int64_t rows,
+                    std::int64_t col0, std::int64_t cols) {
+  detail::sgemm_ab_block(trans_a, trans_b, m, n, k, a, b, c, row0, rows, col0, cols);
+}
+
 std::string cpu_gemm_backend() {
   return detail::have_cblas() ? "OpenBLAS cblas_sgemm" : "blocked loops";
 }

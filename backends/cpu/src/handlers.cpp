@@ -85,6 +85,15 @@ const float* seeded(TrainingScratch& s, std::int64_t n) {
   return s.seeded.data();
 }
 
+// A rank on progress points (backends/mpi) tests its messages only between kernels, so a partner
+// waiting on it for a collective waits out the kernel it runs: the vocabulary head's products
+// (~0.5 GFLOP at mpi_training's shapes, 5 ms on one core) held the FSDP gathers that long, which
+// a GPU's communication engine, running beside its compute, does not. Longer products run as
+// blocks of at most this many FLOPs (about 1 ms at 0.1 TFLOP/s), with a progress point after
+// each; the shorter ones stay whole, since small blocks run slower (16-MFLOP blocks made the
+// forward and backward a third slower; experiments/BENCHMARKS.md, issue 24).
+constexpr double kMaxFlopsBetweenProgress = 128e6;
+
 // forward / backward: Y = X W^T per matrix (backward: dX = dY W and dW = dY^T X) and a query
 // projection's attention products per sequence chunk (TrainingGemmTask; FLOPs counted as run).
 void run_training(const RankOp& op, RankStore& store, const StepContext& context) {
@@ -93,13 +102,22 @@ void run_training(const RankOp& op, RankStore& store, const StepContext& context
   const auto gemm = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
                         const float* a, const float* b, float* c) {
     if (m <= 0 || n <= 0 || k <= 0) return;
-    cpu_gemm(ta, tb, m, n, k, a, b, c);
-    if (context.gemm_flops != nullptr)
-      *context.gemm_flops +=
-          2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-    progress_point();
+    const double flops =
+        2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    if (context.gemm_flops != nullptr) *context.gemm_flops += flops;
+    // Blocks along C's longer side, a progress point after each: see kMaxFlopsBetweenProgress.
+    const auto blocks = static_cast<std::int64_t>(std::ceil(flops / kMaxFlopsBetweenProgress));
+    const std::int64_t side = std::max(m, n), parts = std::clamp<std::int64_t>(blocks, 1, side);
+    for (std::int64_t p = 0; p < parts; ++p) {
+      const std::int64_t from = side * p / parts, to = side * (p + 1) / parts;
+      if (m >= n)
+        cpu_gemm_block(ta, tb, m, n, k, a, b, c, from, to - from, 0, n);
+      else
+        cpu_gemm_block(ta, tb, m, n, k, a, b, c, 0, m, from, to - from);
+      progress_point();
+    }
   };
-  std::vector<float> copied;
+  thread_local std::vector<float> copied;  // reused: no allocation per product
   for (const TrainingGemmTask& t : op.training) {
     const std::int64_t per = t.rows * t.cols;
     if (t.weight.count != t.matrices * per)
@@ -114,7 +132,8 @@ void run_training(const RankOp& op, RankStore& store, const StepContext& context
     if (one_run && store.program().tensors.at(t.weight.segments[0].tensor).dtype == DType::fp32) {
       w = store.fp32_data(t.weight.segments[0].tensor) + t.weight.segments[0].runs[0].tensor;
     } else {
-      copied = store.read(t.weight);
+      copied.resize(static_cast<std::size_t>(t.weight.count));
+      store.read(t.weight, copied.data());
       w = copied.data();
     }
     for (std::int64_t e = 0; e < t.matrices; ++e) {
@@ -397,10 +416,40 @@ namespace {
 
 // The own part does not travel, but it is what a message would carry: in the wire dtype.
 std::vector<float> own_part(const RankStore& store, const ExchangePhase& phase, DType wire) {
-  std::vector<float> own = store.read(phase.self_source);
-  std::vector<std::byte> bytes = encode(own.data(), phase.self_source.count, wire);
-  decode(bytes, wire, own.data(), phase.self_source.count);
+  const std::int64_t count = phase.self_source.count;
+  std::vector<std::byte> bytes(static_cast<std::size_t>(count * bytes_of(wire)));
+  store.read_wire(phase.self_source, wire, bytes.data());
+  std::vector<float> own(static_cast<std::size_t>(count));
+  decode(bytes, wire, own.data(), count);
   return own;
+}
+
+void check_received(const RankStore& store, const ExchangePhase& phase,
+                    const std::vector<std::span<const std::byte>>& received) {
+  if (received.size() != phase.recvs.size())
+    throw ExecutionError("rank " + std::to_string(store.rank()) + ": " +
+                         std::to_string(received.size()) + " messages for " +
+                         std::to_string(phase.recvs.size()) + " receives");
+}
+
+// The received messages into the store: added in fp32 (a reduction), or their bits written.
+void take_received(RankStore& store, const ExchangePhase& phase, DType wire,
+                   const std::vector<std::span<const std::byte>>& received) {
+  thread_local std::vector<float> values;
+  for (std::size_t i = 0; i < phase.recvs.size(); ++i) {
+    const Transfer& t = phase.recvs[i];
+    if (phase.reduce) {
+      values.resize(static_cast<std::size_t>(t.count));
+      decode(received[i], wire, values.data(), t.count);
+      store.accumulate(t.data, values.data());
+      continue;
+    }
+    if (static_cast<std::int64_t>(received[i].size()) != t.count * bytes_of(wire))
+      throw ExecutionError("a message of " + std::to_string(received[i].size()) + " bytes where " +
+                           std::to_string(t.count) + " " + std::string(to_string(wire)) +
+                           " elements were expected");
+    store.write_wire(t.data, wire, received[i].data());
+  }
 }
 
 }  // namespace
@@ -409,16 +458,16 @@ PhaseMessages begin_phase(const RankStore& store, const ExchangePhase& phase, DT
   PhaseMessages out;
   out.sends.reserve(phase.sends.size());
   for (const Transfer& t : phase.sends) {
-    const std::vector<float> values = store.read(t.data);
-    out.sends.push_back(encode(values.data(), t.count, wire));
+    std::vector<std::byte> bytes(static_cast<std::size_t>(t.count * bytes_of(wire)));
+    store.read_wire(t.data, wire, bytes.data());
+    out.sends.push_back(std::move(bytes));
   }
   out.own = own_part(store, phase, wire);
   return out;
 }
 
-PackedPhase begin_phase_packed(const RankStore& store, const ExchangePhase& phase, DType wire,
-                               bool first_send_only) {
-  PackedPhase out;
+void begin_phase_packed(const RankStore& store, const ExchangePhase& phase, DType wire,
+                        bool first_send_only, PackedPhase& out) {
   const std::int64_t width = bytes_of(wire);
   const std::size_t sends =
       first_send_only ? std::min<std::size_t>(1, phase.sends.size()) : phase.sends.size();
@@ -426,35 +475,34 @@ PackedPhase begin_phase_packed(const RankStore& store, const ExchangePhase& phas
   for (std::size_t i = 0; i < sends; ++i)
     total = std::max(total, phase.sends[i].displacement + phase.sends[i].count);
   out.sends.resize(static_cast<std::size_t>(total * width));
-  std::vector<float> values;
   for (std::size_t i = 0; i < sends; ++i) {
     const Transfer& t = phase.sends[i];
-    values.resize(static_cast<std::size_t>(t.count));
-    store.read(t.data, values.data());
-    encode_into(values.data(), t.count, wire, out.sends.data() + t.displacement * width);
+    store.read_wire(t.data, wire, out.sends.data() + t.displacement * width);
   }
-  out.own = own_part(store, phase, wire);
+  out.own.resize(static_cast<std::size_t>(phase.self_source.count * width));
+  store.read_wire(phase.self_source, wire, out.own.data());
+}
+
+PackedPhase begin_phase_packed(const RankStore& store, const ExchangePhase& phase, DType wire,
+                               bool first_send_only) {
+  PackedPhase out;
+  begin_phase_packed(store, phase, wire, first_send_only, out);
   return out;
 }
 
 void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire,
                   const std::vector<float>& own,
                   const std::vector<std::span<const std::byte>>& received) {
-  if (received.size() != phase.recvs.size())
-    throw ExecutionError("rank " + std::to_string(store.rank()) + ": " +
-                         std::to_string(received.size()) + " messages for " +
-                         std::to_string(phase.recvs.size()) + " receives");
+  check_received(store, phase, received);
   store.write(phase.self_target, own.data());
-  std::vector<float> values;
-  for (std::size_t i = 0; i < phase.recvs.size(); ++i) {
-    const Transfer& t = phase.recvs[i];
-    values.resize(static_cast<std::size_t>(t.count));
-    decode(received[i], wire, values.data(), t.count);
-    if (phase.reduce)
-      store.accumulate(t.data, values.data());
-    else
-      store.write(t.data, values.data());
-  }
+  take_received(store, phase, wire, received);
+}
+
+void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire, const PackedPhase& mine,
+                  const std::vector<std::span<const std::byte>>& received) {
+  check_received(store, phase, received);
+  store.write_wire(phase.self_target, wire, mine.own.data());
+  take_received(store, phase, wire, received);
 }
 
 void finish_phase(RankStore& store, const ExchangePhase& phase, DType wire,

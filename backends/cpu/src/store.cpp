@@ -2,6 +2,7 @@
 #include "backends/cpu/store.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <string>
@@ -85,12 +86,16 @@ void RankStore::allocate(int tensor) {
                          (t.transient ? ", which is already allocated" : ", which is static"));
   Storage& s = storage_[tensor];
   try {
-    // NaN: a read of an element nothing wrote fails the reference check.
-    if (t.dtype == DType::fp32)
-      s.fp32.assign(static_cast<std::size_t>(t.numel), std::numeric_limits<float>::quiet_NaN());
-    else
-      s.bf16.assign(static_cast<std::size_t>(t.numel),
-                    float_to_bf16_bits(std::numeric_limits<float>::quiet_NaN()));
+    // NaN: a read of an element nothing wrote fails the reference check. The storage is a
+    // released buffer's where one is large enough (see spare_).
+    const auto n = static_cast<std::size_t>(t.numel);
+    if (t.dtype == DType::fp32) {
+      take_spare(spare_fp32_, n, s.fp32);
+      s.fp32.assign(n, std::numeric_limits<float>::quiet_NaN());
+    } else {
+      take_spare(spare_bf16_, n, s.bf16);
+      s.bf16.assign(n, float_to_bf16_bits(std::numeric_limits<float>::quiet_NaN()));
+    }
   } catch (const std::bad_alloc&) {
     out_of_memory(rank(), "buffer " + t.name, t.bytes);
   }
@@ -111,8 +116,41 @@ void RankStore::release(int tensor) {
                          ", which is not allocated");
   Storage& s = storage_[tensor];
   (scratch(tensor) ? live_scratch_bytes_ : live_bytes_) -= s.bytes();
+  keep_spare(spare_fp32_, std::move(s.fp32));
+  keep_spare(spare_bf16_, std::move(s.bf16));
   s = Storage{};
   live_[tensor] = 0;
+}
+
+template <typename T>
+void RankStore::take_spare(std::vector<std::vector<T>>& spares, std::size_t n,
+                           std::vector<T>& into) {
+  std::size_t best = spares.size();
+  for (std::size_t i = 0; i < spares.size(); ++i)
+    if (spares[i].capacity() >= n &&
+        (best == spares.size() || spares[i].capacity() < spares[best].capacity()))
+      best = i;
+  if (best == spares.size()) return;
+  into = std::move(spares[best]);
+  spares.erase(spares.begin() + static_cast<std::ptrdiff_t>(best));
+}
+
+template <typename T>
+void RankStore::keep_spare(std::vector<std::vector<T>>& spares, std::vector<T>&& v) {
+  if (v.capacity() == 0) return;
+  v.clear();
+  spares.push_back(std::move(v));
+  // At most kMaxSpares, holding at most the peak of live buffers: the largest go first.
+  const auto held = [&] {
+    std::int64_t bytes = 0;
+    for (const auto& x : spares) bytes += static_cast<std::int64_t>(x.capacity() * sizeof(T));
+    return bytes;
+  };
+  while (!spares.empty() &&
+         (spares.size() > kMaxSpares || held() > peak_bytes_ + peak_scratch_bytes_))
+    spares.erase(std::max_element(spares.begin(), spares.end(), [](const auto& a, const auto& b) {
+      return a.capacity() < b.capacity();
+    }));
 }
 
 void RankStore::check_range(int tensor, std::int64_t offset, std::int64_t count) const {
@@ -191,6 +229,60 @@ void RankStore::read(const View& view, float* out) const {
 void RankStore::write(const View& view, const float* in) {
   walk(view, [&](int tensor, std::int64_t at, std::int64_t seq, std::int64_t n) {
     narrow(storage_[tensor], at, n, in + seq);
+  });
+}
+
+void RankStore::read_wire(const View& view, DType wire, std::byte* out) const {
+  if (wire != DType::fp32 && wire != DType::bf16)
+    throw ExecutionError("wire dtype " + std::string(to_string(wire)) + " is not emulated");
+  const std::int64_t width = bytes_of(wire);
+  walk(view, [&](int tensor, std::int64_t at, std::int64_t seq, std::int64_t n) {
+    const Storage& s = storage_[tensor];
+    std::byte* to = out + seq * width;
+    if (n == 0) return;
+    if (!s.fp32.empty() && wire == DType::fp32) {
+      std::memcpy(to, s.fp32.data() + at, static_cast<std::size_t>(n) * 4);
+    } else if (s.fp32.empty() && wire == DType::bf16) {
+      std::memcpy(to, s.bf16.data() + at, static_cast<std::size_t>(n) * 2);
+    } else if (wire == DType::bf16) {  // fp32 stored: rounded to the wire
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::uint16_t b = float_to_bf16_bits(s.fp32[static_cast<std::size_t>(at + i)]);
+        std::memcpy(to + 2 * i, &b, 2);
+      }
+    } else {  // bf16 stored, fp32 wire: widened exactly
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float f = bf16_bits_to_float(s.bf16[static_cast<std::size_t>(at + i)]);
+        std::memcpy(to + 4 * i, &f, 4);
+      }
+    }
+  });
+}
+
+void RankStore::write_wire(const View& view, DType wire, const std::byte* in) {
+  if (wire != DType::fp32 && wire != DType::bf16)
+    throw ExecutionError("wire dtype " + std::string(to_string(wire)) + " is not emulated");
+  const std::int64_t width = bytes_of(wire);
+  walk(view, [&](int tensor, std::int64_t at, std::int64_t seq, std::int64_t n) {
+    Storage& s = storage_[tensor];
+    const std::byte* from = in + seq * width;
+    if (n == 0) return;
+    if (!s.fp32.empty() && wire == DType::fp32) {
+      std::memcpy(s.fp32.data() + at, from, static_cast<std::size_t>(n) * 4);
+    } else if (s.fp32.empty() && wire == DType::bf16) {
+      std::memcpy(s.bf16.data() + at, from, static_cast<std::size_t>(n) * 2);
+    } else if (wire == DType::bf16) {  // fp32 stored: the bf16 value, exactly
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::uint16_t b = 0;
+        std::memcpy(&b, from + 2 * i, 2);
+        s.fp32[static_cast<std::size_t>(at + i)] = bf16_bits_to_float(b);
+      }
+    } else {  // bf16 stored, fp32 wire: rounded to the storage
+      for (std::int64_t i = 0; i < n; ++i) {
+        float f = 0;
+        std::memcpy(&f, from + 4 * i, 4);
+        s.bf16[static_cast<std::size_t>(at + i)] = float_to_bf16_bits(f);
+      }
+    }
   });
 }
 

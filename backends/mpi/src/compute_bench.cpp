@@ -31,9 +31,12 @@ double since(Clock::time_point t0) {
 }
 
 // Sizes of the host-comm benchmark's messages, each way: the range of a step's per-matrix pieces
-// (the validation plans move 36 KiB..350 KiB per piece), so that both the cost per message and
-// the cost per byte show (a line through the extra time per exchange against its bytes).
-constexpr std::int64_t kHostCommMessageBytes[] = {16 * 1024, 64 * 1024, 256 * 1024};
+// (the validation plans move 36 KiB..350 KiB per piece, a training step's FSDP gathers 0.4..2 MiB
+// per layer at mpi_training's shapes), so that both the cost per message and the cost per byte
+// show (a line through the extra time per exchange against its bytes). Up to 256 KiB alone, the
+// messages stayed in cache and the line's slope was a third below what 1-4 MiB messages cost.
+constexpr std::int64_t kHostCommMessageBytes[] = {16 * 1024, 64 * 1024, 256 * 1024, 1024 * 1024,
+                                                  4096 * 1024};
 
 // One exchange at a time with a partner rank (an MPI_Isend and an MPI_Irecv of `bytes` in the
 // wire dtype), packed from and unpacked into fp32 values as the executor's handlers do, advanced

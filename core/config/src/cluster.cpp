@@ -474,8 +474,8 @@ const std::vector<ClusterField>& cluster_fields() {
          .doc = "host work per message a rank sends or receives on its computing core (CPU "
                 "ranks; 0 on GPUs)",
          .calibrated =
-             "calibrate (mpi): Newton-Schulz back to back while exchanging 16, 64 and 256 "
-             "KiB messages with a partner at its progress points, minus Newton-Schulz "
+             "calibrate (mpi): Newton-Schulz back to back while exchanging 16 KiB to 4 MiB "
+             "messages with a partner at its progress points, minus Newton-Schulz "
              "alone, per exchange: half the intercept of a line through the medians "
              "over the NS shapes against the bytes",
          .emit_when_set = true},
