@@ -39,21 +39,29 @@ constexpr std::int64_t kHostCommMessageBytes[] = {16 * 1024, 64 * 1024, 256 * 10
                                                   4096 * 1024};
 
 // One exchange at a time with a partner rank (an MPI_Isend and an MPI_Irecv of `bytes` in the
-// wire dtype), packed from and unpacked into fp32 values as the executor's handlers do, advanced
-// only by progress(): what a rank in the executor's progress_points mode does for its messages.
-// Both partners make exactly `budget` exchanges (drain() finishes them untimed), so they match.
+// wire dtype), packed from and unpacked into a RankStore's tensors of the plan's parameter dtype
+// by the executor's own message path (RankStore::read_wire / write_wire: the stored bits copied
+// where the dtypes match, converted where they differ), advanced only by progress(): what a rank
+// in the executor's progress_points mode does for its messages. Both partners make exactly
+// `budget` exchanges (drain() finishes them untimed), so they match.
 class MessageStream {
  public:
-  MessageStream(MPI_Comm world, int partner, DType wire, std::int64_t bytes, int budget)
+  MessageStream(MPI_Comm world, int partner, DType storage, DType wire, std::int64_t bytes,
+                int budget)
       : world_(world),
         partner_(partner),
         wire_(wire),
-        count_(bytes / bytes_of(wire)),
         budget_(budget),
-        out_values_(static_cast<std::size_t>(count_), 0.5f),
-        in_values_(static_cast<std::size_t>(count_)),
+        program_(program_of(storage, bytes / bytes_of(wire))),
+        store_(program_),
         out_wire_(static_cast<std::size_t>(bytes)),
-        in_wire_(static_cast<std::size_t>(bytes)) {}
+        in_wire_(static_cast<std::size_t>(bytes)) {
+    const std::int64_t count = bytes / bytes_of(wire);
+    out_view_ = whole(0, count);
+    in_view_ = whole(1, count);
+    const std::vector<float> half(static_cast<std::size_t>(count), 0.5f);
+    store_.write(out_view_, half.data());
+  }
 
   void start() { post(); }
 
@@ -80,8 +88,28 @@ class MessageStream {
   int exchanges_done() const { return exchanges_done_; }
 
  private:
+  // Two static tensors of `count` elements: 0 sends, 1 receives.
+  static RankProgram program_of(DType storage, std::int64_t count) {
+    RankProgram p;
+    for (int id = 0; id < 2; ++id) {
+      ProgramTensor t;
+      t.id = id;
+      t.name = id == 0 ? "host-comm send" : "host-comm receive";
+      t.dtype = storage;
+      t.numel = count;
+      t.bytes = count * bytes_of(storage);
+      p.tensors.push_back(t);
+    }
+    return p;
+  }
+  static View whole(int tensor, std::int64_t count) {
+    View v;
+    v.count = count;
+    v.segments.push_back({tensor, {{0, 0, count}}});
+    return v;
+  }
   void post() {
-    cpu::encode_into(out_values_.data(), count_, wire_, out_wire_.data());
+    store_.read_wire(out_view_, wire_, out_wire_.data());
     const int n = static_cast<int>(out_wire_.size());
     MUONBED_MPI_CHECK(
         MPI_Irecv(in_wire_.data(), n, MPI_BYTE, partner_, kTag, world_, &requests_[1]));
@@ -90,7 +118,7 @@ class MessageStream {
     ++posted_;
   }
   void finish() {
-    cpu::decode(in_wire_, wire_, in_values_.data(), count_);
+    store_.write_wire(in_view_, wire_, in_wire_.data());
     ++completed_;
   }
 
@@ -98,11 +126,12 @@ class MessageStream {
   MPI_Comm world_;
   int partner_;
   DType wire_;
-  std::int64_t count_;
   int budget_;
   int posted_ = 0, completed_ = 0, exchanges_done_ = 0;
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-  std::vector<float> out_values_, in_values_;
+  RankProgram program_;
+  cpu::RankStore store_;
+  View out_view_, in_view_;
   std::vector<std::byte> out_wire_, in_wire_;
 };
 
@@ -234,7 +263,8 @@ std::vector<ComputeBenchRow> compute_bench(const std::vector<StepPlan>& plans, M
         const double quiet = since(t0);
         barrier();
         if (partner < 0) continue;
-        MessageStream stream(world, partner, plan.settings.comm_dtype(), message, budget);
+        MessageStream stream(world, partner, plan.model.params.front().dtype,
+                             plan.settings.comm_dtype(), message, budget);
         stream.start();
         double streamed = 0;
         {
