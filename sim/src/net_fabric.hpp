@@ -62,14 +62,15 @@ class NetFabric {
     double remaining;
     double size;
     double weight;
-    double rate;  // of the whole flow (weight x the per-share rate)
+    double rate;        // of the whole flow (weight x the per-share rate)
+    std::uint64_t seq;  // order of arrival (live flows keep it: live_ is sorted by it)
     std::uint64_t token;
   };
   struct Pool {
     std::vector<int> links;
     std::vector<int> shared;  // its links that are in other pools too
     double min_capacity = 0;
-    // per share()
+    // per share_with_pools()
     std::uint32_t stamp = 0;
     double unfrozen = 0;        // pooled flows not yet frozen
     double frozen_rate = 0;     // their per-member rates, summed, once frozen
@@ -83,19 +84,55 @@ class NetFabric {
       return level != o.level ? level > o.level : id > o.id;
     }
   };
+  // A link's place in the progressive filling without pools: its share per unit of weight, then
+  // where it first appears among the live flows (arrival, then position in the route), which is
+  // the order share_with_pools() numbers links in, so that ties resolve the same way.
+  struct LinkKey {
+    double level;
+    std::uint64_t rank;  // seq << kRouteBits | position in that flow's route
+    int link;
+    bool operator<(const LinkKey& o) const {
+      return level != o.level ? level < o.level : rank < o.rank;
+    }
+    bool operator>(const LinkKey& o) const { return o < *this; }
+  };
+  Flow& live(std::size_t i) { return flows_[live_[i]]; }
   void progress(double now);
   void compact_pool();
+  void touch_links(const Flow& f, std::uint32_t slot, bool added);
+  void update_order();
+  void share_plain();
+  void freeze_plain(std::uint32_t slot, double level);
+  void share_with_pools();
   double link_level(std::uint32_t a) const;
   void freeze(std::uint32_t flow, double level);
 
   double last_ = 0;
   double next_ = -1;
+  // Flows by slot (stable while the flow lives; finished slots are reused), live_ the live ones
+  // in order of arrival.
   std::vector<Flow> flows_;
+  std::vector<std::uint32_t> live_, free_slots_;
+  std::uint64_t next_seq_ = 0;
+  std::size_t live_pooled_ = 0;
   std::vector<int> link_pool_;
   std::vector<double> capacity_;
   std::vector<std::vector<int>> pools_of_link_;
   std::vector<Pool> pools_;
-  // scratch for share(): the links with their own entry (active_, local_ maps back)
+  // Kept across share() calls: per link its live flows' slots in order of arrival (one entry per
+  // occurrence in a route) and their summed weight, and the links with live flows sorted by their
+  // key before any flow freezes (order_); links whose flows changed wait in dirty_links_.
+  std::vector<std::vector<std::uint32_t>> flows_of_link_;
+  std::vector<double> link_weight_;
+  std::vector<char> link_dirty_;
+  std::vector<int> dirty_links_;
+  std::vector<LinkKey> order_, order_scratch_, fresh_keys_;
+  // scratch for share_plain(): per link (by stamp) its residual capacity and unfrozen weight,
+  // per slot whether it froze, and the links whose share grew since they were keyed
+  std::vector<std::uint32_t> plain_link_stamp_, plain_frozen_;
+  std::vector<double> plain_residual_, plain_weight_;
+  std::vector<LinkKey> regrown_;
+  // scratch for share_with_pools(): the links with their own entry (active_, local_ maps back)
   std::vector<int> active_;
   std::vector<std::uint32_t> local_, link_stamp_;
   std::uint32_t stamp_ = 0;
