@@ -52,21 +52,24 @@ void NetFabric::add(double now, const int* links, int nlinks, double bytes, doub
   f.count = static_cast<std::uint32_t>(nlinks);
   link_pool_.insert(link_pool_.end(), links, links + nlinks);
   f.pool = pool;
-  f.remaining = bytes;
   f.size = bytes;
   f.weight = std::max(1.0, weight);
-  f.rate = 0;
   f.seq = next_seq_++;
   f.token = token;
   std::uint32_t slot;
   if (free_slots_.empty()) {
     slot = static_cast<std::uint32_t>(flows_.size());
     flows_.push_back(f);
+    remaining_.push_back(0);
+    rate_.push_back(0);
+    frozen_at_.push_back(0);
   } else {
     slot = free_slots_.back();
     free_slots_.pop_back();
     flows_[slot] = f;
   }
+  remaining_[slot] = bytes;
+  rate_[slot] = 0;
   live_.push_back(slot);
   if (pool >= 0) ++live_pooled_;
   touch_links(f, slot, true);
@@ -92,23 +95,30 @@ void NetFabric::touch_links(const Flow& f, std::uint32_t slot, bool added) {
   }
 }
 
+// As progress_flows(), over the slots (free ones move at rate 0).
 void NetFabric::progress(double now) {
-  progress_flows(flows_, last_, now);  // free slots carry rate 0
+  const double dt = now - last_;
+  if (dt > 0) {
+    double* remaining = remaining_.data();
+    const double* rate = rate_.data();
+    for (std::size_t i = 0, n = remaining_.size(); i < n; ++i) remaining[i] -= rate[i] * dt;
+  }
+  last_ = std::max(last_, now);
 }
 
 void NetFabric::advance(double now, std::vector<std::uint64_t>& done) {
   progress(now);
   std::size_t keep = 0;
   for (std::uint32_t slot : live_) {
-    Flow& f = flows_[slot];
-    if (!flow_finished(f)) {
+    const Flow& f = flows_[slot];
+    if (!flow_finished(remaining_[slot], f.size)) {
       live_[keep++] = slot;
       continue;
     }
     done.push_back(f.token);
     touch_links(f, slot, false);
     if (f.pool >= 0) --live_pooled_;
-    f.rate = 0;
+    rate_[slot] = 0;
     free_slots_.push_back(slot);
   }
   live_.resize(keep);
@@ -131,8 +141,7 @@ void NetFabric::share() {
   update_order();
   if (++stamp_ == 0) {  // wrapped: forget every stamp
     std::fill(link_stamp_.begin(), link_stamp_.end(), 0);
-    std::fill(plain_link_stamp_.begin(), plain_link_stamp_.end(), 0);
-    std::fill(plain_frozen_.begin(), plain_frozen_.end(), 0);
+    std::fill(frozen_at_.begin(), frozen_at_.end(), 0);
     for (Pool& p : pools_) p.stamp = 0;
     stamp_ = 1;
   }
@@ -140,12 +149,16 @@ void NetFabric::share() {
     share_plain();
   else
     share_with_pools();
+  // The earliest completion: a flow whose remaining bytes clearly exceed what it moves by the
+  // best time so far cannot come first, which spares most divisions (a multiplication instead).
   next_ = -1;
   double best = kInf;
-  for (std::uint32_t slot : live_) {
-    const Flow& f = flows_[slot];
-    const double t = f.rate > 0 ? last_ + std::max(0.0, f.remaining) / f.rate : kInf;
-    best = std::min(best, t);
+  for (std::size_t slot = 0; slot < rate_.size(); ++slot) {  // free slots have rate 0
+    const double rate = rate_[slot];
+    if (!(rate > 0)) continue;
+    const double remaining = std::max(0.0, remaining_[slot]);
+    if (remaining > (best - last_) * rate * (1 + 1e-9)) continue;
+    best = std::min(best, last_ + remaining / rate);
   }
   if (best < kInf) next_ = best;
 }
@@ -161,8 +174,8 @@ void NetFabric::update_order() {
     std::uint32_t at = 0;
     while (link_pool_[f.first + at] != l) ++at;
     // share_with_pools() keys a link by max(0, capacity) / weight before anything freezes
-    fresh_keys_.push_back({std::max(0.0, capacity_[l]) / link_weight_[l],
-                           (f.seq << kRouteBits) | at, l});
+    fresh_keys_.push_back(
+        {std::max(0.0, capacity_[l]) / link_weight_[l], (f.seq << kRouteBits) | at, l});
   }
   std::sort(fresh_keys_.begin(), fresh_keys_.end());
   order_scratch_.clear();
@@ -179,18 +192,14 @@ void NetFabric::update_order() {
 }
 
 void NetFabric::freeze_plain(std::uint32_t slot, double level) {
-  plain_frozen_[slot] = stamp_;
-  Flow& f = flows_[slot];
-  f.rate = f.weight * level;
+  frozen_at_[slot] = stamp_;
+  const Flow& f = flows_[slot];
+  const double rate = rate_[slot] = f.weight * level;
+  const int* links = link_pool_.data() + f.first;
   for (std::uint32_t k = 0; k < f.count; ++k) {
-    const int b = link_pool_[f.first + k];
-    if (plain_link_stamp_[b] != stamp_) {
-      plain_link_stamp_[b] = stamp_;
-      plain_residual_[b] = capacity_[b];
-      plain_weight_[b] = link_weight_[b];
-    }
-    plain_residual_[b] -= f.rate;
-    plain_weight_[b] -= f.weight;
+    LinkState& b = plain_links_[links[k]];
+    b.residual -= rate;
+    b.weight -= f.weight;
   }
 }
 
@@ -200,10 +209,9 @@ void NetFabric::freeze_plain(std::uint32_t slot, double level) {
 // The links' initial keys come sorted from order_; an entry whose link's share grew since it
 // was keyed goes to the small heap regrown_, and the next entry is the smaller of the two heads.
 void NetFabric::share_plain() {
-  plain_link_stamp_.resize(capacity_.size(), 0);
-  plain_residual_.resize(capacity_.size());
-  plain_weight_.resize(capacity_.size());
-  plain_frozen_.resize(flows_.size(), 0);
+  plain_links_.resize(capacity_.size());
+  for (const LinkKey& key : order_)  // every live flow's links are there
+    plain_links_[key.link] = {capacity_[key.link], link_weight_[key.link]};
   regrown_.clear();
   std::size_t next = 0;
   for (;;) {
@@ -218,20 +226,20 @@ void NetFabric::share_plain() {
       break;
     }
     const int l = e.link;
-    double residual = capacity_[l], weight = link_weight_[l];
-    if (plain_link_stamp_[l] == stamp_) {
-      residual = plain_residual_[l];
-      weight = plain_weight_[l];
-    }
-    if (!(weight > 0.5)) continue;  // every flow on it froze: weights count flows
-    const double level = std::max(0.0, residual) / weight;
+    const LinkState& state = plain_links_[l];
+    if (!(state.weight > 0.5)) continue;  // every flow on it froze: weights count flows
+    const double level = std::max(0.0, state.residual) / state.weight;
     if (level > e.level * (1 + kRegrown)) {  // grew since it was keyed: not the minimum yet
       regrown_.push_back({level, e.rank, l});
       std::push_heap(regrown_.begin(), regrown_.end(), std::greater<>());
       continue;
     }
-    for (std::uint32_t slot : flows_of_link_[l])
-      if (plain_frozen_[slot] != stamp_) freeze_plain(slot, level);
+    // its unfrozen flows, until none is left (its weight counts them)
+    for (std::uint32_t slot : flows_of_link_[l]) {
+      if (frozen_at_[slot] == stamp_) continue;
+      freeze_plain(slot, level);
+      if (!(state.weight > 0.5)) break;
+    }
   }
 }
 
@@ -249,11 +257,11 @@ double NetFabric::link_level(std::uint32_t a) const {
 
 void NetFabric::freeze(std::uint32_t i, double level) {
   frozen_[i] = 1;
-  Flow& f = live(i);
-  f.rate = f.weight * level;
+  const Flow& f = live(i);
+  const double rate = rate_[live_[i]] = f.weight * level;
   for (std::uint32_t k = 0; k < f.count; ++k) {
     const std::uint32_t b = local_[link_pool_[f.first + k]];
-    residual_[b] -= f.rate;
+    residual_[b] -= rate;
     weights_[b] -= f.weight;
   }
   if (f.pool >= 0) {

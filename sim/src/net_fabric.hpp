@@ -27,6 +27,23 @@
 // A pool's NIC links that no plain flow uses this instant are identical (same capacity, same
 // pooled load), so the progressive filling treats them as one entry: a solve costs the plain
 // flows' links plus one entry per active pool, whatever the number of members.
+//
+// What share() recomputes: every rate, at every instant with a change (flows in one connected
+// component of links, the merged all-to-all rounds of a 1,024-GPU step: ~3,800 flows over ~650
+// links, each instant starting or ending one or two of them, 2 x 10^5 instants; re-solving only
+// the touched component would save little, and each route is distinct, so no flows merge). What
+// it keeps between instants, updated only for the links of the flows that started or ended:
+// each link's live flows in order of arrival, their summed weight (integer counts, so exact in
+// any order), and the links sorted by their key before anything freezes (share per unit of
+// weight, then first appearance among the flows); flows live in stable slots, the bytes left and
+// the rates in arrays of their own. Without pooled flows a solve walks that sorted list, merged
+// with a small heap of the entries whose share grew since keyed, instead of rebuilding the
+// per-link lists and heaping every link (perf: 87 % of such a step went there), and freezes a
+// link's flows (in arrival order, as the full solve does) only until its weight is spent. It
+// takes the same steps in the same order as the full solve (ties between links resolve by first
+// appearance either way), so the rates are the same to the bit; tests/sim/net_fabric_test.cpp
+// checks that against the full solve, which share() still runs (rebuilding its lists, as before)
+// while any pooled flow is live.
 #pragma once
 
 #include <cstdint>
@@ -40,8 +57,9 @@ class NetFabric {
   int add_link(double capacity_Bps);
   // A pool of distinct member links (see above); returns its index.
   int add_pool(const std::vector<int>& links);
-  // A flow of `bytes` over `links` starts at `now`, with `weight` shares of each (>= 1); with
-  // `pool` >= 0 it is a pooled flow of `weight` members, using one share of each pool link.
+  // A flow of `bytes` over `links` starts at `now`, with `weight` shares of each (a whole number
+  // >= 1: the kept per-link sums of weights stay exact); with `pool` >= 0 it is a pooled flow of
+  // `weight` members, using one share of each pool link.
   // The rates are recomputed by share(), which the caller runs before simulated time advances.
   void add(double now, const int* links, int nlinks, double bytes, double weight, int pool,
            std::uint64_t token);
@@ -59,10 +77,8 @@ class NetFabric {
     std::uint32_t first;  // links: link_pool_[first, first + count)
     std::uint32_t count;
     int pool;
-    double remaining;
     double size;
     double weight;
-    double rate;        // of the whole flow (weight x the per-share rate)
     std::uint64_t seq;  // order of arrival (live flows keep it: live_ is sorted by it)
     std::uint64_t token;
   };
@@ -110,8 +126,12 @@ class NetFabric {
   double last_ = 0;
   double next_ = -1;
   // Flows by slot (stable while the flow lives; finished slots are reused), live_ the live ones
-  // in order of arrival.
+  // in order of arrival. What every event touches lies apart, by slot: the bytes left, the rate
+  // of the whole flow (weight x the per-share rate; 0 in a free slot) and the stamp of the
+  // share_plain() solve that froze it.
   std::vector<Flow> flows_;
+  std::vector<double> remaining_, rate_;
+  std::vector<std::uint32_t> frozen_at_;
   std::vector<std::uint32_t> live_, free_slots_;
   std::uint64_t next_seq_ = 0;
   std::size_t live_pooled_ = 0;
@@ -127,10 +147,13 @@ class NetFabric {
   std::vector<char> link_dirty_;
   std::vector<int> dirty_links_;
   std::vector<LinkKey> order_, order_scratch_, fresh_keys_;
-  // scratch for share_plain(): per link (by stamp) its residual capacity and unfrozen weight,
-  // per slot whether it froze, and the links whose share grew since they were keyed
-  std::vector<std::uint32_t> plain_link_stamp_, plain_frozen_;
-  std::vector<double> plain_residual_, plain_weight_;
+  // scratch for share_plain(): per link its residual capacity and unfrozen weight, and the
+  // links whose share grew since they were keyed
+  struct LinkState {
+    double residual;
+    double weight;
+  };
+  std::vector<LinkState> plain_links_;
   std::vector<LinkKey> regrown_;
   // scratch for share_with_pools(): the links with their own entry (active_, local_ maps back)
   std::vector<int> active_;
