@@ -70,7 +70,7 @@ class NetFabric {
   // Progresses every flow to `now` and appends the tokens of completed flows to `done` (in the
   // order the flows were added); share() then re-shares the links.
   void advance(double now, std::vector<std::uint64_t>& done);
-  bool empty() const { return flows_.empty(); }
+  bool empty() const { return live_.empty(); }
 
  private:
   struct Flow {

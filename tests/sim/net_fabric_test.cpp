@@ -63,6 +63,7 @@ TEST_CASE("net fabric: max-min completions of a hand-solved case", "[sim][net_fa
   const int a = fabric.add_link(10e6), b = fabric.add_link(4e6);
   const std::vector<Arrival> arrivals = {{0, {a}, 16e6}, {0, {a, b}, 2e6}, {0, {b}, 6e6}};
   const auto finished = run(fabric, arrivals);
+  CHECK(fabric.empty());
   REQUIRE(finished.size() == 3);
   CHECK(finished[0].first == 1);
   CHECK(finished[0].second == Approx(1.0));
@@ -119,6 +120,8 @@ TEST_CASE("net fabric: the incremental solve matches the full one to the bit",
   const auto shared = run(full, arrivals);
   REQUIRE(plain.size() == arrivals.size());
   REQUIRE(shared.size() == arrivals.size());
+  CHECK(incremental.empty());
+  CHECK_FALSE(full.empty());  // the pooled flow is still under way
   for (std::size_t i = 0; i < plain.size(); ++i) {
     INFO("completion " << i);
     CHECK(plain[i].first == shared[i].first);
