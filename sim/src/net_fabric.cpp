@@ -145,22 +145,27 @@ void NetFabric::share() {
     for (Pool& p : pools_) p.stamp = 0;
     stamp_ = 1;
   }
-  if (live_pooled_ == 0)
+  // The next completion is the earliest over the flows' new rates: share_plain() takes each
+  // flow's as it freezes it (its bytes left are at hand then), after share_with_pools() a pass
+  // over the slots does (free ones have rate 0).
+  next_completion_ = kInf;
+  if (live_pooled_ == 0) {
     share_plain();
-  else
+  } else {
     share_with_pools();
-  // The earliest completion: a flow whose remaining bytes clearly exceed what it moves by the
-  // best time so far cannot come first, which spares most divisions (a multiplication instead).
-  next_ = -1;
-  double best = kInf;
-  for (std::size_t slot = 0; slot < rate_.size(); ++slot) {  // free slots have rate 0
-    const double rate = rate_[slot];
-    if (!(rate > 0)) continue;
-    const double remaining = std::max(0.0, remaining_[slot]);
-    if (remaining > (best - last_) * rate * (1 + 1e-9)) continue;
-    best = std::min(best, last_ + remaining / rate);
+    for (std::uint32_t slot = 0; slot < rate_.size(); ++slot) consider_completion(slot);
   }
-  if (best < kInf) next_ = best;
+  next_ = next_completion_ < kInf ? next_completion_ : -1;
+}
+
+// A flow whose bytes left clearly exceed what it moves by the earliest completion so far cannot
+// come first, which spares most divisions (a multiplication instead); the minimum is the same.
+void NetFabric::consider_completion(std::uint32_t slot) {
+  const double rate = rate_[slot];
+  if (!(rate > 0)) return;
+  const double remaining = std::max(0.0, remaining_[slot]);
+  if (remaining > (next_completion_ - last_) * rate * (1 + 1e-9)) return;
+  next_completion_ = std::min(next_completion_, last_ + remaining / rate);
 }
 
 // Re-keys the links whose flows changed and merges them back into order_ (one pass).
@@ -195,6 +200,7 @@ void NetFabric::freeze_plain(std::uint32_t slot, double level) {
   frozen_at_[slot] = stamp_;
   const Flow& f = flows_[slot];
   const double rate = rate_[slot] = f.weight * level;
+  consider_completion(slot);
   const int* links = link_pool_.data() + f.first;
   for (std::uint32_t k = 0; k < f.count; ++k) {
     LinkState& b = plain_links_[links[k]];

@@ -119,12 +119,14 @@ class NetFabric {
   void update_order();
   void share_plain();
   void freeze_plain(std::uint32_t slot, double level);
+  void consider_completion(std::uint32_t slot);
   void share_with_pools();
   double link_level(std::uint32_t a) const;
   void freeze(std::uint32_t flow, double level);
 
   double last_ = 0;
   double next_ = -1;
+  double next_completion_ = 0;  // while share() runs: the earliest completion so far
   // Flows by slot (stable while the flow lives; finished slots are reused), live_ the live ones
   // in order of arrival. What every event touches lies apart, by slot: the bytes left, the rate
   // of the whole flow (weight x the per-share rate; 0 in a free slot) and the stamp of the
