@@ -28,22 +28,24 @@
 // pooled load), so the progressive filling treats them as one entry: a solve costs the plain
 // flows' links plus one entry per active pool, whatever the number of members.
 //
-// What share() recomputes: every rate, at every instant with a change (flows in one connected
-// component of links, the merged all-to-all rounds of a 1,024-GPU step: ~3,800 flows over ~650
-// links, each instant starting or ending one or two of them, 2 x 10^5 instants; re-solving only
-// the touched component would save little, and each route is distinct, so no flows merge). What
-// it keeps between instants, updated only for the links of the flows that started or ended:
-// each link's live flows in order of arrival, their summed weight (integer counts, so exact in
-// any order), and the links sorted by their key before anything freezes (share per unit of
-// weight, then first appearance among the flows); flows live in stable slots, the bytes left and
-// the rates in arrays of their own. Without pooled flows a solve walks that sorted list, merged
-// with a small heap of the entries whose share grew since keyed, instead of rebuilding the
-// per-link lists and heaping every link (perf: 87 % of such a step went there), and freezes a
-// link's flows (in arrival order, as the full solve does) only until its weight is spent. It
-// takes the same steps in the same order as the full solve (ties between links resolve by first
-// appearance either way), so the rates are the same to the bit; tests/sim/net_fabric_test.cpp
-// checks that against the full solve, which share() still runs (rebuilding its lists, as before)
-// while any pooled flow is live.
+// What share() recomputes: every rate, at every instant with a change, since a change can move
+// any rate of its connected component. The merged all-to-all rounds of a 1,024-GPU step
+// (scale_a2a_chunks, chunk_sizing count) keep ~3,800 flows live on ~650 links, mostly in one
+// component, every route distinct, and each of 2 x 10^5 instants starts or ends one or two flows:
+// re-solving only the touched component or merging equal flows would save little. What it keeps
+// between instants instead, updated only for the links of the flows that started or ended: each
+// link's live flows in order of arrival, their summed weight (whole numbers, so exact in any
+// order), and the links sorted by their key before anything freezes (share per unit of weight,
+// then first appearance among the flows); flows live in stable slots, their bytes left and rates
+// in arrays of their own. Without pooled flows a solve walks that sorted list, merged with a small
+// heap of the entries whose share grew since keyed, instead of rebuilding the per-link lists and
+// heaping every link (perf: 87 % of such a step went there before), freezes a link's flows (in
+// arrival order, as the full solve does) only until its weight is spent, and takes each flow's
+// completion time as it freezes it. It takes the same steps in the same order as the full solve
+// (ties between links resolve by first appearance either way), so the rates are the same to the
+// bit: tests/sim/net_fabric_test.cpp checks it against the full solve, which share() still runs
+// (rebuilding its lists, as before) while any pooled flow is live. A solve still visits every
+// live flow once (freezing it), so its cost grows with the flows in flight.
 #pragma once
 
 #include <cstdint>
