@@ -21,6 +21,11 @@ void progress_flows(std::vector<Flow>& flows, double& last, double now) {
   last = std::max(last, now);
 }
 
+// Whether a flow of `size` bytes with `remaining` bytes left is done.
+inline bool flow_finished(double remaining, double size) {
+  return remaining <= std::max(1.0, kRelativeDone * size);
+}
+
 // Appends the tokens of finished flows to `done` in the order the flows were added and keeps the
 // others in that order.
 template <typename Flow>
@@ -28,7 +33,7 @@ void take_finished_flows(std::vector<Flow>& flows, std::vector<std::uint64_t>& d
   std::size_t keep = 0;
   for (std::size_t i = 0; i < flows.size(); ++i) {
     const Flow& f = flows[i];
-    if (f.remaining <= std::max(1.0, kRelativeDone * f.size))
+    if (flow_finished(f.remaining, f.size))
       done.push_back(f.token);
     else
       flows[keep++] = f;

@@ -11,14 +11,20 @@ namespace muonbed::sim {
 
 namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
-// As NodeFabric: a flow whose remaining bytes fall below this share of its size (or one byte)
-// is done, since progress in floating point does not reach exact zeros.
 constexpr std::uint32_t kPoolBit = 0x80000000u;
+// A link's rank packs the arrival of the first live flow on it with its position in that flow's
+// route (routes cross a few links; 16 bits leave 2^48 arrivals).
+constexpr int kRouteBits = 16;
+// A lazily keyed entry whose share grew by more than this since it was keyed is not the minimum.
+constexpr double kRegrown = 1e-12;
 }  // namespace
 
 int NetFabric::add_link(double capacity_Bps) {
   capacity_.push_back(capacity_Bps);
   pools_of_link_.emplace_back();
+  flows_of_link_.emplace_back();
+  link_weight_.push_back(0);
+  link_dirty_.push_back(0);
   return static_cast<int>(capacity_.size() - 1);
 }
 
@@ -46,33 +52,201 @@ void NetFabric::add(double now, const int* links, int nlinks, double bytes, doub
   f.count = static_cast<std::uint32_t>(nlinks);
   link_pool_.insert(link_pool_.end(), links, links + nlinks);
   f.pool = pool;
-  f.remaining = bytes;
   f.size = bytes;
   f.weight = std::max(1.0, weight);
-  f.rate = 0;
+  f.seq = next_seq_++;
   f.token = token;
-  flows_.push_back(f);
+  std::uint32_t slot;
+  if (free_slots_.empty()) {
+    slot = static_cast<std::uint32_t>(flows_.size());
+    flows_.push_back(f);
+    remaining_.push_back(0);
+    rate_.push_back(0);
+    frozen_at_.push_back(0);
+  } else {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+    flows_[slot] = f;
+  }
+  remaining_[slot] = bytes;
+  rate_[slot] = 0;
+  live_.push_back(slot);
+  if (pool >= 0) ++live_pooled_;
+  touch_links(f, slot, true);
 }
 
+// Adds the flow in `slot` to its links' lists and weights, or removes it; either way its links'
+// keys need re-sorting.
+void NetFabric::touch_links(const Flow& f, std::uint32_t slot, bool added) {
+  for (std::uint32_t k = 0; k < f.count; ++k) {
+    const int l = link_pool_[f.first + k];
+    std::vector<std::uint32_t>& of = flows_of_link_[l];
+    if (added) {
+      of.push_back(slot);  // arrivals come in order: the list stays sorted by arrival
+      link_weight_[l] += f.weight;
+    } else {
+      of.erase(std::find(of.begin(), of.end(), slot));
+      link_weight_[l] -= f.weight;
+    }
+    if (!link_dirty_[l]) {
+      link_dirty_[l] = 1;
+      dirty_links_.push_back(l);
+    }
+  }
+}
+
+// As progress_flows(), over the slots (free ones move at rate 0).
 void NetFabric::progress(double now) {
-  progress_flows(flows_, last_, now);
+  const double dt = now - last_;
+  if (dt > 0) {
+    double* remaining = remaining_.data();
+    const double* rate = rate_.data();
+    for (std::size_t i = 0, n = remaining_.size(); i < n; ++i) remaining[i] -= rate[i] * dt;
+  }
+  last_ = std::max(last_, now);
 }
 
 void NetFabric::advance(double now, std::vector<std::uint64_t>& done) {
   progress(now);
-  take_finished_flows(flows_, done);
-  if (link_pool_.size() > 4096 && link_pool_.size() > 16 * flows_.size()) compact_pool();
+  std::size_t keep = 0;
+  for (std::uint32_t slot : live_) {
+    const Flow& f = flows_[slot];
+    if (!flow_finished(remaining_[slot], f.size)) {
+      live_[keep++] = slot;
+      continue;
+    }
+    done.push_back(f.token);
+    touch_links(f, slot, false);
+    if (f.pool >= 0) --live_pooled_;
+    rate_[slot] = 0;
+    free_slots_.push_back(slot);
+  }
+  live_.resize(keep);
+  if (link_pool_.size() > 4096 && link_pool_.size() > 16 * live_.size()) compact_pool();
 }
 
 void NetFabric::compact_pool() {
   std::vector<int> pool;
   pool.reserve(link_pool_.size() / 2);
-  for (Flow& f : flows_) {
+  for (std::uint32_t slot : live_) {
+    Flow& f = flows_[slot];
     const auto first = static_cast<std::uint32_t>(pool.size());
     pool.insert(pool.end(), link_pool_.begin() + f.first, link_pool_.begin() + f.first + f.count);
     f.first = first;
   }
   link_pool_ = std::move(pool);
+}
+
+void NetFabric::share() {
+  update_order();
+  if (++stamp_ == 0) {  // wrapped: forget every stamp
+    std::fill(link_stamp_.begin(), link_stamp_.end(), 0);
+    std::fill(frozen_at_.begin(), frozen_at_.end(), 0);
+    for (Pool& p : pools_) p.stamp = 0;
+    stamp_ = 1;
+  }
+  // The next completion is the earliest over the flows' new rates: share_plain() takes each
+  // flow's as it freezes it (its bytes left are at hand then), after share_with_pools() a pass
+  // over the slots does (free ones have rate 0).
+  next_completion_ = kInf;
+  if (live_pooled_ == 0) {
+    share_plain();
+  } else {
+    share_with_pools();
+    for (std::uint32_t slot = 0; slot < rate_.size(); ++slot) consider_completion(slot);
+  }
+  next_ = next_completion_ < kInf ? next_completion_ : -1;
+}
+
+// A flow whose bytes left clearly exceed what it moves by the earliest completion so far cannot
+// come first, which spares most divisions (a multiplication instead); the minimum is the same.
+void NetFabric::consider_completion(std::uint32_t slot) {
+  const double rate = rate_[slot];
+  if (!(rate > 0)) return;
+  const double remaining = std::max(0.0, remaining_[slot]);
+  if (remaining > (next_completion_ - last_) * rate * (1 + 1e-9)) return;
+  next_completion_ = std::min(next_completion_, last_ + remaining / rate);
+}
+
+// Re-keys the links whose flows changed and merges them back into order_ (one pass).
+void NetFabric::update_order() {
+  if (dirty_links_.empty()) return;
+  fresh_keys_.clear();
+  for (int l : dirty_links_) {
+    const std::vector<std::uint32_t>& of = flows_of_link_[l];
+    if (of.empty()) continue;
+    const Flow& f = flows_[of.front()];
+    std::uint32_t at = 0;
+    while (link_pool_[f.first + at] != l) ++at;
+    // share_with_pools() keys a link by max(0, capacity) / weight before anything freezes
+    fresh_keys_.push_back(
+        {std::max(0.0, capacity_[l]) / link_weight_[l], (f.seq << kRouteBits) | at, l});
+  }
+  std::sort(fresh_keys_.begin(), fresh_keys_.end());
+  order_scratch_.clear();
+  auto fresh = fresh_keys_.begin();
+  for (const LinkKey& key : order_) {
+    if (link_dirty_[key.link]) continue;
+    while (fresh != fresh_keys_.end() && *fresh < key) order_scratch_.push_back(*fresh++);
+    order_scratch_.push_back(key);
+  }
+  order_scratch_.insert(order_scratch_.end(), fresh, fresh_keys_.end());
+  order_.swap(order_scratch_);
+  for (int l : dirty_links_) link_dirty_[l] = 0;
+  dirty_links_.clear();
+}
+
+void NetFabric::freeze_plain(std::uint32_t slot, double level) {
+  frozen_at_[slot] = stamp_;
+  const Flow& f = flows_[slot];
+  const double rate = rate_[slot] = f.weight * level;
+  consider_completion(slot);
+  const int* links = link_pool_.data() + f.first;
+  for (std::uint32_t k = 0; k < f.count; ++k) {
+    LinkState& b = plain_links_[links[k]];
+    b.residual -= rate;
+    b.weight -= f.weight;
+  }
+}
+
+// Progressive filling without pooled flows, on the kept structures: the same steps in the same
+// order as share_with_pools() takes on these flows (its heap pops entries by (level, local
+// index), and the local indices follow the links' ranks), so the rates are the same to the bit.
+// The links' initial keys come sorted from order_; an entry whose link's share grew since it
+// was keyed goes to the small heap regrown_, and the next entry is the smaller of the two heads.
+void NetFabric::share_plain() {
+  plain_links_.resize(capacity_.size());
+  for (const LinkKey& key : order_)  // every live flow's links are there
+    plain_links_[key.link] = {capacity_[key.link], link_weight_[key.link]};
+  regrown_.clear();
+  std::size_t next = 0;
+  for (;;) {
+    LinkKey e;
+    if (next < order_.size() && (regrown_.empty() || order_[next] < regrown_.front())) {
+      e = order_[next++];
+    } else if (!regrown_.empty()) {
+      std::pop_heap(regrown_.begin(), regrown_.end(), std::greater<>());
+      e = regrown_.back();
+      regrown_.pop_back();
+    } else {
+      break;
+    }
+    const int l = e.link;
+    const LinkState& state = plain_links_[l];
+    if (!(state.weight > 0.5)) continue;  // every flow on it froze: weights count flows
+    const double level = std::max(0.0, state.residual) / state.weight;
+    if (level > e.level * (1 + kRegrown)) {  // grew since it was keyed: not the minimum yet
+      regrown_.push_back({level, e.rank, l});
+      std::push_heap(regrown_.begin(), regrown_.end(), std::greater<>());
+      continue;
+    }
+    // its unfrozen flows, until none is left (its weight counts them)
+    for (std::uint32_t slot : flows_of_link_[l]) {
+      if (frozen_at_[slot] == stamp_) continue;
+      freeze_plain(slot, level);
+      if (!(state.weight > 0.5)) break;
+    }
+  }
 }
 
 // Share per unit of weight that active link `a` would give its unfrozen flows now.
@@ -89,11 +263,11 @@ double NetFabric::link_level(std::uint32_t a) const {
 
 void NetFabric::freeze(std::uint32_t i, double level) {
   frozen_[i] = 1;
-  Flow& f = flows_[i];
-  f.rate = f.weight * level;
+  const Flow& f = live(i);
+  const double rate = rate_[live_[i]] = f.weight * level;
   for (std::uint32_t k = 0; k < f.count; ++k) {
     const std::uint32_t b = local_[link_pool_[f.first + k]];
-    residual_[b] -= f.rate;
+    residual_[b] -= rate;
     weights_[b] -= f.weight;
   }
   if (f.pool >= 0) {
@@ -106,13 +280,9 @@ void NetFabric::freeze(std::uint32_t i, double level) {
 // Progressive filling: the link with the smallest share per unit of weight among its unfrozen
 // flows saturates first; its flows (and the pooled flows of its pools) get that share times their
 // weight and leave the other links. Every link's share only grows as flows freeze, so the heap
-// keeps lower bounds and re-evaluates an entry when it reaches the top (lazy keys).
-void NetFabric::share() {
-  if (++stamp_ == 0) {  // wrapped: forget every stamp
-    std::fill(link_stamp_.begin(), link_stamp_.end(), 0);
-    for (Pool& p : pools_) p.stamp = 0;
-    stamp_ = 1;
-  }
+// keeps lower bounds and re-evaluates an entry when it reaches the top (lazy keys). Flows are
+// numbered here by their place in live_ (arrival order), links by first appearance among them.
+void NetFabric::share_with_pools() {
   link_stamp_.resize(capacity_.size(), 0);
   local_.resize(capacity_.size());
   active_.clear();
@@ -123,8 +293,8 @@ void NetFabric::share() {
     local_[l] = static_cast<std::uint32_t>(active_.size());
     active_.push_back(l);
   };
-  for (std::size_t i = 0; i < flows_.size(); ++i) {
-    const Flow& f = flows_[i];
+  for (std::size_t i = 0; i < live_.size(); ++i) {
+    const Flow& f = live(i);
     for (std::uint32_t k = 0; k < f.count; ++k) activate(link_pool_[f.first + k]);
     if (f.pool < 0) continue;
     Pool& p = pools_[f.pool];
@@ -151,21 +321,23 @@ void NetFabric::share() {
     for (int p : pools_of_link_[active_[a]])
       if (pools_[p].stamp == stamp_) ++pools_[p].special;
   }
-  for (const Flow& f : flows_)
+  for (std::uint32_t slot : live_) {
+    const Flow& f = flows_[slot];
     for (std::uint32_t k = 0; k < f.count; ++k) {
       const std::uint32_t a = local_[link_pool_[f.first + k]];
       ++by_link_start_[a + 1];
       weights_[a] += f.weight;
     }
+  }
   for (std::size_t a = 0; a < n; ++a) by_link_start_[a + 1] += by_link_start_[a];
   by_link_.resize(by_link_start_[n]);
   cursor_.assign(by_link_start_.begin(), by_link_start_.end() - 1);
-  for (std::size_t i = 0; i < flows_.size(); ++i) {
-    const Flow& f = flows_[i];
+  for (std::size_t i = 0; i < live_.size(); ++i) {
+    const Flow& f = live(i);
     for (std::uint32_t k = 0; k < f.count; ++k)
       by_link_[cursor_[local_[link_pool_[f.first + k]]]++] = static_cast<std::uint32_t>(i);
   }
-  frozen_.assign(flows_.size(), 0);
+  frozen_.assign(live_.size(), 0);
 
   std::vector<HeapEntry>& heap = heap_;
   heap.clear();
@@ -194,7 +366,7 @@ void NetFabric::share() {
       level = link_level(id);
       if (level == kInf) continue;
     }
-    if (level > e.level * (1 + 1e-12)) {  // grew since it was keyed: not the minimum yet
+    if (level > e.level * (1 + kRegrown)) {  // grew since it was keyed: not the minimum yet
       heap.push_back({level, e.id});
       std::push_heap(heap.begin(), heap.end(), std::greater<>());
       continue;
@@ -213,13 +385,6 @@ void NetFabric::share() {
     for (int p : pools_of_link_[active_[id]])
       if (pools_[p].stamp == stamp_) freeze_pool(pools_[p]);
   }
-  next_ = -1;
-  double best = kInf;
-  for (const Flow& f : flows_) {
-    const double t = f.rate > 0 ? last_ + std::max(0.0, f.remaining) / f.rate : kInf;
-    best = std::min(best, t);
-  }
-  if (best < kInf) next_ = best;
 }
 
 }  // namespace muonbed::sim

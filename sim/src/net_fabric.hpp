@@ -27,6 +27,25 @@
 // A pool's NIC links that no plain flow uses this instant are identical (same capacity, same
 // pooled load), so the progressive filling treats them as one entry: a solve costs the plain
 // flows' links plus one entry per active pool, whatever the number of members.
+//
+// What share() recomputes: every rate, at every instant with a change, since a change can move
+// any rate of its connected component. The merged all-to-all rounds of a 1,024-GPU step
+// (scale_a2a_chunks, chunk_sizing count) keep ~3,800 flows live on ~650 links, mostly in one
+// component, every route distinct, and each of 2 x 10^5 instants starts or ends one or two flows:
+// re-solving only the touched component or merging equal flows would save little. What it keeps
+// between instants instead, updated only for the links of the flows that started or ended: each
+// link's live flows in order of arrival, their summed weight (whole numbers, so exact in any
+// order), and the links sorted by their key before anything freezes (share per unit of weight,
+// then first appearance among the flows); flows live in stable slots, their bytes left and rates
+// in arrays of their own. Without pooled flows a solve walks that sorted list, merged with a small
+// heap of the entries whose share grew since keyed, instead of rebuilding the per-link lists and
+// heaping every link (perf: 87 % of such a step went there before), freezes a link's flows (in
+// arrival order, as the full solve does) only until its weight is spent, and takes each flow's
+// completion time as it freezes it. It takes the same steps in the same order as the full solve
+// (ties between links resolve by first appearance either way), so the rates are the same to the
+// bit: tests/sim/net_fabric_test.cpp checks it against the full solve, which share() still runs
+// (rebuilding its lists, as before) while any pooled flow is live. A solve still visits every
+// live flow once (freezing it), so its cost grows with the flows in flight.
 #pragma once
 
 #include <cstdint>
@@ -40,8 +59,9 @@ class NetFabric {
   int add_link(double capacity_Bps);
   // A pool of distinct member links (see above); returns its index.
   int add_pool(const std::vector<int>& links);
-  // A flow of `bytes` over `links` starts at `now`, with `weight` shares of each (>= 1); with
-  // `pool` >= 0 it is a pooled flow of `weight` members, using one share of each pool link.
+  // A flow of `bytes` over `links` starts at `now`, with `weight` shares of each (a whole number
+  // >= 1: the kept per-link sums of weights stay exact); with `pool` >= 0 it is a pooled flow of
+  // `weight` members, using one share of each pool link.
   // The rates are recomputed by share(), which the caller runs before simulated time advances.
   void add(double now, const int* links, int nlinks, double bytes, double weight, int pool,
            std::uint64_t token);
@@ -52,24 +72,23 @@ class NetFabric {
   // Progresses every flow to `now` and appends the tokens of completed flows to `done` (in the
   // order the flows were added); share() then re-shares the links.
   void advance(double now, std::vector<std::uint64_t>& done);
-  bool empty() const { return flows_.empty(); }
+  bool empty() const { return live_.empty(); }
 
  private:
   struct Flow {
     std::uint32_t first;  // links: link_pool_[first, first + count)
     std::uint32_t count;
     int pool;
-    double remaining;
     double size;
     double weight;
-    double rate;  // of the whole flow (weight x the per-share rate)
+    std::uint64_t seq;  // order of arrival (live flows keep it: live_ is sorted by it)
     std::uint64_t token;
   };
   struct Pool {
     std::vector<int> links;
     std::vector<int> shared;  // its links that are in other pools too
     double min_capacity = 0;
-    // per share()
+    // per share_with_pools()
     std::uint32_t stamp = 0;
     double unfrozen = 0;        // pooled flows not yet frozen
     double frozen_rate = 0;     // their per-member rates, summed, once frozen
@@ -83,19 +102,64 @@ class NetFabric {
       return level != o.level ? level > o.level : id > o.id;
     }
   };
+  // A link's place in the progressive filling without pools: its share per unit of weight, then
+  // where it first appears among the live flows (arrival, then position in the route), which is
+  // the order share_with_pools() numbers links in, so that ties resolve the same way.
+  struct LinkKey {
+    double level;
+    std::uint64_t rank;  // seq << kRouteBits | position in that flow's route
+    int link;
+    bool operator<(const LinkKey& o) const {
+      return level != o.level ? level < o.level : rank < o.rank;
+    }
+    bool operator>(const LinkKey& o) const { return o < *this; }
+  };
+  Flow& live(std::size_t i) { return flows_[live_[i]]; }
   void progress(double now);
   void compact_pool();
+  void touch_links(const Flow& f, std::uint32_t slot, bool added);
+  void update_order();
+  void share_plain();
+  void freeze_plain(std::uint32_t slot, double level);
+  void consider_completion(std::uint32_t slot);
+  void share_with_pools();
   double link_level(std::uint32_t a) const;
   void freeze(std::uint32_t flow, double level);
 
   double last_ = 0;
   double next_ = -1;
+  double next_completion_ = 0;  // while share() runs: the earliest completion so far
+  // Flows by slot (stable while the flow lives; finished slots are reused), live_ the live ones
+  // in order of arrival. What every event touches lies apart, by slot: the bytes left, the rate
+  // of the whole flow (weight x the per-share rate; 0 in a free slot) and the stamp of the
+  // share_plain() solve that froze it.
   std::vector<Flow> flows_;
+  std::vector<double> remaining_, rate_;
+  std::vector<std::uint32_t> frozen_at_;
+  std::vector<std::uint32_t> live_, free_slots_;
+  std::uint64_t next_seq_ = 0;
+  std::size_t live_pooled_ = 0;
   std::vector<int> link_pool_;
   std::vector<double> capacity_;
   std::vector<std::vector<int>> pools_of_link_;
   std::vector<Pool> pools_;
-  // scratch for share(): the links with their own entry (active_, local_ maps back)
+  // Kept across share() calls: per link its live flows' slots in order of arrival (one entry per
+  // occurrence in a route) and their summed weight, and the links with live flows sorted by their
+  // key before any flow freezes (order_); links whose flows changed wait in dirty_links_.
+  std::vector<std::vector<std::uint32_t>> flows_of_link_;
+  std::vector<double> link_weight_;
+  std::vector<char> link_dirty_;
+  std::vector<int> dirty_links_;
+  std::vector<LinkKey> order_, order_scratch_, fresh_keys_;
+  // scratch for share_plain(): per link its residual capacity and unfrozen weight, and the
+  // links whose share grew since they were keyed
+  struct LinkState {
+    double residual;
+    double weight;
+  };
+  std::vector<LinkState> plain_links_;
+  std::vector<LinkKey> regrown_;
+  // scratch for share_with_pools(): the links with their own entry (active_, local_ maps back)
   std::vector<int> active_;
   std::vector<std::uint32_t> local_, link_stamp_;
   std::uint32_t stamp_ = 0;
