@@ -95,26 +95,12 @@ double shift_latency(const std::vector<int>& members, int shift, const Topology&
 // ---- Rings: all_gather, reduce_scatter, all_reduce
 // -----------------------------------------------
 
-// NCCL pipelines every ring step in small slices. With equal pieces, whole-piece steps are as
-// fast (every edge is busy every step), but with uneven pieces (owner_allgather: a few owners
-// contribute whole matrices, everybody else nothing) whole-piece steps would carry each big piece
-// hop by hop, n-1 times its transfer time instead of once plus a short pipeline fill. Such rings
-// take the flow lowering, whose edge flows are the pipelined limit, at both fidelities.
-bool uneven_pieces(const CollectiveSpec& spec) {
-  if (spec.kind != OpKind::all_gather && spec.kind != OpKind::reduce_scatter) return false;
-  if (spec.pieces.size() < 2) return false;
-  double total = 0, largest = 0;
-  for (double p : spec.pieces) {
-    total += p;
-    largest = std::max(largest, p);
-  }
-  return largest > 2 * total / static_cast<double>(spec.pieces.size());
-}
-
 class Ring final : public CollectiveAlgorithm {
  public:
   Ring(const CollectiveSpec& spec, CollectiveHost& host, const LoweringOptions& options)
-      : spec_(spec), host_(host), step_mode_(options.step_fidelity && !uneven_pieces(spec)) {
+      : spec_(spec),
+        host_(host),
+        step_mode_(options.step_fidelity && !ring_needs_pipelining(spec.kind, spec.pieces)) {
     n_ = static_cast<int>(spec.members.size());
     rings_ = ring_channels(spec.members, host.topology());
     channels_ = static_cast<int>(rings_.size());
@@ -716,6 +702,19 @@ int all_to_all_rounds(int members, const LoweringOptions& options) {
   const long budget =
       std::max<long>(options.a2a_rounds, options.a2a_transfers / std::max(1, members));
   return static_cast<int>(std::max(1L, std::min(logical, budget)));
+}
+
+bool ring_needs_pipelining(OpKind kind, const std::vector<double>& pieces) {
+  if (kind != OpKind::all_gather && kind != OpKind::reduce_scatter) return false;
+  const std::size_t n = pieces.size();
+  if (n < 2) return false;
+  double total = 0, largest = 0, smallest = pieces.front();
+  for (double p : pieces) {
+    total += p;
+    largest = std::max(largest, p);
+    smallest = std::min(smallest, p);
+  }
+  return static_cast<double>(n - 1) * largest > (1 + kEvenRingTolerance) * (total - smallest);
 }
 
 std::vector<std::vector<int>> ring_channels(const std::vector<int>& members,

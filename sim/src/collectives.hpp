@@ -9,9 +9,9 @@
 //                                leaves from the one before it, so consecutive nodes are joined
 //                                on the same rail and every NIC carries one channel: a node
 //                                pushes g x NIC bandwidth (hierarchical, node-aware rings).
-//                                Uneven pieces (largest > 2x mean) take the flow lowering at
-//                                both fidelities: NCCL pipelines ring steps in slices, which
-//                                whole-piece steps would not (collectives.cpp: uneven_pieces).
+//                                Rings whose pieces are not even (ring_needs_pipelining) take
+//                                the flow lowering at both fidelities: NCCL pipelines ring steps
+//                                in slices, which whole-piece steps would not.
 //   broadcast                    pipelined chain from the root along each channel's ring, data
 //                                split over channels, each channel's share cut into chunks.
 //   all_reduce with NVLS          where the cluster has intra_node.nvls and core's tuner
@@ -116,6 +116,17 @@ std::unique_ptr<CollectiveAlgorithm> make_algorithm(const CollectiveSpec& spec,
 
 // Flow fidelity: the rounds an all-to-all of `members` keeps (members - 1 when not merged).
 int all_to_all_rounds(int members, const LoweringOptions& options);
+
+// Whether an all_gather or reduce_scatter of these member pieces takes the flow lowering at step
+// fidelity too. Whole-piece ring steps carry each piece hop by hop, so the largest one's n-1 hops
+// take (n-1) p_max / B, where NCCL's ring, pipelined in slices, moves each edge's S - p_min bytes
+// in (S - p_min) / B plus a short fill (the analytic model's time, core/engine/cost_model.hpp).
+// The two agree only when the pieces are even: a ring whose (n-1) p_max exceeds S - p_min by more
+// than kEvenRingTolerance is lowered as edge flows (the pipelined limit) at both fidelities.
+// Examples: owner_allgather's chunks, where a few owners hold whole matrices (p_max up to S), or
+// quickstart's MLP chunk (p_max = 1.75 S/n: whole-piece steps took 75 % longer).
+constexpr double kEvenRingTolerance = 1e-3;
+bool ring_needs_pipelining(OpKind kind, const std::vector<double>& pieces);
 
 // Ring orders: per channel, a permutation of member indices (see above). Exposed for tests.
 std::vector<std::vector<int>> ring_channels(const std::vector<int>& members,

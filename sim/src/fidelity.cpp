@@ -46,15 +46,14 @@ StepMessages step_messages(const StepPlan& plan, const Op& op, const std::vector
     case OpKind::reduce_scatter: {
       const double ch = channels();
       std::vector<double> pieces;
-      double total = 0, largest = 0;
+      double total = 0;
       for (int member : members) {
         pieces.push_back(static_cast<double>(piece_bytes(plan, op, member)));
         total += pieces.back();
-        largest = std::max(largest, pieces.back());
       }
       // Uneven pieces take the flow lowering at both fidelities: one flow per ring edge, each
       // carrying every piece but one; even ones send each piece n-1 times along each channel.
-      const bool uneven = largest > 2 * total / n;
+      const bool uneven = ring_needs_pipelining(op.kind, pieces);
       m.rounds = uneven ? 1 : n - 1;
       double moving = 0;
       for (double piece : pieces) moving += ((uneven ? total - piece : piece) / ch >= 1) ? 1 : 0;
@@ -165,41 +164,27 @@ FidelityCase fidelity_case(const StepPlan& plan, const ClusterSpec& cluster,
         m.transfers * (1 + in_flight * static_cast<double>(lanes.size()) / kSharingTransfers) +
         (m.messages - m.transfers);
   }
+  // Rings are no class of their own: uneven ones take the same lowering at both fidelities
+  // (ring_needs_pipelining, sim/src/collectives.hpp), even ones agree within 1 %
+  // (tests/sim/fidelity_test.cpp).
   for (const Op& op : plan.ops) {
     const bool rooted = op.kind == OpKind::gather || op.kind == OpKind::scatter;
-    if (op.kind != OpKind::all_to_all && op.kind != OpKind::all_gather &&
-        op.kind != OpKind::reduce_scatter && !rooted)
-      continue;
+    if (op.kind != OpKind::all_to_all && !rooted) continue;
     const int n = mesh.group_size(op.group);
     if (n < 2) continue;
-    if (rooted) {
-      // Pooled at flow fidelity: more than flow_pooled_members members off the root's node.
-      if (n <= options.flow_pooled_members) continue;
-      const std::vector<int> members = mesh.group_members(op.ranks.ranks(mesh).front(), op.group);
-      const int root_node = members[std::max(0, op.root)] / per_node;
-      int remote = 0;
-      for (int m : members) remote += m / per_node != root_node ? 1 : 0;
-      if (remote > options.flow_pooled_members)
-        pooled_streams[op.kind == OpKind::gather ? 0 : 1].insert(op.stream);
-      continue;
-    }
     if (op.kind == OpKind::all_to_all) {
       if (all_to_all_rounds(n, lowering) < n - 1)
         c.largest_merged_all_to_all = std::max(c.largest_merged_all_to_all, n);
       continue;
     }
-    if (!c.uneven_ring.empty()) continue;
-    // The first instance stands for the others (the box's ranks differ only in where they sit).
+    // Pooled at flow fidelity: more than flow_pooled_members members off the root's node.
+    if (n <= options.flow_pooled_members) continue;
     const std::vector<int> members = mesh.group_members(op.ranks.ranks(mesh).front(), op.group);
-    double total = 0, largest = 0;
-    for (int m : members) {
-      const double piece = static_cast<double>(piece_bytes(plan, op, m));
-      total += piece;
-      largest = std::max(largest, piece);
-    }
-    // As the lowering's uneven_pieces (sim/src/collectives.cpp): such rings are long flows.
-    if (largest > 2 * total / static_cast<double>(n))
-      c.uneven_ring = op.label.empty() ? std::string(to_string(op.kind)) : op.label;
+    const int root_node = members[std::max(0, op.root)] / per_node;
+    int remote = 0;
+    for (int m : members) remote += m / per_node != root_node ? 1 : 0;
+    if (remote > options.flow_pooled_members)
+      pooled_streams[op.kind == OpKind::gather ? 0 : 1].insert(op.stream);
   }
   c.pooled_on_lanes = pooled_streams[0].size() > 1 || pooled_streams[1].size() > 1;
   return c;
@@ -215,12 +200,10 @@ FidelityChoice choose_fidelity(const FidelityCase& c, const SimOptions& options)
     unproven = "its GPUs sit on PCIe links, where the fidelities share links differently";
   else if (c.pooled_on_lanes)
     unproven = "its gathers or scatters pooled over many nodes run on several lanes at once";
-  else if (!c.uneven_ring.empty())
-    unproven = "the uneven ring '" + c.uneven_ring + "' has uneven pieces";
   if (unproven.empty())
     return {"flow", true,
             "flow agrees with step within 1 % on plans like this one (NVLink nodes, no "
-            "merged all-to-all rounds, no pooled gathers on several lanes, no uneven ring: "
+            "merged all-to-all rounds, no pooled gathers on several lanes: "
             "tests/sim/fidelity_test.cpp)"};
   const std::string cost = "step's estimated cost " + transfers_text(c.step_cost) + " (" +
                            transfers_text(c.step_transfers) +

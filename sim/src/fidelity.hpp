@@ -9,11 +9,10 @@
 // SimOptions::auto_step_max_cost (about 8 s of CPU on the 2-core VM). Above it flow runs with a
 // warning that names what is not proven and the cost against the budget.
 // tests/sim/fidelity_shipped_test.cpp holds every shipped point up to 1,024 GPUs to a proven
-// pick, but for the listed ones: uneven rings and pooled gathers on lanes at 256-1,024 GPUs,
-// where flow and step differ by 2-25 % and step takes minutes, and merged all-to-all rounds at
-// 1,024 GPUs. The estimate counts network events only: a plan whose replay is costly elsewhere
-// (scale_strategies' dion preset at 256 GPUs: 28 s of CPU at step, 6.5 s at flow, estimated
-// 3.7 s) is underestimated.
+// pick, but for the listed ones: pooled gathers on lanes at 256-1,024 GPUs, where flow and step
+// differ by 2 % and step takes minutes, and merged all-to-all rounds at 1,024 GPUs. The estimate
+// counts network events only: a plan whose replay is costly elsewhere (scale_strategies' dion
+// preset at 256 GPUs: 28 s of CPU at step, 6.5 s at flow, estimated 3.7 s) is underestimated.
 //
 // What keeps a plan out of the proven class (experiments/BENCHMARKS.md, "Fidelity auto"):
 //   merged all-to-all rounds   an all-to-all group larger than flow fidelity keeps every round
@@ -34,13 +33,12 @@
 //                              agree within 0.2 %, but deepseek-v3, muonbed preset, 256 GPUs is
 //                              2.1 % apart (flow 418.2 ms, step 409.4 ms;
 //                              experiments/BENCHMARKS.md)
-//   uneven ring                an all-gather or reduce-scatter whose pieces are uneven (owners'
-//                              whole matrices: owner_allgather): the two fidelities share NVLink
-//                              and NICs between the long edge flows differently (flow 12 % faster
-//                              per step on llama-70B keller_jordan at 64 GPUs in the test, 25 %
-//                              on scale_strategies' 256-GPU point, 0 at 1,024; inside one node
-//                              2.4 % on experiments/ddp.yaml and 4.4 % on quickstart.yaml's
-//                              owner_allgather)
+// Not a class: rings with uneven pieces (owner_allgather's chunks of owners' whole matrices).
+// They take the same pipelined lowering at both fidelities (ring_needs_pipelining,
+// sim/src/collectives.hpp). Until 2026-11-29 step fidelity moved rings whose largest piece was
+// 1-2x the mean as whole pieces hop by hop, up to 2x slower than the pipelined ring, and this
+// rule flagged only the rings above 2x: scale_strategies' keller_jordan at 256 GPUs was 25 %
+// apart for that reason alone (experiments/BENCHMARKS.md, "Fidelity auto").
 #pragma once
 
 #include <string>
@@ -58,7 +56,6 @@ struct FidelityCase {
   int largest_merged_all_to_all = 0;  // members of the largest all-to-all whose rounds merge
   bool pcie_nodes = false;
   bool pooled_on_lanes = false;  // pooled gathers or scatters on more than one stream
-  std::string uneven_ring;       // label of the first ring with uneven pieces, "" when none
   // Step fidelity's cost: the SimGrid transfers its lowering would post over the step patterns
   // the replay simulates (all-reduces counted as rings), and those transfers weighted by how
   // many others are in flight beside them, plus its zero-byte messages (fidelity.cpp), which the

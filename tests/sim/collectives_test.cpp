@@ -120,6 +120,42 @@ TEST_CASE("uneven ring all-gather and reduce-scatter are pipelined, not hop by h
       CHECK(t == Approx(expected).epsilon(0.03));
     }
   }
+  // Moderately uneven (quickstart's MLP chunk: the largest piece 1.75x the mean): 4 members of
+  // 7 MB, 12 of 3 MB. Pipelined: 15 alpha + (64 - 3) MB / B = 1.295 ms; whole pieces hop by hop
+  // would take 15 (alpha + 7 MB / B) = 2.175 ms. Both fidelities take the pipelined time.
+  for (OpKind kind : {OpKind::all_gather, OpKind::reduce_scatter}) {
+    CollectiveSpec s = spec_of(kind, n, 3e6);
+    for (int i : {0, 5, 6, 12}) s.pieces[i] = 7e6;
+    const double expected = (n - 1) * kAlpha + 61e6 / kBw;
+    for (const LoweringOptions& o : {step_options(), flow_options()}) {
+      const double t = time_one(c, n, 1, s, o);
+      INFO(to_string(kind) << (o.step_fidelity ? " step" : " flow") << ": simulated " << t
+                           << " s, closed form " << expected << " s");
+      CHECK(t == Approx(expected).epsilon(0.03));
+    }
+  }
+}
+
+TEST_CASE("which rings need the pipelined lowering", "[sim][collectives]") {
+  // Whole-piece steps take (n-1) p_max / B, the pipelined ring (S - p_min) / B: the rule is
+  // their ratio against 1 + kEvenRingTolerance, checked on hand-computed piece lists.
+  using P = std::vector<double>;
+  CHECK_FALSE(ring_needs_pipelining(OpKind::all_gather, P{5, 5, 5, 5}));  // even: 15 = 15
+  CHECK_FALSE(ring_needs_pipelining(OpKind::all_gather, P{0, 4, 4, 4}));  // 12 = 12 - 0
+  CHECK_FALSE(ring_needs_pipelining(OpKind::all_gather, P{7, 3}));        // 7 = 10 - 3
+  CHECK(ring_needs_pipelining(OpKind::all_gather, P{2, 1, 1}));           // 4 > 3
+  CHECK(ring_needs_pipelining(OpKind::reduce_scatter, P{9, 0, 0, 0}));    // 27 > 9
+  CHECK(ring_needs_pipelining(OpKind::all_gather, P{1003, 1000, 1000}));  // 2006 > 1.001 x 2003
+  CHECK_FALSE(
+      ring_needs_pipelining(OpKind::all_gather, P{1001, 1000, 1000}));    // 2002 < 1.001 x 2001
+  CHECK_FALSE(ring_needs_pipelining(OpKind::all_reduce, P{9, 0, 0, 0}));  // one buffer
+  // Near-even pieces keep whole-piece steps, which equal the closed form of the even ring.
+  const ClusterSpec c = uniform_cluster();
+  CollectiveSpec s = spec_of(OpKind::all_gather, 16, 8e6);
+  s.pieces[4] = 8.004e6;  // 0.05 % larger: within the tolerance
+  REQUIRE_FALSE(ring_needs_pipelining(s.kind, s.pieces));
+  const double t = time_one(c, 16, 1, s, step_options());
+  CHECK(t == Approx(15 * (kAlpha + 8.004e6 / kBw)).epsilon(0.01));
 }
 
 TEST_CASE("ring reduce-scatter and all-reduce match their closed forms", "[sim][collectives]") {

@@ -30,8 +30,6 @@ constexpr int kShippedMaxGpus = 1024;  // the issue's bound
 // seconds: experiments/BENCHMARKS.md, "Fidelity auto").
 const std::map<std::string, std::string>& known_unproven() {
   static const std::map<std::string, std::string> known = {
-      {"scale_strategies.yaml | mesh.dp_shard=32,strategy.preset=keller_jordan",
-       "uneven ring; step took 22.8 s of CPU and flow is 25 % faster than step"},
       {"scale_strategies.yaml | mesh.dp_shard=32,strategy.preset=muonbed",
        "pooled gathers on 256 lanes; step did not finish in 300 s"},
       {"scale_strategies_moe.yaml | mesh.dp_shard=32,strategy.preset=muonbed",

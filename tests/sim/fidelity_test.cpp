@@ -43,6 +43,7 @@ struct Outcome {
   double step_s = 0, flow_s = 0;
   sim::FidelityChoice choice;
   sim::FidelityCase facts;
+  bool uneven_ring = false;  // a ring the lowering pipelines at both fidelities
   double gap() const { return flow_s / step_s - 1; }
 };
 
@@ -128,6 +129,21 @@ std::vector<Case> shipped_cases() {
   return out;
 }
 
+// Whether the plan has a ring with uneven pieces (ring_needs_pipelining): no class of the rule,
+// since both fidelities lower it alike, so the matrix must hold such plans that auto runs at flow.
+bool has_uneven_ring(const StepPlan& plan) {
+  const DeviceMesh& mesh = plan.mesh();
+  for (const Op& op : plan.ops) {
+    if (op.kind != OpKind::all_gather && op.kind != OpKind::reduce_scatter) continue;
+    if (mesh.group_size(op.group) < 2) continue;
+    std::vector<double> pieces;
+    for (int member : mesh.group_members(op.ranks.ranks(mesh).front(), op.group))
+      pieces.push_back(static_cast<double>(piece_bytes(plan, op, member)));
+    if (sim::ring_needs_pipelining(op.kind, pieces)) return true;
+  }
+  return false;
+}
+
 Outcome simulate_both(const Case& c) {
   SimOptions step = c.options;
   step.trace_max_ranks = 0;
@@ -143,6 +159,7 @@ Outcome simulate_both(const Case& c) {
   o.where = c.where;
   o.facts = sim::fidelity_case(c.plan, c.cluster, automatic);
   o.choice = sim::choose_fidelity(o.facts, automatic);
+  o.uneven_ring = has_uneven_ring(c.plan);
   o.step_s = simulate(c.plan, c.cluster, step).record.step.average_s;
   o.flow_s = simulate(c.plan, c.cluster, flow).record.step.average_s;
   return o;
@@ -158,7 +175,8 @@ TEST_CASE("sim.fidelity auto picks flow only where flow agrees with step within 
   std::vector<Outcome> outcomes;
   for (const Case& c : cases) outcomes.push_back(simulate_both(c));
 
-  int picked_flow = 0, agree_but_step = 0;
+  int picked_flow = 0, agree_but_step = 0, uneven_flow = 0;
+  double uneven_worst = 0;
   // Per excluded class: cases in it, and how far the worst of them is off.
   std::map<std::string, std::pair<int, double>> excluded;
   for (const Outcome& o : outcomes) {
@@ -170,18 +188,24 @@ TEST_CASE("sim.fidelity auto picks flow only where flow agrees with step within 
     if (o.choice.fidelity == "flow") {
       ++picked_flow;
       CHECK(std::abs(o.gap()) <= kProven);
+      if (o.uneven_ring) {
+        ++uneven_flow;
+        uneven_worst = std::max(uneven_worst, std::abs(o.gap()));
+      }
     } else if (std::abs(o.gap()) <= kProven) {
       ++agree_but_step;
     }
-    const auto note = [&](const std::string& cls) {
+    // A class's worst case counts only where that class alone keeps the plan from flow: a
+    // class is needed only if flow misses step by more than 1 % on some plan it alone excludes.
+    REQUIRE(o.facts.largest_merged_all_to_all == 0);  // at most 64 ranks: see the next test
+    std::vector<std::string> classes;
+    if (o.facts.pcie_nodes) classes.push_back("PCIe nodes");
+    if (o.facts.pooled_on_lanes) classes.push_back("pooled gathers on lanes");
+    for (const std::string& cls : classes) {
       auto& [count, worst] = excluded[cls];
       ++count;
-      worst = std::max(worst, std::abs(o.gap()));
-    };
-    REQUIRE(o.facts.largest_merged_all_to_all == 0);  // at most 64 ranks: see the next test
-    if (o.facts.pcie_nodes) note("PCIe nodes");
-    if (!o.facts.uneven_ring.empty()) note("uneven ring");
-    if (o.facts.pooled_on_lanes) note("pooled gathers on lanes");
+      if (classes.size() == 1) worst = std::max(worst, std::abs(o.gap()));
+    }
   }
   std::sort(outcomes.begin(), outcomes.end(), [](const Outcome& a, const Outcome& b) {
     return std::abs(a.gap()) > std::abs(b.gap());
@@ -190,9 +214,12 @@ TEST_CASE("sim.fidelity auto picks flow only where flow agrees with step within 
   report << outcomes.size() << " plans at step and flow fidelity; auto picks flow for "
          << picked_flow << " (all within 1 %), step for " << outcomes.size() - picked_flow << " ("
          << agree_but_step << " of them within 1 % all the same)\n";
+  report << "  of the flow picks, " << uneven_flow << " have uneven rings, worst |flow/step - 1| "
+         << std::fixed << std::setprecision(2) << uneven_worst * 100 << " %\n";
   for (const auto& [cls, stats] : excluded)
-    report << "  excluded: " << cls << ": " << stats.first << " cases, worst |flow/step - 1| "
-           << std::fixed << std::setprecision(1) << stats.second * 100 << " %\n";
+    report << "  excluded: " << cls << ": " << stats.first
+           << " cases, worst |flow/step - 1| where it is the only exclusion " << std::fixed
+           << std::setprecision(1) << stats.second * 100 << " %\n";
   report << "the twelve furthest apart (flow / step - 1, auto's pick):\n";
   for (std::size_t i = 0; i < outcomes.size() && i < 12; ++i)
     report << "  " << std::showpos << std::fixed << std::setprecision(2) << outcomes[i].gap() * 100
@@ -203,7 +230,8 @@ TEST_CASE("sim.fidelity auto picks flow only where flow agrees with step within 
   // hold cases where flow misses step by more than 1 % (merged all-to-all rounds: the next test;
   // pooled gathers on lanes are kept out as unproven, not as shown apart: sim/src/fidelity.hpp).
   CHECK(picked_flow > 300);
-  for (const char* cls : {"PCIe nodes", "uneven ring"}) {
+  CHECK(uneven_flow > 20);  // owner_allgather and keller_jordan on NVLink clusters
+  for (const char* cls : {"PCIe nodes"}) {
     INFO(cls);
     REQUIRE(excluded.count(cls) == 1);
     CHECK(excluded[cls].second > kProven);
@@ -284,19 +312,10 @@ TEST_CASE("the rule's facts come from the plan", "[sim][fidelity][auto]") {
     CHECK(facts.largest_merged_all_to_all == (n > 257 ? n : 0));
     CHECK_FALSE(facts.pcie_nodes);
   }
-  // owner_allgather's all-gathers of owners' whole matrices, over two nodes and inside one; the
-  // owner strategy's gathers are no rings.
-  std::vector<Experiment> points;
-  for (const char* dims : {"{dp_shard: 8}", "{dp_shard: 16}"})
-    for (const char* strategy : {"owner_allgather", "owner"}) {
-      points = parse_experiment(std::string("name: f\ncluster: dgx-h100\nmesh: {dims: ") + dims +
-                                    "}\nmodel: {preset: tiny-dense}\nstrategy: {name: " + strategy +
-                                    "}\n",
-                                "f.yaml");
-      INFO(dims << " " << strategy);
-      CHECK(sim::fidelity_case(plan_experiment(points[0]), points[0].cluster, SimOptions{})
-                .uneven_ring.empty() == (std::string(strategy) == "owner"));
-    }
+  std::vector<Experiment> points = parse_experiment(
+      "name: f\ncluster: dgx-h100\nmesh: {dims: {dp_shard: 8}}\nmodel: {preset: tiny-dense}\n"
+      "strategy: {name: owner_allgather}\n",
+      "f.yaml");
   // Gathers over 16 nodes (15 members off the root's node: pooled) on 128 lanes, or on one.
   for (const char* preset : {"muonbed", "seeds"}) {
     const std::vector<Experiment> lanes = parse_experiment(
