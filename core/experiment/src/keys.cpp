@@ -312,8 +312,9 @@ std::vector<ExperimentKey> make_table() {
   row("training", "flash_attention", kBool, "", "true",
       "FlashAttention-style kernels keep no score matrix (less activation memory).", "false");
   row("sim", "fidelity", "step | flow | auto", "", "auto",
-      "step models every transfer (at most 2,048 ranks), flow one flow per ring edge; auto: step "
-      "up to 256 ranks.",
+      "step models every transfer (at most 2,048 ranks), flow one flow per ring edge; auto: flow "
+      "where the test suite shows it within 1 % of step for plans of the kind, else step where "
+      "affordable, else flow with a warning (the pick and why are printed).",
       "flow");
   return t;
 }
