@@ -214,7 +214,7 @@ TEST_CASE("env_number and env_choice parse strictly", "[core][process]") {
 }
 
 TEST_CASE("shell_quote round-trips any text through /bin/sh", "[core][process]") {
-  for (const std::string text :
+  for (const std::string& text :
        {std::string("plain-path/a.yaml"), std::string("it's"), std::string("two words"),
         std::string("x\nname: evil"), std::string("$(rm -rf /)"), std::string(""),
         std::string("'\"\\`")}) {
