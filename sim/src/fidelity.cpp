@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -198,7 +199,15 @@ FidelityChoice choose_fidelity(const FidelityCase& c, const SimOptions& options)
                " members would have their rounds merged";
   else if (c.pcie_nodes)
     unproven = "its GPUs sit on PCIe links, where the fidelities share links differently";
-  else if (c.pooled_on_lanes)
+  else if (c.pooled_on_lanes && c.ranks <= kPerMemberFlowMaxRanks) {
+    FidelityChoice choice{"flow", true,
+                          "flow agrees with step within 1 % on plans like this one (NVLink "
+                          "nodes, no merged all-to-all rounds: tests/sim/fidelity_test.cpp), run "
+                          "with one flow per member of its gathers and scatters over many nodes "
+                          "(pooled flows are not proven on several lanes)"};
+    choice.per_member_rooted = true;
+    return choice;
+  } else if (c.pooled_on_lanes)
     unproven = "its gathers or scatters pooled over many nodes run on several lanes at once";
   if (unproven.empty())
     return {"flow", true,
@@ -223,6 +232,14 @@ FidelityChoice choose_fidelity(const FidelityCase& c, const SimOptions& options)
                          std::to_string(kMaxStepFidelityRanks)
                    : cost) +
               "); check a smaller mesh at sim.fidelity: step"};
+}
+
+SimOptions options_for(const FidelityChoice& choice, SimOptions options) {
+  if (choice.per_member_rooted) {
+    options.flow_pooled_members = std::numeric_limits<int>::max();
+    options.flow_rooted_bundles = std::numeric_limits<int>::max();
+  }
+  return options;
 }
 
 }  // namespace muonbed::sim

@@ -9,8 +9,8 @@
 // SimOptions::auto_step_max_cost (about 8 s of CPU on the 2-core VM). Above it flow runs with a
 // warning that names what is not proven and the cost against the budget.
 // tests/sim/fidelity_shipped_test.cpp holds every shipped point up to 1,024 GPUs to a proven
-// pick, but for the listed ones: pooled gathers on lanes at 256-1,024 GPUs, where flow and step
-// differ by 2 % and step takes minutes, and merged all-to-all rounds at 1,024 GPUs. The estimate
+// pick, but for the listed ones: pooled gathers on lanes at 1,024 GPUs (step takes minutes there,
+// and per-member flows 15-46 s) and merged all-to-all rounds at 1,024 GPUs. The estimate
 // counts network events only: a plan whose replay is costly elsewhere (scale_strategies' dion
 // preset at 256 GPUs: 28 s of CPU at step, 6.5 s at flow, estimated 3.7 s) is underestimated.
 //
@@ -32,7 +32,9 @@
 //                              the pool back. The test's three such plans (up to 128 GPUs)
 //                              agree within 0.2 %, but deepseek-v3, muonbed preset, 256 GPUs is
 //                              2.1 % apart (flow 418.2 ms, step 409.4 ms;
-//                              experiments/BENCHMARKS.md)
+//                              experiments/BENCHMARKS.md). Up to kPerMemberFlowMaxRanks auto
+//                              runs them at flow with one flow per member instead (409.4 ms
+//                              there), proven, and above it pooled, unproven.
 // Not a class: rings with uneven pieces (owner_allgather's chunks of owners' whole matrices).
 // They take the same pipelined lowering at both fidelities (ring_needs_pipelining,
 // sim/src/collectives.hpp). Until 2026-11-29 step fidelity moved rings whose largest piece was
@@ -66,11 +68,23 @@ struct FidelityCase {
 FidelityCase fidelity_case(const StepPlan& plan, const ClusterSpec& cluster,
                            const SimOptions& options);
 
+// Flow fidelity moves a gather or scatter with more than flow_pooled_members members off the
+// root's node as one pooled flow, and never more than flow_rooted_bundles flows: cheap, but on
+// several lanes at once not proven (above). Up to this many ranks auto runs such plans at flow with
+// one flow per member instead, as step fidelity posts them, which is the proven model: the
+// shipped 256-GPU points take 2.6-3.8 s of CPU so (0.3-1.9 s pooled), the 1,024-GPU ones 15-46 s.
+constexpr int kPerMemberFlowMaxRanks = 256;
+
 struct FidelityChoice {
   std::string fidelity;  // step | flow
   bool proven = true;    // flow: within 1 % of step on this class of plans
   std::string reason;    // one sentence for the run line and the record's note
+  // flow: every member of a gather or scatter is a flow of its own (no pooled flows, no
+  // bundles), the lowering step fidelity uses for them.
+  bool per_member_rooted = false;
 };
+// `options` as the choice simulates: per_member_rooted lifts the pooling and bundling limits.
+SimOptions options_for(const FidelityChoice& choice, SimOptions options);
 // The choice for `options.fidelity` ("auto" applies the rule; "step" and "flow" are kept).
 FidelityChoice choose_fidelity(const FidelityCase& c, const SimOptions& options);
 

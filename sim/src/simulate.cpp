@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <sstream>
 
 #include <xbt/log.h>
@@ -125,6 +126,17 @@ SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
   record.traffic.model = "algorithm";
   record.provenance = make_provenance(nullptr, simgrid_version());
   fill_record(record, plan, cluster, out.steps, out.collectives);
+  // How a gather's or scatter's senders to their root move at flow fidelity.
+  const bool per_member = options.flow_rooted_bundles == std::numeric_limits<int>::max();
+  const bool pooling = options.flow_net_fabric && !options.latency_weighted_sharing &&
+                       options.flow_pooled_members != std::numeric_limits<int>::max();
+  const std::string rooted = (per_member ? std::string("one flow per sender to a root")
+                                         : "one flow per bundle of senders to a root (at most " +
+                                               std::to_string(options.flow_rooted_bundles) + ")") +
+                             (pooling ? ", a gather or scatter with more than " +
+                                            std::to_string(options.flow_pooled_members) +
+                                            " members off the root's node as one pooled flow"
+                                      : std::string());
   std::ostringstream note;
   note << "sim: SimGrid " << simgrid_version() << ", network model " << options.network_model
        << " (crosstraffic " << (options.crosstraffic ? 1 : 0) << ", TCP-gamma " << options.tcp_gamma
@@ -134,18 +146,14 @@ SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
        << "), fidelity " << fidelity << ": "
        << (fidelity == "step"
                ? "every ring step, all-to-all round and broadcast chunk is a transfer"
-               : "one flow per ring edge and channel and per bundle of senders to a root (at "
-                 "most " +
-                     std::to_string(options.flow_rooted_bundles) + "), all-to-all in at most " +
+               : "one flow per ring edge and channel, " + rooted + ", all-to-all in at most " +
                      std::to_string(options.flow_all_to_all_rounds) + "-" +
                      std::to_string(options.flow_all_to_all_transfers) +
                      " / members merged rounds, skipped latencies added analytically, broadcast in "
-                     "chunks; "
-                     "intra-node links shared by a per-node max-min model" +
+                     "chunks; intra-node links shared by a per-node max-min model" +
                      (options.flow_net_fabric && !options.latency_weighted_sharing
                           ? std::string(", links between nodes by a max-min model over the "
-                                        "platform's routes, a gather or scatter with more "
-                                        "remote members as one pooled flow")
+                                        "platform's routes")
                           : std::string()));
   record.notes.push_back(note.str());
   if (!auto_note.empty()) record.notes.push_back(auto_note);
@@ -183,8 +191,10 @@ std::string simgrid_version() {
          std::to_string(SIMGRID_VERSION_PATCH);
 }
 
-std::string resolve_fidelity(const SimOptions& options, const StepPlan& plan,
-                             const ClusterSpec& cluster, std::string* why) {
+namespace {
+
+sim::FidelityChoice resolve_choice(const SimOptions& options, const StepPlan& plan,
+                                   const ClusterSpec& cluster) {
   const int world_size = plan.mesh().world_size();
   if (options.fidelity == "step" && world_size > kMaxStepFidelityRanks)
     throw Error("sim: step fidelity models every transfer, and " + std::to_string(world_size) +
@@ -193,8 +203,14 @@ std::string resolve_fidelity(const SimOptions& options, const StepPlan& plan,
   if (options.fidelity != "step" && options.fidelity != "flow" && options.fidelity != "auto")
     throw Error("sim: unknown fidelity '" + options.fidelity +
                 "'; fix: use step, flow or auto (sim.fidelity in the experiment)");
-  const sim::FidelityChoice choice =
-      sim::choose_fidelity(sim::fidelity_case(plan, cluster, options), options);
+  return sim::choose_fidelity(sim::fidelity_case(plan, cluster, options), options);
+}
+
+}  // namespace
+
+std::string resolve_fidelity(const SimOptions& options, const StepPlan& plan,
+                             const ClusterSpec& cluster, std::string* why) {
+  const sim::FidelityChoice choice = resolve_choice(options, plan, cluster);
   if (why) *why = choice.reason;
   return choice.fidelity;
 }
@@ -213,13 +229,15 @@ void check_simulable(const StepPlan& plan, const ClusterSpec& cluster) {
 }
 
 SimulationResult simulate(const StepPlan& plan, const ClusterSpec& cluster,
-                          const SimOptions& options) {
+                          const SimOptions& requested) {
   check_simulable(plan, cluster);
-  std::string why;
-  const std::string fidelity = resolve_fidelity(options, plan, cluster, &why);
+  const sim::FidelityChoice choice = resolve_choice(requested, plan, cluster);
+  const std::string& fidelity = choice.fidelity;
+  const SimOptions options = sim::options_for(choice, requested);
   // auto says what it picked and why, in the record and (muonbed run) under the run line.
   const std::string auto_note =
-      options.fidelity == "auto" ? std::string(kAutoFidelityNote) + fidelity + ": " + why : "";
+      options.fidelity == "auto" ? std::string(kAutoFidelityNote) + fidelity + ": " + choice.reason
+                                 : "";
   if (!options.isolate) return simulate_here(plan, cluster, options, fidelity, auto_note);
 
   const sim::IsolatedRun run = sim::run_isolated([&]() {

@@ -161,7 +161,8 @@ Outcome simulate_both(const Case& c) {
   o.choice = sim::choose_fidelity(o.facts, automatic);
   o.uneven_ring = has_uneven_ring(c.plan);
   o.step_s = simulate(c.plan, c.cluster, step).record.step.average_s;
-  o.flow_s = simulate(c.plan, c.cluster, flow).record.step.average_s;
+  // Flow as auto runs it (per-member gathers where it says so).
+  o.flow_s = simulate(c.plan, c.cluster, sim::options_for(o.choice, flow)).record.step.average_s;
   return o;
 }
 
@@ -175,8 +176,8 @@ TEST_CASE("sim.fidelity auto picks flow only where flow agrees with step within 
   std::vector<Outcome> outcomes;
   for (const Case& c : cases) outcomes.push_back(simulate_both(c));
 
-  int picked_flow = 0, agree_but_step = 0, uneven_flow = 0;
-  double uneven_worst = 0;
+  int picked_flow = 0, agree_but_step = 0, uneven_flow = 0, per_member_flow = 0;
+  double uneven_worst = 0, per_member_worst = 0;
   // Per excluded class: cases in it, and how far the worst of them is off.
   std::map<std::string, std::pair<int, double>> excluded;
   for (const Outcome& o : outcomes) {
@@ -192,6 +193,10 @@ TEST_CASE("sim.fidelity auto picks flow only where flow agrees with step within 
         ++uneven_flow;
         uneven_worst = std::max(uneven_worst, std::abs(o.gap()));
       }
+      if (o.choice.per_member_rooted) {
+        ++per_member_flow;
+        per_member_worst = std::max(per_member_worst, std::abs(o.gap()));
+      }
     } else if (std::abs(o.gap()) <= kProven) {
       ++agree_but_step;
     }
@@ -200,7 +205,6 @@ TEST_CASE("sim.fidelity auto picks flow only where flow agrees with step within 
     REQUIRE(o.facts.largest_merged_all_to_all == 0);  // at most 64 ranks: see the next test
     std::vector<std::string> classes;
     if (o.facts.pcie_nodes) classes.push_back("PCIe nodes");
-    if (o.facts.pooled_on_lanes) classes.push_back("pooled gathers on lanes");
     for (const std::string& cls : classes) {
       auto& [count, worst] = excluded[cls];
       ++count;
@@ -215,7 +219,9 @@ TEST_CASE("sim.fidelity auto picks flow only where flow agrees with step within 
          << picked_flow << " (all within 1 %), step for " << outcomes.size() - picked_flow << " ("
          << agree_but_step << " of them within 1 % all the same)\n";
   report << "  of the flow picks, " << uneven_flow << " have uneven rings, worst |flow/step - 1| "
-         << std::fixed << std::setprecision(2) << uneven_worst * 100 << " %\n";
+         << std::fixed << std::setprecision(2) << uneven_worst * 100 << " %; " << per_member_flow
+         << " run gathers over many nodes on several lanes per member, worst "
+         << per_member_worst * 100 << " %\n";
   for (const auto& [cls, stats] : excluded)
     report << "  excluded: " << cls << ": " << stats.first
            << " cases, worst |flow/step - 1| where it is the only exclusion " << std::fixed
@@ -228,9 +234,10 @@ TEST_CASE("sim.fidelity auto picks flow only where flow agrees with step within 
   std::cout << report.str();
   // The rule is not vacuous: it picks flow for the NVLink cases, and the classes it excludes
   // hold cases where flow misses step by more than 1 % (merged all-to-all rounds: the next test;
-  // pooled gathers on lanes are kept out as unproven, not as shown apart: sim/src/fidelity.hpp).
+  // pooled gathers on lanes run per member here, at most 128 GPUs: sim/src/fidelity.hpp).
   CHECK(picked_flow > 300);
-  CHECK(uneven_flow > 20);  // owner_allgather and keller_jordan on NVLink clusters
+  CHECK(uneven_flow > 20);      // owner_allgather and keller_jordan on NVLink clusters
+  CHECK(per_member_flow >= 2);  // muonbed's preset over 16 and 32 DGX nodes
   for (const char* cls : {"PCIe nodes"}) {
     INFO(cls);
     REQUIRE(excluded.count(cls) == 1);
@@ -275,6 +282,27 @@ TEST_CASE("sim.fidelity auto's rule on the cases it names", "[sim][fidelity][aut
   plain.ranks = 1024;
   CHECK(sim::choose_fidelity(plain, automatic).fidelity == "flow");
   CHECK(sim::choose_fidelity(plain, automatic).proven);
+  CHECK_FALSE(sim::choose_fidelity(plain, automatic).per_member_rooted);
+  // Pooled gathers on several lanes: per-member flows up to kPerMemberFlowMaxRanks, proven;
+  // pooled above, unproven (step is out of reach there).
+  sim::FidelityCase pooled = plain;
+  pooled.pooled_on_lanes = true;
+  pooled.step_cost = 1e12;
+  pooled.ranks = sim::kPerMemberFlowMaxRanks;
+  const sim::FidelityChoice per_member = sim::choose_fidelity(pooled, automatic);
+  CHECK(per_member.fidelity == "flow");
+  CHECK(per_member.proven);
+  CHECK(per_member.per_member_rooted);
+  const SimOptions lifted = sim::options_for(per_member, automatic);
+  CHECK(lifted.flow_pooled_members > 1 << 30);
+  CHECK(lifted.flow_rooted_bundles > 1 << 30);
+  pooled.ranks = sim::kPerMemberFlowMaxRanks + 1;
+  const sim::FidelityChoice pooled_flow = sim::choose_fidelity(pooled, automatic);
+  CHECK(pooled_flow.fidelity == "flow");
+  CHECK_FALSE(pooled_flow.proven);
+  CHECK_FALSE(pooled_flow.per_member_rooted);
+  CHECK(sim::options_for(pooled_flow, automatic).flow_pooled_members ==
+        automatic.flow_pooled_members);
   sim::FidelityCase pcie = plain;
   pcie.pcie_nodes = true;
   pcie.step_cost = automatic.auto_step_max_cost;
