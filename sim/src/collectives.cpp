@@ -379,6 +379,16 @@ class Rounds final : public CollectiveAlgorithm {
     if (!barrier_) {
       next_cross_.assign(n_, 0);
       inflight_cross_.assign(n_, 0);
+      // Which rounds leave the member's node, once: advance() scans a member's rounds for the
+      // next one of a kind, and done() asks again (perf: a third of a 1,024-member exchange).
+      const Topology& t = host_.topology();
+      crosses_.assign(static_cast<std::size_t>(n_) * r, 0);
+      for (int i = 0; i < n_; ++i) {
+        const int node = t.node_of(spec_.members[i]);
+        for (std::size_t k = 0; k < r; ++k)
+          crosses_[static_cast<std::size_t>(i) * r + k] =
+              t.node_of(spec_.members[(i + target_shift(i, groups_[k])) % n_]) != node;
+      }
     }
     if (barrier_) {
       sent_.assign(static_cast<std::size_t>(n_) * r, 0);
@@ -472,11 +482,9 @@ class Rounds final : public CollectiveAlgorithm {
                    wire_bytes(host_.topology(), src, dst, bytes(i, g), CollectiveClass::all_to_all),
                    pack(0, i, r));
   }
-  // Whether member i's round r goes to another node.
+  // Whether member i's round r goes to another node (all_to_all).
   bool crosses(int i, int r) const {
-    const Topology& t = host_.topology();
-    return t.node_of(spec_.members[i]) !=
-           t.node_of(spec_.members[(i + target_shift(i, groups_[r])) % n_]);
+    return crosses_[static_cast<std::size_t>(i) * groups_.size() + r] != 0;
   }
 
   // Posts member i's next rounds while the window allows; the barrier first retires the levels
@@ -521,7 +529,8 @@ class Rounds final : public CollectiveAlgorithm {
   std::vector<int> lo_, next_;  // per member: oldest incomplete round (rounds = done), next to post
   std::vector<int> inflight_;   // per member: sends in flight (all_to_all: inside the node)
   std::vector<int> next_cross_, inflight_cross_;  // all_to_all: the same for other nodes
-  std::vector<char> split_;  // flow, merged rounds: per member, one flow per peer in a round
+  std::vector<char> crosses_;  // all_to_all, per member and round: it goes to another node
+  std::vector<char> split_;    // flow, merged rounds: per member, one flow per peer in a round
   std::vector<std::size_t> pending_;  // flow, merged rounds: per member and round, flows not done
   std::vector<char> sent_;            // barrier, per member and level: its send is done
   std::vector<int> awaited_;          // barrier, per member and level: messages not yet received

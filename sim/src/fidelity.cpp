@@ -193,27 +193,35 @@ FidelityCase fidelity_case(const StepPlan& plan, const ClusterSpec& cluster,
 
 FidelityChoice choose_fidelity(const FidelityCase& c, const SimOptions& options) {
   if (options.fidelity != "auto") return {options.fidelity, true, ""};
+  // What flow would run differently from step, and what auto lifts up to a size it can afford.
+  const bool keep_rounds = c.largest_merged_all_to_all > 0 && c.ranks <= kAllRoundsMaxRanks;
+  const bool per_member = c.pooled_on_lanes && c.ranks <= kPerMemberFlowMaxRanks;
   std::string unproven;
-  if (c.largest_merged_all_to_all > 0)
+  if (c.largest_merged_all_to_all > 0 && !keep_rounds)
     unproven = "its all-to-all groups of up to " + std::to_string(c.largest_merged_all_to_all) +
                " members would have their rounds merged";
   else if (c.pcie_nodes)
     unproven = "its GPUs sit on PCIe links, where the fidelities share links differently";
-  else if (c.pooled_on_lanes && c.ranks <= kPerMemberFlowMaxRanks) {
+  else if (c.pooled_on_lanes && !per_member)
+    unproven = "its gathers or scatters pooled over many nodes run on several lanes at once";
+  if (unproven.empty()) {
     FidelityChoice choice{"flow", true,
                           "flow agrees with step within 1 % on plans like this one (NVLink "
-                          "nodes, no merged all-to-all rounds: tests/sim/fidelity_test.cpp), run "
-                          "with one flow per member of its gathers and scatters over many nodes "
-                          "(pooled flows are not proven on several lanes)"};
-    choice.per_member_rooted = true;
+                          "nodes, every all-to-all round kept, no pooled gathers on several "
+                          "lanes: tests/sim/fidelity_test.cpp)"};
+    if (keep_rounds)
+      choice.reason += ", run keeping every round of its all-to-alls of up to " +
+                       std::to_string(c.largest_merged_all_to_all) +
+                       " members (merged rounds are not proven)";
+    if (per_member)
+      choice.reason +=
+          std::string(keep_rounds ? " and" : ", run") +
+          " with one flow per member of its gathers and scatters over many nodes (pooled flows "
+          "are not proven on several lanes)";
+    choice.keep_all_rounds = keep_rounds;
+    choice.per_member_rooted = per_member;
     return choice;
-  } else if (c.pooled_on_lanes)
-    unproven = "its gathers or scatters pooled over many nodes run on several lanes at once";
-  if (unproven.empty())
-    return {"flow", true,
-            "flow agrees with step within 1 % on plans like this one (NVLink nodes, no "
-            "merged all-to-all rounds, no pooled gathers on several lanes: "
-            "tests/sim/fidelity_test.cpp)"};
+  }
   const std::string cost = "step's estimated cost " + transfers_text(c.step_cost) + " (" +
                            transfers_text(c.step_transfers) +
                            " SimGrid transfers, weighted by those in flight beside them) against "
@@ -235,6 +243,10 @@ FidelityChoice choose_fidelity(const FidelityCase& c, const SimOptions& options)
 }
 
 SimOptions options_for(const FidelityChoice& choice, SimOptions options) {
+  if (choice.keep_all_rounds) {  // all_to_all_rounds keeps n - 1 rounds of every group
+    options.flow_all_to_all_rounds = kAllRoundsMaxRanks;
+    options.flow_all_to_all_transfers = std::numeric_limits<long>::max();
+  }
   if (choice.per_member_rooted) {
     options.flow_pooled_members = std::numeric_limits<int>::max();
     options.flow_rooted_bundles = std::numeric_limits<int>::max();

@@ -74,6 +74,11 @@ FidelityCase fidelity_case(const StepPlan& plan, const ClusterSpec& cluster,
 // one flow per member instead, as step fidelity posts them, which is the proven model: the
 // shipped 256-GPU points take 2.6-3.8 s of CPU so (0.3-1.9 s pooled), the 1,024-GPU ones 15-46 s.
 constexpr int kPerMemberFlowMaxRanks = 256;
+// Flow fidelity merges the pairwise rounds of all-to-all groups above 257 members
+// (SimOptions::flow_all_to_all_rounds / _transfers), not proven and up to 2x off (above). Up to
+// this many ranks auto keeps every round instead: the shipped 1,024-GPU all-to-all points take
+// 4-15 s of CPU so (experiments/BENCHMARKS.md).
+constexpr int kAllRoundsMaxRanks = 1024;
 
 struct FidelityChoice {
   std::string fidelity;  // step | flow
@@ -82,8 +87,11 @@ struct FidelityChoice {
   // flow: every member of a gather or scatter is a flow of its own (no pooled flows, no
   // bundles), the lowering step fidelity uses for them.
   bool per_member_rooted = false;
+  // flow: every all-to-all keeps all its pairwise rounds (none merged).
+  bool keep_all_rounds = false;
 };
-// `options` as the choice simulates: per_member_rooted lifts the pooling and bundling limits.
+// `options` as the choice simulates: per_member_rooted lifts the pooling and bundling limits,
+// keep_all_rounds the all-to-all round budget.
 SimOptions options_for(const FidelityChoice& choice, SimOptions options);
 // The choice for `options.fidelity` ("auto" applies the rule; "step" and "flow" are kept).
 FidelityChoice choose_fidelity(const FidelityCase& c, const SimOptions& options);

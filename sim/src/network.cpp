@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include <simgrid/kernel/Timer.hpp>
@@ -35,8 +36,7 @@ struct Network::Proc {
   };
   double last = 0;
   std::vector<Job> jobs;
-  Timer* timer = nullptr;
-  double timer_date = -1;
+  WakeUp wakeup;
 };
 
 Network::Network(const Topology& topology, std::vector<sg4::Host*> hosts, bool step_fidelity,
@@ -57,8 +57,7 @@ Network::Network(const Topology& topology, std::vector<sg4::Host*> hosts, bool s
     for (int n = 0; n < topology.nodes(); ++n)
       fabrics_.push_back(
           std::make_unique<NodeFabric>(gpn, topology.intra_link_Bps(), topology.bridge_Bps()));
-    fabric_timers_.assign(topology.nodes(), nullptr);
-    fabric_timer_dates_.assign(topology.nodes(), -1);
+    fabric_wakeups_.assign(topology.nodes(), WakeUp{});
     // Links carrying latency (latency-weighted sharing) share unequally in SimGrid: keep those
     // flows there.
     if (net_fabric && topology.nodes() > 1 && !latency_in_links_)
@@ -110,7 +109,125 @@ void Network::on_activity(const sg4::Activity& activity) {
 
 void Network::delay(double seconds, std::uint32_t owner, std::uint64_t tag) {
   ++timers_;
-  Timer::set(now() + std::max(0.0, seconds), [this, owner, tag] { sink_.completed(owner, tag); });
+  Event e{now() + std::max(0.0, seconds), EventKind::completion};
+  e.owner = owner;
+  e.tag = tag;
+  schedule(e);
+}
+
+// ---- The event queue
+// ------------------------------------------------------------------------------
+
+void Network::schedule(const Event& event) {
+  if (event.date != last_date_) {
+    auto [at, added] = bucket_of_date_.try_emplace(event.date, 0);
+    if (added) {
+      if (free_buckets_.empty()) {
+        at->second = static_cast<std::uint32_t>(buckets_.size());
+        buckets_.emplace_back();
+      } else {
+        at->second = free_buckets_.back();
+        free_buckets_.pop_back();
+      }
+      event_dates_.push_back(event.date);
+      std::push_heap(event_dates_.begin(), event_dates_.end(), std::greater<>{});
+    }
+    last_date_ = event.date;
+    last_bucket_ = at->second;
+  }
+  buckets_[last_bucket_].push_back(event);
+  if (!running_events_) arm();
+}
+
+// One SimGrid timer at the earliest event's date (a timer at the current date runs before
+// simulated time advances).
+void Network::arm() {
+  if (event_dates_.empty()) return;
+  const double date = event_dates_.front();
+  if (armed_ != nullptr && armed_date_ == date) return;
+  if (armed_ != nullptr) armed_->remove();
+  armed_date_ = date;
+  armed_ = Timer::set(date, [this] {
+    armed_ = nullptr;
+    run_events();
+  });
+}
+
+// Every event due, date by date, each date's in the order scheduled; events a dispatch schedules
+// for the same date join its bucket and run in this pass.
+void Network::run_events() {
+  running_events_ = true;
+  const double t = now();
+  while (!event_dates_.empty() && event_dates_.front() <= t) {
+    const double date = event_dates_.front();
+    const std::uint32_t bucket = bucket_of_date_.at(date);
+    for (std::size_t i = 0; i < buckets_[bucket].size(); ++i) {
+      const Event e = buckets_[bucket][i];  // a copy: dispatch may grow the bucket
+      dispatch(e);
+    }
+    buckets_[bucket].clear();
+    free_buckets_.push_back(bucket);
+    bucket_of_date_.erase(date);
+    if (last_date_ == date) last_date_ = -1;
+    std::pop_heap(event_dates_.begin(), event_dates_.end(), std::greater<>{});
+    event_dates_.pop_back();
+  }
+  running_events_ = false;
+  arm();
+}
+
+void Network::dispatch(const Event& e) {
+  switch (e.kind) {
+    case EventKind::completion:
+      sink_.completed(e.owner, e.tag);
+      return;
+    case EventKind::comm_start:
+      start_comm(e.a, e.b, e.bytes, e.owner, e.tag);
+      return;
+    case EventKind::fabric_add:
+      fabric_add(e.a, e.b, e.c, e.bytes, e.owner, e.tag);
+      return;
+    case EventKind::net_add: {
+      const auto [links, count] = net_route(e.a, e.b);
+      net_add(links, count, e.bytes, 1, -1, e.owner, e.tag);
+      return;
+    }
+    case EventKind::pooled_add: {
+      const PooledStart& p = pooled_starts_[static_cast<std::size_t>(e.a)];
+      net_add(p.links.data(), static_cast<int>(p.links.size()), e.bytes, p.weight, p.pool, e.owner,
+              e.tag);
+      free_pooled_starts_.push_back(static_cast<std::uint32_t>(e.a));
+      return;
+    }
+    case EventKind::proc_fire:
+      if (procs_[e.a].wakeup.armed && procs_[e.a].wakeup.version == e.c) proc_fire(e.a);
+      return;
+    case EventKind::fabric_fire:
+      if (fabric_wakeups_[e.a].armed && fabric_wakeups_[e.a].version == e.c) fabric_fire(e.a);
+      return;
+    case EventKind::net_fire:
+      if (net_wakeup_.armed && net_wakeup_.version == e.c) net_fire();
+      return;
+    case EventKind::net_share:
+      net_share_pending_ = false;
+      net_fabric_->share();
+      net_reschedule();
+      return;
+  }
+}
+
+// Moves `w` to `next` (negative: none): an event of `kind` for `id`, which fires only if `w`
+// has not moved since.
+void Network::wake_at(WakeUp& w, double next, EventKind kind, int id) {
+  if (w.armed && w.date == next) return;
+  ++w.version;
+  w.armed = next >= 0;
+  if (!w.armed) return;
+  w.date = next;
+  Event e{next, kind};
+  e.a = id;
+  e.c = w.version;
+  schedule(e);
 }
 
 void Network::account(int src, int dst, double bytes) {
@@ -132,18 +249,26 @@ void Network::transfer(int src, int dst, double bytes, std::uint32_t owner, std:
     ++node_flows_;
     const int src_local = topology_.local_of(src), dst_local = topology_.local_of(dst);
     ++timers_;
-    Timer::set(now() + path.latency_s, [this, src_node, src_local, dst_local, bytes, owner, tag] {
-      fabric_add(src_node, src_local, dst_local, bytes, owner, tag);
-    });
+    Event e{now() + path.latency_s, EventKind::fabric_add};
+    e.a = src_node;
+    e.b = src_local;
+    e.c = dst_local;
+    e.bytes = bytes;
+    e.owner = owner;
+    e.tag = tag;
+    schedule(e);
     return;
   }
   if (net_fabric_) {
     ++node_flows_;
     ++timers_;
-    Timer::set(now() + path.latency_s, [this, src, dst, bytes, owner, tag] {
-      const auto [links, count] = net_route(src, dst);
-      net_add(links, count, bytes, 1, -1, owner, tag);
-    });
+    Event e{now() + path.latency_s, EventKind::net_add};
+    e.a = src;
+    e.b = dst;
+    e.bytes = bytes;
+    e.owner = owner;
+    e.tag = tag;
+    schedule(e);
     return;
   }
   ++simgrid_transfers_;
@@ -152,8 +277,13 @@ void Network::transfer(int src, int dst, double bytes, std::uint32_t owner, std:
   const double wait = latency_in_links_ ? topology_.latency_beyond_links(src, dst) : path.latency_s;
   if (!(wait > 0)) return start_comm(src, dst, bytes, owner, tag);
   ++timers_;
-  Timer::set(now() + wait,
-             [this, src, dst, bytes, owner, tag] { start_comm(src, dst, bytes, owner, tag); });
+  Event e{now() + wait, EventKind::comm_start};
+  e.a = src;
+  e.b = dst;
+  e.bytes = bytes;
+  e.owner = owner;
+  e.tag = tag;
+  schedule(e);
 }
 
 void Network::start_comm(int src, int dst, double bytes, std::uint32_t owner, std::uint64_t tag) {
@@ -207,19 +337,12 @@ void Network::proc_reschedule(int rank) {
     for (const auto& j : p.jobs) least = std::min(least, j.remaining);
     next = p.last + std::max(0.0, least) * static_cast<double>(p.jobs.size());
   }
-  if (p.timer != nullptr && p.timer_date == next) return;
-  if (p.timer != nullptr) {
-    p.timer->remove();
-    p.timer = nullptr;
-  }
-  if (next < 0) return;
-  p.timer_date = next;
-  p.timer = Timer::set(next, [this, rank] { proc_fire(rank); });
+  wake_at(p.wakeup, next, EventKind::proc_fire, rank);
 }
 
 void Network::proc_fire(int rank) {
   Proc& p = procs_[rank];
-  p.timer = nullptr;
+  p.wakeup.armed = false;
   const double t = now();
   proc_progress(p, t);
   std::vector<Proc::Job> done;
@@ -259,20 +382,11 @@ void Network::fabric_add(int node, int src_local, int dst_local, double bytes, s
 }
 
 void Network::fabric_reschedule(int node) {
-  const double next = fabrics_[node]->next_completion();
-  Timer*& timer = fabric_timers_[node];
-  if (timer != nullptr && fabric_timer_dates_[node] == next) return;
-  if (timer != nullptr) {
-    timer->remove();
-    timer = nullptr;
-  }
-  if (next < 0) return;
-  fabric_timer_dates_[node] = next;
-  timer = Timer::set(next, [this, node] { fabric_fire(node); });
+  wake_at(fabric_wakeups_[node], fabrics_[node]->next_completion(), EventKind::fabric_fire, node);
 }
 
 void Network::fabric_fire(int node) {
-  fabric_timers_[node] = nullptr;
+  fabric_wakeups_[node].armed = false;
   finished_scratch_.clear();
   fabrics_[node]->advance(now(), finished_scratch_);
   fabric_reschedule(node);
@@ -369,11 +483,21 @@ bool Network::pooled_transfer(int root, const std::vector<int>& group,
   for (int r : remote) latency = std::max(latency, topology_.path(r, root).latency_s);
   ++node_flows_;
   ++timers_;
-  const int pool = it->second;
-  const double weight = static_cast<double>(m);
-  Timer::set(now() + latency, [this, common, bytes, weight, pool, owner, tag] {
-    net_add(common.data(), static_cast<int>(common.size()), bytes, weight, pool, owner, tag);
-  });
+  std::uint32_t start;
+  if (!free_pooled_starts_.empty()) {
+    start = free_pooled_starts_.back();
+    free_pooled_starts_.pop_back();
+  } else {
+    start = static_cast<std::uint32_t>(pooled_starts_.size());
+    pooled_starts_.emplace_back();
+  }
+  pooled_starts_[start] = {std::move(common), static_cast<double>(m), it->second};
+  Event e{now() + latency, EventKind::pooled_add};
+  e.a = static_cast<std::int32_t>(start);
+  e.bytes = bytes;
+  e.owner = owner;
+  e.tag = tag;
+  schedule(e);
   return true;
 }
 
@@ -388,27 +512,15 @@ void Network::net_add(const int* links, int nlinks, double bytes, double weight,
 void Network::net_share_soon() {
   if (net_share_pending_) return;
   net_share_pending_ = true;
-  Timer::set(now(), [this] {
-    net_share_pending_ = false;
-    net_fabric_->share();
-    net_reschedule();
-  });
+  schedule(Event{now(), EventKind::net_share});
 }
 
 void Network::net_reschedule() {
-  const double next = net_fabric_->next_completion();
-  if (net_timer_ != nullptr && net_timer_date_ == next) return;
-  if (net_timer_ != nullptr) {
-    net_timer_->remove();
-    net_timer_ = nullptr;
-  }
-  if (next < 0) return;
-  net_timer_date_ = next;
-  net_timer_ = Timer::set(next, [this] { net_fire(); });
+  wake_at(net_wakeup_, net_fabric_->next_completion(), EventKind::net_fire, 0);
 }
 
 void Network::net_fire() {
-  net_timer_ = nullptr;
+  net_wakeup_.armed = false;
   finished_scratch_.clear();
   net_fabric_->advance(now(), finished_scratch_);
   net_share_soon();

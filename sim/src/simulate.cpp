@@ -137,6 +137,11 @@ SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
                                             std::to_string(options.flow_pooled_members) +
                                             " members off the root's node as one pooled flow"
                                       : std::string());
+  const std::string all_to_all =
+      options.flow_all_to_all_transfers == std::numeric_limits<long>::max()
+          ? std::string("every all-to-all round kept")
+          : "all-to-all in at most " + std::to_string(options.flow_all_to_all_rounds) + "-" +
+                std::to_string(options.flow_all_to_all_transfers) + " / members merged rounds";
   std::ostringstream note;
   note << "sim: SimGrid " << simgrid_version() << ", network model " << options.network_model
        << " (crosstraffic " << (options.crosstraffic ? 1 : 0) << ", TCP-gamma " << options.tcp_gamma
@@ -146,10 +151,8 @@ SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
        << "), fidelity " << fidelity << ": "
        << (fidelity == "step"
                ? "every ring step, all-to-all round and broadcast chunk is a transfer"
-               : "one flow per ring edge and channel, " + rooted + ", all-to-all in at most " +
-                     std::to_string(options.flow_all_to_all_rounds) + "-" +
-                     std::to_string(options.flow_all_to_all_transfers) +
-                     " / members merged rounds, skipped latencies added analytically, broadcast in "
+               : "one flow per ring edge and channel, " + rooted + ", " + all_to_all +
+                     ", skipped latencies added analytically, broadcast in "
                      "chunks; intra-node links shared by a per-node max-min model" +
                      (options.flow_net_fabric && !options.latency_weighted_sharing
                           ? std::string(", links between nodes by a max-min model over the "

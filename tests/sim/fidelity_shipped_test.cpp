@@ -36,14 +36,6 @@ const std::map<std::string, std::string>& known_unproven() {
       {"scale_strategies_moe.yaml | mesh.dp_shard=128,strategy.preset=muonbed",
        "pooled gathers on 256 lanes (per member: 15 s of CPU, 0.22 % from pooled); step did not "
        "finish in 90 s"},
-      {"scale_strategies.yaml | mesh.dp_shard=128,strategy.preset=dion",
-       "merged all-to-all rounds of 1,024 members; step did not finish in 90 s"},
-      {"scale_strategies.yaml | mesh.dp_shard=128,strategy.preset=megatron",
-       "merged all-to-all rounds of 1,024 members; step did not finish in 90 s"},
-      {"scale_a2a_chunks.yaml | mesh.dp_shard=128,strategy.chunk_sizing=count",
-       "merged all-to-all rounds of 1,024 members; step did not finish in 90 s"},
-      {"scale_a2a_chunks.yaml | mesh.dp_shard=128,strategy.chunk_sizing=ns_cost",
-       "merged all-to-all rounds of 1,024 members; step did not finish in 90 s"},
   };
   return known;
 }

@@ -276,6 +276,17 @@ TEST_CASE("merged all-to-all rounds miss step fidelity by more than 1 %", "[sim]
   CHECK(worst > kProven);
 }
 
+// The rounds the flow lowering keeps for an all-to-all of `members` under `options`.
+struct LoweringOptionsProbe {
+  int rounds(const SimOptions& options, int members) const {
+    sim::LoweringOptions lowering;
+    lowering.step_fidelity = false;
+    lowering.a2a_rounds = options.flow_all_to_all_rounds;
+    lowering.a2a_transfers = options.flow_all_to_all_transfers;
+    return sim::all_to_all_rounds(members, lowering);
+  }
+};
+
 TEST_CASE("sim.fidelity auto's rule on the cases it names", "[sim][fidelity][auto]") {
   SimOptions automatic;
   sim::FidelityCase plain;
@@ -303,6 +314,26 @@ TEST_CASE("sim.fidelity auto's rule on the cases it names", "[sim][fidelity][aut
   CHECK_FALSE(pooled_flow.per_member_rooted);
   CHECK(sim::options_for(pooled_flow, automatic).flow_pooled_members ==
         automatic.flow_pooled_members);
+  // All-to-alls whose rounds flow would merge: every round kept up to kAllRoundsMaxRanks,
+  // proven; merged above, unproven.
+  sim::FidelityCase merged = plain;
+  merged.largest_merged_all_to_all = sim::kAllRoundsMaxRanks;
+  merged.ranks = sim::kAllRoundsMaxRanks;
+  merged.step_cost = 1e12;
+  const sim::FidelityChoice kept = sim::choose_fidelity(merged, automatic);
+  CHECK(kept.fidelity == "flow");
+  CHECK(kept.proven);
+  CHECK(kept.keep_all_rounds);
+  LoweringOptionsProbe probe;
+  CHECK(probe.rounds(sim::options_for(kept, automatic), sim::kAllRoundsMaxRanks) ==
+        sim::kAllRoundsMaxRanks - 1);
+  CHECK(probe.rounds(automatic, sim::kAllRoundsMaxRanks) < sim::kAllRoundsMaxRanks - 1);
+  merged.ranks = 2 * sim::kAllRoundsMaxRanks;
+  merged.largest_merged_all_to_all = merged.ranks;
+  const sim::FidelityChoice merging = sim::choose_fidelity(merged, automatic);
+  CHECK(merging.fidelity == "flow");
+  CHECK_FALSE(merging.proven);
+  CHECK_FALSE(merging.keep_all_rounds);
   sim::FidelityCase pcie = plain;
   pcie.pcie_nodes = true;
   pcie.step_cost = automatic.auto_step_max_cost;
