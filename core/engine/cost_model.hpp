@@ -183,8 +183,10 @@ EstimateSummary estimate(const StepPlan& plan, const ClusterSpec& cluster,
 // measured time of gpu.ns_table for the cluster's gpu.ns_kernel version, else its FLOPs at the
 // sustained rate for its size plus one kernel launch overhead. Elementwise ops: FLOPs at peak or
 // memory bytes at HBM bandwidth, whichever is larger, plus one kernel launch overhead per
-// parameter the op touches on the rank.
-double compute_time(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster);
+// parameter the op touches on the rank. `training` (optional) prices forward and backward ops
+// once per rank for all their micro-batches.
+double compute_time(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster,
+                    TrainingCosts* training = nullptr);
 
 // Split Newton-Schulz (core/plan/split_ns.hpp): the time of one member's part of param p's split
 // NS on the cluster: its compute at the GPU's sustained rate for the slice (compute_time's rule

@@ -67,6 +67,26 @@ double training_op_flops(const StepPlan& plan, const Op& op, int rank);
 // GEMM-efficiency curve when the profile gives no training efficiency.
 double training_gemm_min_dim(const StepPlan& plan, const Op& op, int rank);
 
+// training_op_flops and training_gemm_min_dim of a plan's forward and backward ops, computed once
+// per rank for all the ops that differ only in their micro-batch (same kind, tokens, gathered
+// dims and params): a step repeats its layers' GEMMs per micro-batch, and re-deriving the shards'
+// sizes for each took a third of a 1,024-GPU training step's simulation (perf). Other ops: 0.
+class TrainingCosts {
+ public:
+  explicit TrainingCosts(const StepPlan& plan);
+  double flops(const Op& op, int rank);
+  double gemm_min_dim(const Op& op, int rank);
+
+ private:
+  struct Known {
+    std::vector<double> flops, min_dim;  // per rank; NaN: not computed yet
+  };
+  Known* known(const Op& op);
+  const StepPlan& plan_;
+  std::vector<int> signature_;  // per op (by id): index into known_, -1 for other ops
+  std::vector<Known> known_;
+};
+
 // The matrices a forward or backward op multiplies on `rank`, as the real executors run them
 // (core/plan/program.hpp's TrainingGemmTask): per param of the op the rank holds (matrices and
 // stacks; no embedding lookup, no vectors), its piece after the op's gathers, the activation rows

@@ -10,7 +10,7 @@
 // warning that names what is not proven and the cost against the budget.
 // tests/sim/fidelity_shipped_test.cpp holds every shipped point up to 1,024 GPUs to a proven
 // pick, but for the listed ones: pooled gathers on lanes at 1,024 GPUs (step takes minutes there,
-// and per-member flows 15-46 s) and merged all-to-all rounds at 1,024 GPUs. The estimate
+// and per-member flows 15-46 s). The estimate
 // counts network events only: a plan whose replay is costly elsewhere (scale_strategies' dion
 // preset at 256 GPUs: 28 s of CPU at step, 6.5 s at flow, estimated 3.7 s) is underestimated.
 //
@@ -21,7 +21,10 @@
 //                              at most as many peers as there are rounds, a shard to each of a
 //                              chunk's owners, sends one flow per peer: 0.1 % from step on
 //                              tests/sim/collectives_test.cpp's 512 members and 8 % slower on
-//                              megatron's optimizer step at 1,024 GPUs; still kept out)
+//                              megatron's optimizer step at 1,024 GPUs; still kept out). Against
+//                              every round kept, merging made scale_a2a_chunks' ns_cost point at
+//                              1,024 GPUs 90 % slower: up to kAllRoundsMaxRanks auto keeps them
+//                              all, proven, and only above merges them, unproven.
 //   PCIe nodes                 GPUs on PCIe links (with or without a host bridge, one node or
 //                              several): flow differs from step by up to 15 % (owner_allgather
 //                              through a 32 GB/s bridge) and by 1-6 % on many other plans

@@ -89,6 +89,7 @@ class Replay final : public OpHandler, public CompletionSink {
         index_(plan),
         engine_(index_, *this, index_.all_ranks()),
         timeline_(index_.world_size(), index_.num_ops(), options.trace_max_ranks),
+        training_costs_(plan),
         patterns_(step_patterns(plan)),
         host_comm_(plan, cluster),
         progress_(options.progress_label, "the plan's rank-ops simulated",
@@ -140,9 +141,10 @@ class Replay final : public OpHandler, public CompletionSink {
 
   void start_compute(int rank, int op) override {
     const Op& o = plan_.ops[op];
-    const double seconds =
-        compute_time(plan_, o, rank, cluster_) + host_comm_.compute_started(rank, rel_now());
-    timeline_.add_flops(op_flops(plan_, o, rank));
+    const double seconds = compute_time(plan_, o, rank, cluster_, &training_costs_) +
+                           host_comm_.compute_started(rank, rel_now());
+    const bool training = o.kind == OpKind::forward || o.kind == OpKind::backward;
+    timeline_.add_flops(training ? training_costs_.flops(o, rank) : op_flops(plan_, o, rank));
     timeline_.begin(rank, Activity::compute, rel_now(), op);
     if (rank < traced_) compute_started_[trace_slot(rank, o.stream)] = rel_now();
     network_.compute(rank, seconds, kComputeOwner | static_cast<std::uint32_t>(rank),
@@ -386,6 +388,7 @@ class Replay final : public OpHandler, public CompletionSink {
   PlanIndex index_;
   Engine engine_;
   StepTimeline timeline_;
+  TrainingCosts training_costs_;  // forward / backward ops priced once per rank (training.hpp)
 
   std::vector<StepPatternSpec> patterns_;
   HostCommCharge host_comm_;  // CPU ranks' message handling on their compute (cost_model.hpp)

@@ -231,3 +231,30 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE("TrainingCosts prices every forward and backward op as the direct formulas do",
+          "[program][training]") {
+  // TrainingCosts computes once per rank for ops that differ only in their micro-batch; the
+  // figures must be those of training_op_flops and training_gemm_min_dim for every op and rank,
+  // on FSDP, TP, FSDP x TP and more micro-batches than ranks, asked in plan order and again.
+  for (const auto& dims : std::vector<std::vector<MeshDim>>{
+           {{"dp_shard", 2, DimRole::fsdp}},
+           {{"tp", 2, DimRole::tp}},
+           {{"dp_shard", 2, DimRole::fsdp}, {"tp", 2, DimRole::tp}}}) {
+    const StepPlan plan = hand_plan(dims, 64, 4);
+    TrainingCosts costs(plan);
+    int priced = 0;
+    for (int pass = 0; pass < 2; ++pass)
+      for (const Op& op : plan.ops)
+        for (int rank = 0; rank < plan.mesh().world_size(); ++rank) {
+          INFO(plan.mesh().describe() << ", op " << op.id << " (" << to_string(op.kind)
+                                      << "), rank " << rank << ", pass " << pass);
+          CHECK(costs.flops(op, rank) == training_op_flops(plan, op, rank));
+          if (op.kind == OpKind::forward || op.kind == OpKind::backward) {
+            CHECK(costs.gemm_min_dim(op, rank) == training_gemm_min_dim(plan, op, rank));
+            ++priced;
+          }
+        }
+    CHECK(priced > 8);  // several micro-batches of forward and backward ops per rank
+  }
+}

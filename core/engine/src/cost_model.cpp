@@ -248,7 +248,8 @@ double ring_latency(long steps, int n, const LinkParams& link) {
 // launch. Elementwise ops take gpu.elementwise_table's measured time for the elements they touch
 // when it has their kind; else they run their few FLOPs at peak, bounded below by their HBM
 // traffic at HBM bandwidth (hbm_GBps = 0: not modelled), plus one kernel launch per parameter.
-double compute_seconds(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster) {
+double compute_seconds(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster,
+                       TrainingCosts* training = nullptr) {
   const GpuSpec& gpu = cluster.gpu;
   const double launch = cluster.launch_overhead.kernel_us * kMicro;
   double t = 0;
@@ -281,11 +282,13 @@ double compute_seconds(const StepPlan& plan, const Op& op, int rank, const Clust
   if (op.kind == OpKind::forward || op.kind == OpKind::backward) {
     // The training step: its FLOPs at the profile's training efficiency (published MFU), or at the
     // GEMM-efficiency curve of its smallest GEMM dim, plus one kernel launch.
-    const double flops = op_flops(plan, op, rank);
+    const double flops = training ? training->flops(op, rank) : op_flops(plan, op, rank);
     if (!(flops > 0)) return 0;
-    const double efficiency = gpu.training_efficiency > 0
-                                  ? gpu.training_efficiency
-                                  : gpu.efficiency(training_gemm_min_dim(plan, op, rank));
+    const double efficiency =
+        gpu.training_efficiency > 0
+            ? gpu.training_efficiency
+            : gpu.efficiency(training ? training->gemm_min_dim(op, rank)
+                                      : training_gemm_min_dim(plan, op, rank));
     const double rate = gpu.peak_tflops * 1e12 * efficiency;
     if (!(rate > 0)) throw no_rate(flops);
     return flops / rate + launch;
@@ -479,12 +482,13 @@ double collective_time(OpKind kind, int group_size, double total_bytes, const Li
   }
 }
 
-double compute_time(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster) {
+double compute_time(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster,
+                    TrainingCosts* training) {
   if (is_memory(op.kind)) return 0;
   if (!is_compute(op.kind))
     throw PlanError("compute_time: op " + std::to_string(op.id) + " is a " +
                     std::string(to_string(op.kind)) + ", not a compute op");
-  return compute_seconds(plan, op, rank, cluster);
+  return compute_seconds(plan, op, rank, cluster, training);
 }
 
 // ------------------------------------------------------------------------------------------------

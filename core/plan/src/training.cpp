@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <map>
 #include <set>
+#include <tuple>
 
 #include "core/base/errors.hpp"
 #include "core/plan/schedule.hpp"
@@ -179,6 +182,48 @@ double training_gemm_min_dim(const StepPlan& plan, const Op& op, int rank) {
         smallest = std::min(smallest, static_cast<double>(n));
   }
   return smallest;
+}
+
+TrainingCosts::TrainingCosts(const StepPlan& plan) : plan_(plan) {
+  std::map<std::tuple<int, std::int64_t, std::uint64_t, std::vector<int>>, int> signatures;
+  signature_.assign(plan.ops.size(), -1);
+  for (std::size_t i = 0; i < plan.ops.size(); ++i) {
+    const Op& op = plan.ops[i];
+    if (op.kind != OpKind::forward && op.kind != OpKind::backward) continue;
+    const auto key = std::make_tuple(static_cast<int>(op.kind), op.tokens,
+                                     static_cast<std::uint64_t>(op.gathered.bits), op.params);
+    const auto [at, added] = signatures.try_emplace(key, static_cast<int>(signatures.size()));
+    signature_[i] = at->second;
+  }
+  known_.resize(signatures.size());
+}
+
+TrainingCosts::Known* TrainingCosts::known(const Op& op) {
+  const auto id = static_cast<std::size_t>(op.id);
+  if (id >= signature_.size() || &plan_.ops[id] != &op || signature_[id] < 0) return nullptr;
+  Known& k = known_[static_cast<std::size_t>(signature_[id])];
+  if (k.flops.empty()) {
+    const auto world = static_cast<std::size_t>(plan_.mesh().world_size());
+    k.flops.assign(world, std::numeric_limits<double>::quiet_NaN());
+    k.min_dim.assign(world, std::numeric_limits<double>::quiet_NaN());
+  }
+  return &k;
+}
+
+double TrainingCosts::flops(const Op& op, int rank) {
+  Known* k = known(op);
+  if (k == nullptr) return training_op_flops(plan_, op, rank);
+  double& slot = k->flops[static_cast<std::size_t>(rank)];
+  if (std::isnan(slot)) slot = training_op_flops(plan_, op, rank);
+  return slot;
+}
+
+double TrainingCosts::gemm_min_dim(const Op& op, int rank) {
+  Known* k = known(op);
+  if (k == nullptr) return training_gemm_min_dim(plan_, op, rank);
+  double& slot = k->min_dim[static_cast<std::size_t>(rank)];
+  if (std::isnan(slot)) slot = training_gemm_min_dim(plan_, op, rank);
+  return slot;
 }
 
 std::vector<TrainingMatrix> training_matrices(const StepPlan& plan, const Op& op, int rank) {

@@ -73,9 +73,10 @@ void fill_training(ResultRecord& record, const StepPlan& plan, const ClusterSpec
   t.exposed_optimizer_s = exposed;
   double flops = 0;
   const int world = plan.mesh().world_size();
+  TrainingCosts costs(plan);
   for (const Op& op : plan.ops) {
     if (op.kind != OpKind::forward && op.kind != OpKind::backward) continue;
-    for (int r : op.ranks.ranks(plan.mesh())) flops += op_flops(plan, op, r);
+    for (int r : op.ranks.ranks(plan.mesh())) flops += costs.flops(op, r);
   }
   t.model_tflops = flops / 1e12;
   t.mfu = safe_div(flops, t.step_s * world * cluster.gpu.peak_tflops * 1e12);
