@@ -58,6 +58,7 @@ Network::Network(const Topology& topology, std::vector<sg4::Host*> hosts, bool s
       fabrics_.push_back(
           std::make_unique<NodeFabric>(gpn, topology.intra_link_Bps(), topology.bridge_Bps()));
     fabric_wakeups_.assign(topology.nodes(), WakeUp{});
+    fabric_share_pending_.assign(topology.nodes(), 0);
     // Links carrying latency (latency-weighted sharing) share unequally in SimGrid: keep those
     // flows there.
     if (net_fabric && topology.nodes() > 1 && !latency_in_links_)
@@ -207,6 +208,11 @@ void Network::dispatch(const Event& e) {
       return;
     case EventKind::net_fire:
       if (net_wakeup_.armed && net_wakeup_.version == e.c) net_fire();
+      return;
+    case EventKind::fabric_share:
+      fabric_share_pending_[static_cast<std::size_t>(e.a)] = 0;
+      fabrics_[static_cast<std::size_t>(e.a)]->share();
+      fabric_reschedule(e.a);
       return;
     case EventKind::net_share:
       net_share_pending_ = false;
@@ -378,7 +384,13 @@ void Network::fabric_add(int node, int src_local, int dst_local, double bytes, s
                          std::uint64_t tag) {
   const std::uint32_t token = take_token(owner, tag);
   fabrics_[node]->add(now(), src_local, dst_local, bytes, token);
-  fabric_reschedule(node);
+  // Re-share once for every flow that starts on the node in this instant (an event at the
+  // current date runs before simulated time advances).
+  if (fabric_share_pending_[static_cast<std::size_t>(node)]) return;
+  fabric_share_pending_[static_cast<std::size_t>(node)] = 1;
+  Event e{now(), EventKind::fabric_share};
+  e.a = node;
+  schedule(e);
 }
 
 void Network::fabric_reschedule(int node) {

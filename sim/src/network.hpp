@@ -127,15 +127,16 @@ class Network {
   };
   // The event queue. An event is what runs at its date: its kind and the fields that kind reads.
   enum class EventKind : std::uint8_t {
-    completion,   // sink_.completed(owner, tag)
-    comm_start,   // start_comm(a, b, bytes, owner, tag)
-    fabric_add,   // fabric_add(node a, local b, local c, bytes, owner, tag)
-    net_add,      // net_add(route of a -> b, bytes, owner, tag)
-    pooled_add,   // net_add(pooled_starts_[a], ...)
-    proc_fire,    // proc_fire(rank a) if version c is still the rank's
-    fabric_fire,  // fabric_fire(node a) if version c is still the node's
-    net_fire,     // net_fire() if version c is still current
-    net_share,    // the NetFabric's re-sharing of this instant
+    completion,    // sink_.completed(owner, tag)
+    comm_start,    // start_comm(a, b, bytes, owner, tag)
+    fabric_add,    // fabric_add(node a, local b, local c, bytes, owner, tag)
+    net_add,       // net_add(route of a -> b, bytes, owner, tag)
+    pooled_add,    // net_add(pooled_starts_[a], ...)
+    proc_fire,     // proc_fire(rank a) if version c is still the rank's
+    fabric_fire,   // fabric_fire(node a) if version c is still the node's
+    net_fire,      // net_fire() if version c is still current
+    net_share,     // the NetFabric's re-sharing of this instant
+    fabric_share,  // node a's NodeFabric re-sharing of this instant
   };
   struct Event {
     double date;
@@ -199,6 +200,7 @@ class Network {
   };
   std::vector<std::unique_ptr<NodeFabric>> fabrics_;
   std::vector<WakeUp> fabric_wakeups_;
+  std::vector<char> fabric_share_pending_;  // per node: a fabric_share event is scheduled
   std::vector<FabricToken> fabric_tokens_;
   std::vector<std::uint32_t> free_fabric_tokens_;
   std::vector<std::uint64_t> finished_scratch_;

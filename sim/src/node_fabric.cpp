@@ -31,7 +31,6 @@ void NodeFabric::add(double now, int src, int dst, double bytes, std::uint64_t t
   f.rate = 0;
   f.token = token;
   flows_.push_back(f);
-  share();
 }
 
 void NodeFabric::progress(double now) {
@@ -51,8 +50,13 @@ void NodeFabric::share() {
   residual_ = capacity_;
   users_.assign(nlinks, 0);
   frozen_.assign(flows_.size(), 0);
-  for (const Flow& f : flows_)
-    for (int k = 0; k < f.nlinks; ++k) ++users_[f.links[k]];
+  link_flows_.resize(static_cast<std::size_t>(nlinks));
+  for (auto& of : link_flows_) of.clear();
+  for (std::size_t i = 0; i < flows_.size(); ++i)
+    for (int k = 0; k < flows_[i].nlinks; ++k) {
+      ++users_[flows_[i].links[k]];
+      link_flows_[static_cast<std::size_t>(flows_[i].links[k])].push_back(static_cast<int>(i));
+    }
   std::size_t left = flows_.size();
   while (left > 0) {
     int best = -1;
@@ -66,14 +70,12 @@ void NodeFabric::share() {
       }
     }
     if (best < 0) break;
-    for (std::size_t i = 0; i < flows_.size(); ++i) {
-      Flow& f = flows_[i];
-      if (frozen_[i]) continue;
-      bool uses = false;
-      for (int k = 0; k < f.nlinks; ++k) uses = uses || f.links[k] == best;
-      if (!uses) continue;
+    // The flows on it, in flow order (as a scan of every flow would meet them).
+    for (int i : link_flows_[static_cast<std::size_t>(best)]) {
+      Flow& f = flows_[static_cast<std::size_t>(i)];
+      if (frozen_[static_cast<std::size_t>(i)]) continue;
       f.rate = best_share;
-      frozen_[i] = 1;
+      frozen_[static_cast<std::size_t>(i)] = 1;
       --left;
       for (int k = 0; k < f.nlinks; ++k) {
         residual_[f.links[k]] -= best_share;

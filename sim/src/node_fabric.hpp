@@ -24,8 +24,12 @@ class NodeFabric {
   NodeFabric(int gpus, double link_Bps, double bridge_Bps);
 
   // A flow of `bytes` from local GPU src to dst starts sharing the links at `now` (the caller
-  // has already waited out its latency). `token` is returned when it completes.
+  // has already waited out its latency). `token` is returned when it completes. The rates are
+  // re-shared by share(), which the caller runs once for all the flows of an instant.
   void add(double now, int src, int dst, double bytes, std::uint64_t token);
+  // Shares the links max-min fairly among the flows (progressive filling) and finds the next
+  // completion.
+  void share();
   // Absolute time of the next completion, or a negative value when no flow is active.
   double next_completion() const { return next_; }
   // Progresses every flow to `now`, appends the tokens of completed flows to `done` (in the
@@ -43,7 +47,6 @@ class NodeFabric {
     std::uint64_t token;
   };
   void progress(double now);
-  void share();
 
   int gpus_;
   double link_Bps_;
@@ -56,6 +59,7 @@ class NodeFabric {
   std::vector<double> residual_;
   std::vector<int> users_;
   std::vector<char> frozen_;
+  std::vector<std::vector<int>> link_flows_;  // per link, the flows crossing it in flow order
 };
 
 }  // namespace muonbed::sim
