@@ -77,9 +77,20 @@ Topology::Topology(const ClusterSpec& cluster, int world_size, int gpus_per_node
       up_ = {1, leaf_up, k2};
     }
   }
+  if (nodes_ > 1 && nodes_ <= kHopTableNodes) {
+    hops_.resize(static_cast<std::size_t>(nodes_) * static_cast<std::size_t>(nodes_));
+    for (int a = 0; a < nodes_; ++a)
+      for (int b = 0; b < nodes_; ++b)
+        hops_[static_cast<std::size_t>(a) * static_cast<std::size_t>(nodes_) +
+              static_cast<std::size_t>(b)] =
+            static_cast<std::uint8_t>(muonbed::switch_hops_between(cluster_, a, b));
+  }
 }
 
 int Topology::switch_hops_between(int node_a, int node_b) const {
+  if (!hops_.empty())
+    return hops_[static_cast<std::size_t>(node_a) * static_cast<std::size_t>(nodes_) +
+                 static_cast<std::size_t>(node_b)];
   return muonbed::switch_hops_between(cluster_, node_a, node_b);
 }
 

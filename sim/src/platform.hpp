@@ -17,6 +17,7 @@
 // 2*levels-1 switch crossings cannot be matched for routes that leave a leaf).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,10 @@ class Topology {
   double nic_latency_ = 0;
   double switch_latency_ = 0;
   std::vector<unsigned> down_, up_;
+  // switch_hops_between for every pair of nodes, up to kHopTableNodes nodes (path() runs for
+  // every transfer: a tenth of a 1,024-GPU all-to-all step went into the fat tree's arithmetic).
+  static constexpr int kHopTableNodes = 1024;
+  std::vector<std::uint8_t> hops_;
 };
 
 // Network model settings applied before the platform is built (see SimOptions).
