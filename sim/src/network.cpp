@@ -110,10 +110,10 @@ void Network::on_activity(const sg4::Activity& activity) {
 
 void Network::delay(double seconds, std::uint32_t owner, std::uint64_t tag) {
   ++timers_;
-  Event e{now() + std::max(0.0, seconds), EventKind::completion};
-  e.owner = owner;
-  e.tag = tag;
-  schedule(e);
+  schedule({.date = now() + std::max(0.0, seconds),
+            .kind = EventKind::completion,
+            .owner = owner,
+            .tag = tag});
 }
 
 // ---- The event queue
@@ -230,10 +230,7 @@ void Network::wake_at(WakeUp& w, double next, EventKind kind, int id) {
   w.armed = next >= 0;
   if (!w.armed) return;
   w.date = next;
-  Event e{next, kind};
-  e.a = id;
-  e.c = w.version;
-  schedule(e);
+  schedule({.date = next, .kind = kind, .a = id, .c = w.version});
 }
 
 void Network::account(int src, int dst, double bytes) {
@@ -255,26 +252,26 @@ void Network::transfer(int src, int dst, double bytes, std::uint32_t owner, std:
     ++node_flows_;
     const int src_local = topology_.local_of(src), dst_local = topology_.local_of(dst);
     ++timers_;
-    Event e{now() + path.latency_s, EventKind::fabric_add};
-    e.a = src_node;
-    e.b = src_local;
-    e.c = dst_local;
-    e.bytes = bytes;
-    e.owner = owner;
-    e.tag = tag;
-    schedule(e);
+    schedule({.date = now() + path.latency_s,
+              .kind = EventKind::fabric_add,
+              .a = src_node,
+              .b = src_local,
+              .c = dst_local,
+              .owner = owner,
+              .tag = tag,
+              .bytes = bytes});
     return;
   }
   if (net_fabric_) {
     ++node_flows_;
     ++timers_;
-    Event e{now() + path.latency_s, EventKind::net_add};
-    e.a = src;
-    e.b = dst;
-    e.bytes = bytes;
-    e.owner = owner;
-    e.tag = tag;
-    schedule(e);
+    schedule({.date = now() + path.latency_s,
+              .kind = EventKind::net_add,
+              .a = src,
+              .b = dst,
+              .owner = owner,
+              .tag = tag,
+              .bytes = bytes});
     return;
   }
   ++simgrid_transfers_;
@@ -283,13 +280,13 @@ void Network::transfer(int src, int dst, double bytes, std::uint32_t owner, std:
   const double wait = latency_in_links_ ? topology_.latency_beyond_links(src, dst) : path.latency_s;
   if (!(wait > 0)) return start_comm(src, dst, bytes, owner, tag);
   ++timers_;
-  Event e{now() + wait, EventKind::comm_start};
-  e.a = src;
-  e.b = dst;
-  e.bytes = bytes;
-  e.owner = owner;
-  e.tag = tag;
-  schedule(e);
+  schedule({.date = now() + wait,
+            .kind = EventKind::comm_start,
+            .a = src,
+            .b = dst,
+            .owner = owner,
+            .tag = tag,
+            .bytes = bytes});
 }
 
 void Network::start_comm(int src, int dst, double bytes, std::uint32_t owner, std::uint64_t tag) {
@@ -388,9 +385,7 @@ void Network::fabric_add(int node, int src_local, int dst_local, double bytes, s
   // current date runs before simulated time advances).
   if (fabric_share_pending_[static_cast<std::size_t>(node)]) return;
   fabric_share_pending_[static_cast<std::size_t>(node)] = 1;
-  Event e{now(), EventKind::fabric_share};
-  e.a = node;
-  schedule(e);
+  schedule({.date = now(), .kind = EventKind::fabric_share, .a = node});
 }
 
 void Network::fabric_reschedule(int node) {
@@ -504,12 +499,12 @@ bool Network::pooled_transfer(int root, const std::vector<int>& group,
     pooled_starts_.emplace_back();
   }
   pooled_starts_[start] = {std::move(common), static_cast<double>(m), it->second};
-  Event e{now() + latency, EventKind::pooled_add};
-  e.a = static_cast<std::int32_t>(start);
-  e.bytes = bytes;
-  e.owner = owner;
-  e.tag = tag;
-  schedule(e);
+  schedule({.date = now() + latency,
+            .kind = EventKind::pooled_add,
+            .a = static_cast<std::int32_t>(start),
+            .owner = owner,
+            .tag = tag,
+            .bytes = bytes});
   return true;
 }
 
@@ -524,7 +519,7 @@ void Network::net_add(const int* links, int nlinks, double bytes, double weight,
 void Network::net_share_soon() {
   if (net_share_pending_) return;
   net_share_pending_ = true;
-  schedule(Event{now(), EventKind::net_share});
+  schedule({.date = now(), .kind = EventKind::net_share});
 }
 
 void Network::net_reschedule() {
