@@ -382,17 +382,24 @@ class Rounds final : public CollectiveAlgorithm {
       // Which rounds leave the member's node and which carry bytes, once: advance() scans a
       // member's rounds for the next one of a kind, done() asks again, and post() sends the
       // (mostly) zero-byte rounds of a skewed exchange without reading the byte matrix, whose
-      // rows miss the cache (perf: half of a 1,024-member exchange went there).
+      // rows miss the cache (perf: half of a 1,024-member exchange went there). Each round's
+      // destination and bytes are kept too: post() rescanning the merged shifts for them took a
+      // sixth of a 1,024-GPU megatron step (flow).
       const Topology& t = host_.topology();
       round_flags_.assign(static_cast<std::size_t>(n_) * r, 0);
+      target_.assign(static_cast<std::size_t>(n_) * r, 0);
+      round_bytes_.assign(static_cast<std::size_t>(n_) * r, 0);
       for (int i = 0; i < n_; ++i) {
         const int node = t.node_of(spec_.members[i]);
         for (std::size_t k = 0; k < r; ++k) {
           const Group& g = groups_[k];
+          const std::size_t at = static_cast<std::size_t>(i) * r + k;
+          target_[at] = peer(i, target_shift(i, g));
+          round_bytes_[at] = bytes(i, g);
           char flags = 0;
-          if (t.node_of(spec_.members[(i + target_shift(i, g)) % n_]) != node) flags |= kCrosses;
-          if (bytes(i, g) > 0) flags |= kCarriesBytes;
-          round_flags_[static_cast<std::size_t>(i) * r + k] = flags;
+          if (t.node_of(spec_.members[target_[at]]) != node) flags |= kCrosses;
+          if (round_bytes_[at] > 0) flags |= kCarriesBytes;
+          round_flags_[at] = flags;
         }
       }
     }
@@ -437,10 +444,11 @@ class Rounds final : public CollectiveAlgorithm {
   // owner's links instead of spreading it over the range's first peers.
   int target_shift(int i, const Group& g) const {
     if (barrier_ || g.lo == g.hi) return g.target;
+    const std::vector<double>& row = spec_.a2a[i];
     int best = g.lo;
-    double most = spec_.a2a[i][(i + g.lo) % n_];
+    double most = row[peer(i, g.lo)];
     for (int s = g.lo + 1; s <= g.hi; ++s) {
-      const double b = spec_.a2a[i][(i + s) % n_];
+      const double b = row[peer(i, s)];
       if (b > most) {
         most = b;
         best = s;
@@ -451,29 +459,36 @@ class Rounds final : public CollectiveAlgorithm {
 
   double bytes(int i, const Group& g) const {
     if (barrier_) return 0;
+    const std::vector<double>& row = spec_.a2a[i];
     double b = 0;
-    for (int s = g.lo; s <= g.hi; ++s) b += spec_.a2a[i][(i + s) % n_];
+    for (int s = g.lo; s <= g.hi; ++s) b += row[peer(i, s)];
     return b;
   }
+  // (i + s) % n for 0 <= s < n, without the division.
+  int peer(int i, int s) const { return i + s < n_ ? i + s : i + s - n_; }
   void post(int i, int r) {
     const Group& g = groups_[r];
     if (!barrier_ && split_.empty() && !(round_flags(i, r) & kCarriesBytes)) {
       // Nothing to send in the rounds this one stands for: a message of its latency only.
-      const int src = spec_.members[i], dst = spec_.members[(i + target_shift(i, g)) % n_];
-      host_.transfer(src, dst, 0, pack(0, i, r));
+      const std::size_t at = static_cast<std::size_t>(i) * groups_.size() + r;
+      host_.transfer(spec_.members[i], spec_.members[target_[at]], 0, pack(0, i, r));
       return;
     }
-    if (!barrier_)  // the logical messages of the rounds this one stands for
-      for (int s = g.lo; s <= g.hi; ++s)
-        host_.account(spec_.members[i], spec_.members[(i + s) % n_], spec_.a2a[i][(i + s) % n_]);
     const int src = spec_.members[i];
+    if (!barrier_) {  // the logical messages of the rounds this one stands for
+      const std::vector<double>& row = spec_.a2a[i];
+      for (int s = g.lo; s <= g.hi; ++s) {
+        const int j = peer(i, s);
+        if (row[j] > 0) host_.account(src, spec_.members[j], row[j]);  // account() skips the rest
+      }
+    }
     if (!barrier_ && !split_.empty()) {
       std::size_t& pending = pending_[static_cast<std::size_t>(i) * groups_.size() + r];
       pending = 1;  // a round without bytes: the one zero-byte message below
       if (split_[i]) {
         int flows = 0;
         for (int s = g.lo; s <= g.hi; ++s) {
-          const int j = (i + s) % n_;
+          const int j = peer(i, s);
           const double b = spec_.a2a[i][j];
           if (!(b > 0)) continue;
           host_.transfer(
@@ -488,11 +503,19 @@ class Rounds final : public CollectiveAlgorithm {
         }
       }
     }
-    const int dst = spec_.members[(i + target_shift(i, g)) % n_];
-    if (barrier_) ++inflight_[i];
-    host_.transfer(src, dst,
-                   wire_bytes(host_.topology(), src, dst, bytes(i, g), CollectiveClass::all_to_all),
-                   pack(0, i, r));
+    if (barrier_) {
+      ++inflight_[i];
+      const int dst = spec_.members[peer(i, target_shift(i, g))];
+      return host_.transfer(src, dst,
+                            wire_bytes(host_.topology(), src, dst, 0, CollectiveClass::all_to_all),
+                            pack(0, i, r));
+    }
+    const std::size_t at = static_cast<std::size_t>(i) * groups_.size() + r;
+    const int dst = spec_.members[target_[at]];
+    host_.transfer(
+        src, dst,
+        wire_bytes(host_.topology(), src, dst, round_bytes_[at], CollectiveClass::all_to_all),
+        pack(0, i, r));
   }
   // Whether member i's round r goes to another node, and whether it carries bytes (all_to_all).
   static constexpr char kCrosses = 1, kCarriesBytes = 2;
@@ -543,8 +566,10 @@ class Rounds final : public CollectiveAlgorithm {
   std::vector<int> lo_, next_;  // per member: oldest incomplete round (rounds = done), next to post
   std::vector<int> inflight_;   // per member: sends in flight (all_to_all: inside the node)
   std::vector<int> next_cross_, inflight_cross_;  // all_to_all: the same for other nodes
-  std::vector<char> round_flags_;  // all_to_all, per member and round: kCrosses, kCarriesBytes
-  std::vector<char> split_;        // flow, merged rounds: per member, one flow per peer in a round
+  std::vector<char> round_flags_;    // all_to_all, per member and round: kCrosses, kCarriesBytes
+  std::vector<int> target_;          // all_to_all, per member and round: the destination member
+  std::vector<double> round_bytes_;  // all_to_all, per member and round: the bytes it carries
+  std::vector<char> split_;  // flow, merged rounds: per member, one flow per peer in a round
   std::vector<std::size_t> pending_;  // flow, merged rounds: per member and round, flows not done
   std::vector<char> sent_;            // barrier, per member and level: its send is done
   std::vector<int> awaited_;          // barrier, per member and level: messages not yet received

@@ -21,9 +21,13 @@ void progress_flows(std::vector<Flow>& flows, double& last, double now) {
   last = std::max(last, now);
 }
 
+// A flow of `size` bytes is done once its bytes left are at most this.
+inline double finished_below(double size) {
+  return std::max(1.0, kRelativeDone * size);
+}
 // Whether a flow of `size` bytes with `remaining` bytes left is done.
 inline bool flow_finished(double remaining, double size) {
-  return remaining <= std::max(1.0, kRelativeDone * size);
+  return remaining <= finished_below(size);
 }
 
 // Appends the tokens of finished flows to `done` in the order the flows were added and keeps the

@@ -61,6 +61,7 @@ void NetFabric::add(double now, const int* links, int nlinks, double bytes, doub
     slot = static_cast<std::uint32_t>(flows_.size());
     flows_.push_back(f);
     remaining_.push_back(0);
+    done_below_.push_back(0);
     rate_.push_back(0);
     frozen_at_.push_back(0);
   } else {
@@ -69,6 +70,7 @@ void NetFabric::add(double now, const int* links, int nlinks, double bytes, doub
     flows_[slot] = f;
   }
   remaining_[slot] = bytes;
+  done_below_[slot] = finished_below(bytes);
   rate_[slot] = 0;
   live_.push_back(slot);
   if (pool >= 0) ++live_pooled_;
@@ -110,11 +112,11 @@ void NetFabric::advance(double now, std::vector<std::uint64_t>& done) {
   progress(now);
   std::size_t keep = 0;
   for (std::uint32_t slot : live_) {
-    const Flow& f = flows_[slot];
-    if (!flow_finished(remaining_[slot], f.size)) {
+    if (!(remaining_[slot] <= done_below_[slot])) {  // flow_finished(), without the Flow
       live_[keep++] = slot;
       continue;
     }
+    const Flow& f = flows_[slot];
     done.push_back(f.token);
     touch_links(f, slot, false);
     if (f.pool >= 0) --live_pooled_;
@@ -160,7 +162,8 @@ void NetFabric::share() {
 
 // A flow whose bytes left clearly exceed what it moves by the earliest completion so far cannot
 // come first, which spares most divisions (a multiplication instead); the minimum is the same.
-void NetFabric::consider_completion(std::uint32_t slot) {
+// Inline: it runs once per flow frozen (perf: 12 % of a 1,024-GPU all-to-all step as a call).
+inline void NetFabric::consider_completion(std::uint32_t slot) {
   const double rate = rate_[slot];
   if (!(rate > 0)) return;
   const double remaining = std::max(0.0, remaining_[slot]);
@@ -196,7 +199,7 @@ void NetFabric::update_order() {
   dirty_links_.clear();
 }
 
-void NetFabric::freeze_plain(std::uint32_t slot, double level) {
+inline void NetFabric::freeze_plain(std::uint32_t slot, double level) {
   frozen_at_[slot] = stamp_;
   const Flow& f = flows_[slot];
   const double rate = rate_[slot] = f.weight * level;

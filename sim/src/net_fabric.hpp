@@ -135,6 +135,7 @@ class NetFabric {
   // share_plain() solve that froze it.
   std::vector<Flow> flows_;
   std::vector<double> remaining_, rate_;
+  std::vector<double> done_below_;  // flow_finished()'s bound on the bytes left, by slot
   std::vector<std::uint32_t> frozen_at_;
   std::vector<std::uint32_t> live_, free_slots_;
   std::uint64_t next_seq_ = 0;
