@@ -82,6 +82,9 @@ class TrainingCosts {
     std::vector<double> flops, min_dim;  // per rank; NaN: not computed yet
   };
   Known* known(const Op& op);
+  // The figure `table` keeps for (op, rank), computed by `compute` the first time.
+  double remember(const Op& op, int rank, std::vector<double> Known::*table,
+                  double (*compute)(const StepPlan&, const Op&, int));
   const StepPlan& plan_;
   std::vector<int> signature_;  // per op (by id): index into known_, -1 for other ops
   std::vector<Known> known_;

@@ -210,20 +210,21 @@ TrainingCosts::Known* TrainingCosts::known(const Op& op) {
   return &k;
 }
 
-double TrainingCosts::flops(const Op& op, int rank) {
+double TrainingCosts::remember(const Op& op, int rank, std::vector<double> Known::*table,
+                               double (*compute)(const StepPlan&, const Op&, int)) {
   Known* k = known(op);
-  if (k == nullptr) return training_op_flops(plan_, op, rank);
-  double& slot = k->flops[static_cast<std::size_t>(rank)];
-  if (std::isnan(slot)) slot = training_op_flops(plan_, op, rank);
+  if (k == nullptr) return compute(plan_, op, rank);
+  double& slot = (k->*table)[static_cast<std::size_t>(rank)];
+  if (std::isnan(slot)) slot = compute(plan_, op, rank);
   return slot;
 }
 
+double TrainingCosts::flops(const Op& op, int rank) {
+  return remember(op, rank, &Known::flops, &training_op_flops);
+}
+
 double TrainingCosts::gemm_min_dim(const Op& op, int rank) {
-  Known* k = known(op);
-  if (k == nullptr) return training_gemm_min_dim(plan_, op, rank);
-  double& slot = k->min_dim[static_cast<std::size_t>(rank)];
-  if (std::isnan(slot)) slot = training_gemm_min_dim(plan_, op, rank);
-  return slot;
+  return remember(op, rank, &Known::min_dim, &training_gemm_min_dim);
 }
 
 std::vector<TrainingMatrix> training_matrices(const StepPlan& plan, const Op& op, int rank) {
