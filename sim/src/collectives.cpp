@@ -421,7 +421,9 @@ class Rounds final : public CollectiveAlgorithm {
     if (!barrier_) {
       if (!pending_.empty() && --pending_[static_cast<std::size_t>(i) * groups_.size() + r] > 0)
         return;  // the other flows of a split round are still under way
-      --(crosses(i, r) ? inflight_cross_ : inflight_)[i];
+      // Field a: how many zero-byte rounds this timer stood for (post_latency_rounds), else 0.
+      const int count = pending_.empty() ? std::max(1, field_a(tag)) : 1;
+      (crosses(i, r) ? inflight_cross_ : inflight_)[i] -= count;
       return advance(i);
     }
     --inflight_[i];
@@ -467,13 +469,7 @@ class Rounds final : public CollectiveAlgorithm {
   // (i + s) % n for 0 <= s < n, without the division.
   int peer(int i, int s) const { return i + s < n_ ? i + s : i + s - n_; }
   void post(int i, int r) {
-    const Group& g = groups_[r];
-    if (!barrier_ && split_.empty() && !(round_flags(i, r) & kCarriesBytes)) {
-      // Nothing to send in the rounds this one stands for: a message of its latency only.
-      const std::size_t at = static_cast<std::size_t>(i) * groups_.size() + r;
-      host_.transfer(spec_.members[i], spec_.members[target_[at]], 0, pack(0, i, r));
-      return;
-    }
+    const Group& g = groups_[r];  // zero-byte rounds without splits: post_latency_rounds()
     const int src = spec_.members[i];
     if (!barrier_) {  // the logical messages of the rounds this one stands for
       const std::vector<double>& row = spec_.a2a[i];
@@ -517,6 +513,37 @@ class Rounds final : public CollectiveAlgorithm {
         wire_bytes(host_.topology(), src, dst, round_bytes_[at], CollectiveClass::all_to_all),
         pack(0, i, r));
   }
+  // All-to-all without merged rounds' splits: member i's round `next` carries no bytes, so it is a
+  // message of its path's latency only. It and the following zero-byte rounds of its kind to
+  // peers at the same latency, as many as the window has room for, go as one timer that
+  // completes them all: posted at the same instant, they would complete at the same instant, and
+  // their completions would post the same rounds in the same order (done() retires the count).
+  // A skewed exchange (Muon's shards to a few owners) is mostly such rounds: one timer per round
+  // took most of a 1,024-GPU megatron step's simulation.
+  void post_latency_rounds(int i, bool cross, int& next, int& inflight) {
+    const int rounds = static_cast<int>(groups_.size());
+    const Topology& t = host_.topology();
+    const int src = spec_.members[i];
+    const auto latency_of = [&](int r) {
+      return t.path(src, spec_.members[target_[static_cast<std::size_t>(i) * rounds + r]])
+          .latency_s;
+    };
+    const int first = next;
+    const double latency = latency_of(first);
+    int count = 1;
+    ++next;
+    while (inflight + count < window_ && count < kMaxLatencyBatch) {
+      int k = next;
+      while (k < rounds && crosses(i, k) != cross) ++k;
+      if (k == rounds || (round_flags(i, k) & kCarriesBytes) || latency_of(k) != latency) break;
+      ++count;
+      next = k + 1;
+    }
+    inflight += count;
+    host_.delay(latency, pack(static_cast<std::uint64_t>(count), i, first));
+  }
+  static constexpr int kMaxLatencyBatch = static_cast<int>(kMaxA);  // tag field a: the count
+
   // Whether member i's round r goes to another node, and whether it carries bytes (all_to_all).
   static constexpr char kCrosses = 1, kCarriesBytes = 2;
   char round_flags(int i, int r) const {
@@ -541,6 +568,10 @@ class Rounds final : public CollectiveAlgorithm {
         while (true) {
           while (next < rounds && crosses(i, next) != cross) ++next;
           if (next == rounds || inflight >= window_) break;
+          if (split_.empty() && !(round_flags(i, next) & kCarriesBytes)) {
+            post_latency_rounds(i, cross, next, inflight);
+            continue;
+          }
           ++inflight;
           post(i, next++);
         }
