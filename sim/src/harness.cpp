@@ -117,4 +117,23 @@ HarnessResult time_collectives(const ClusterSpec& cluster, int world_size, int g
   return result;
 }
 
+std::string check_net_routes(const ClusterSpec& cluster, int world_size, int gpus_per_node) {
+  const IsolatedRun run = run_isolated([&]() {
+    int argc = 1;
+    char name[] = "muonbed-sim-routes";
+    char* argv[] = {name, nullptr};
+    auto* engine = new sg4::Engine(&argc, argv);  // never destroyed: the child exits next
+    (void)engine;
+    xbt_log_control_set("root.thresh:warning");
+    const Topology topology(cluster, world_size, gpus_per_node);
+    const auto hosts = build_platform(topology, NetworkConfig{});
+    static const std::vector<CollectiveSpec> none;
+    LoweringOptions flow;
+    flow.step_fidelity = false;
+    auto* harness = new Harness(topology, hosts, none, flow, false);  // alive until exit
+    return "result:" + harness->network().check_net_routes();
+  });
+  return run.output.substr(std::string("result:").size());
+}
+
 }  // namespace muonbed::sim

@@ -3,6 +3,7 @@
 // one's simulated time. Each call runs in its own child process (see isolate.hpp).
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "core/config/cluster.hpp"
@@ -21,5 +22,10 @@ struct HarnessResult {
 HarnessResult time_collectives(const ClusterSpec& cluster, int world_size, int gpus_per_node,
                                const std::vector<CollectiveSpec>& specs,
                                const LoweringOptions& options, const NetworkConfig& network = {});
+
+// Builds the platform for `cluster` (flow fidelity's inter-node fabric) and compares the route
+// the fabric composes from per-rank and per-node-pair parts with SimGrid's own route for every
+// pair of ranks on different nodes: "" when all are equal, else the first difference.
+std::string check_net_routes(const ClusterSpec& cluster, int world_size, int gpus_per_node);
 
 }  // namespace muonbed::sim

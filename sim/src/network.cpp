@@ -408,22 +408,88 @@ void Network::fabric_fire(int node) {
 
 // ---- Inter-node fabric (flow fidelity) -----------------------------------------------------
 
+// SimGrid routes hierarchically (platform.cpp): a GPU's links to its node zone's gateway, the
+// cluster zone's route between the two node zones, the other gateway's links to the GPU. Each part
+// is asked of SimGrid once (per rank, per node pair) instead of once per rank pair: a 1,024-GPU
+// all-to-all has a million pairs, and route_to per pair took a tenth of its simulation. The parts
+// compose to exactly the route SimGrid gives (tests/sim/replay_test.cpp checks every pair).
 std::pair<const int*, int> Network::net_route(int src, int dst) {
-  const std::uint64_t key =
-      static_cast<std::uint64_t>(src) * static_cast<std::uint64_t>(topology_.world_size()) +
-      static_cast<std::uint64_t>(dst);
-  auto it = net_routes_.find(key);
-  if (it == net_routes_.end()) {
-    // The platform's own route, so the fabric shares exactly the links SimGrid would.
-    std::vector<sg4::Link*> links;
-    double latency = 0;
-    hosts_[src]->route_to(hosts_[dst], links, &latency);
-    const auto first = static_cast<std::uint32_t>(net_route_links_.size());
-    for (const sg4::Link* link : links) net_route_links_.push_back(net_link(link));
-    it = net_routes_.emplace(key, std::make_pair(first, static_cast<std::uint32_t>(links.size())))
-             .first;
+  if (net_up_.empty()) {
+    net_up_.assign(topology_.world_size(), RoutePart{});
+    net_down_.assign(topology_.world_size(), RoutePart{});
+    if (topology_.nodes() <= kDenseBetweenNodes)
+      net_between_.assign(static_cast<std::size_t>(topology_.nodes()) * topology_.nodes(),
+                          RoutePart{});
   }
-  return {net_route_links_.data() + it->second.first, static_cast<int>(it->second.second)};
+  const RoutePart* up = &net_up_[static_cast<std::size_t>(src)];
+  const RoutePart* down = &net_down_[static_cast<std::size_t>(dst)];
+  const RoutePart* between = &net_between(topology_.node_of(src), topology_.node_of(dst));
+  if (up->count < 0 || down->count < 0 || between->count < 0) {
+    learn_net_route(src, dst);
+    between = &net_between(topology_.node_of(src), topology_.node_of(dst));
+  }
+  net_route_scratch_.clear();
+  for (const RoutePart* part : {up, between, down})
+    net_route_scratch_.insert(net_route_scratch_.end(), net_part_links_.begin() + part->first,
+                              net_part_links_.begin() + part->first + part->count);
+  return {net_route_scratch_.data(), static_cast<int>(net_route_scratch_.size())};
+}
+
+Network::RoutePart& Network::net_between(int node_a, int node_b) {
+  const auto key = static_cast<std::size_t>(node_a) * topology_.nodes() + node_b;
+  if (!net_between_.empty()) return net_between_[key];
+  return net_between_map_[key];
+}
+
+void Network::learn_net_route(int src, int dst) {
+  std::vector<sg4::Link*> links;
+  double latency = 0;
+  hosts_[src]->route_to(hosts_[dst], links, &latency);
+  // The node zones' links lead and trail; the cluster zone's lie between.
+  std::size_t lead = 0, trail = 0;
+  while (lead < links.size() && is_node_link(*links[lead])) ++lead;
+  while (trail < links.size() - lead && is_node_link(*links[links.size() - 1 - trail])) ++trail;
+  const auto keep = [&](RoutePart& part, std::size_t from, std::size_t to) {
+    const auto first = static_cast<std::uint32_t>(net_part_links_.size());
+    for (std::size_t k = from; k < to; ++k) net_part_links_.push_back(net_link(links[k]));
+    if (part.count >= 0) {  // known: the platform must route hierarchically
+      if (!std::equal(net_part_links_.begin() + part.first,
+                      net_part_links_.begin() + part.first + part.count,
+                      net_part_links_.begin() + first, net_part_links_.end()))
+        throw Error("internal: SimGrid's route from rank " + std::to_string(src) + " to rank " +
+                    std::to_string(dst) + " is not its node parts' composition");
+      net_part_links_.resize(first);
+      return;
+    }
+    part = {first, static_cast<std::int32_t>(to - from)};
+  };
+  keep(net_up_[static_cast<std::size_t>(src)], 0, lead);
+  keep(net_between(topology_.node_of(src), topology_.node_of(dst)), lead, links.size() - trail);
+  keep(net_down_[static_cast<std::size_t>(dst)], links.size() - trail, links.size());
+}
+
+std::string Network::check_net_routes() {
+  if (!net_fabric_) return "no inter-node fabric";
+  const int world = topology_.world_size();
+  // In a scrambled order, so that parts are learned from varied pairs before being reused.
+  for (int k = 0; k < world * world; ++k) {
+    const int src = static_cast<int>((static_cast<std::int64_t>(k) * 7919) % world);
+    const int dst = (k / world + src) % world;
+    if (topology_.node_of(src) == topology_.node_of(dst)) continue;
+    const auto [links, count] = net_route(src, dst);
+    const std::vector<int> composed(links, links + count);
+    std::vector<sg4::Link*> simgrid;
+    double latency = 0;
+    hosts_[src]->route_to(hosts_[dst], simgrid, &latency);
+    std::vector<int> expected;
+    for (const sg4::Link* link : simgrid) expected.push_back(net_link(link));
+    if (composed != expected)
+      return "ranks " + std::to_string(src) + " -> " + std::to_string(dst) + ": " +
+             std::to_string(composed.size()) + " links composed, SimGrid's route has " +
+             std::to_string(expected.size()) +
+             (composed.size() == expected.size() ? " (others)" : "");
+  }
+  return "";
 }
 
 int Network::net_link(const sg4::Link* link) {

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -88,6 +89,10 @@ class Network {
   TrafficCounters& traffic() { return traffic_; }
   void reset_traffic();
 
+  // Flow fidelity between nodes: "" when every inter-node route net_route composes equals
+  // SimGrid's route_to, else the first pair that differs (tests).
+  std::string check_net_routes();
+
   std::int64_t simgrid_transfers() const { return simgrid_transfers_; }
   std::int64_t node_flows() const { return node_flows_; }
   std::int64_t timers() const { return timers_; }
@@ -96,6 +101,10 @@ class Network {
  private:
   struct Slot;
   struct Proc;
+  struct RoutePart {  // a part of inter-node routes: net_part_links_[first, first + count)
+    std::uint32_t first = 0;
+    std::int32_t count = -1;  // -1: not yet known
+  };
   void on_activity(const simgrid::s4u::Activity& activity);
   void start_comm(int src, int dst, double bytes, std::uint32_t owner, std::uint64_t tag);
   void release_completed();
@@ -105,8 +114,10 @@ class Network {
   void fabric_reschedule(int node);
   void fabric_fire(int node);
   std::uint32_t take_token(std::uint32_t owner, std::uint64_t tag);
-  // The NetFabric's link indices of the route from src to dst (cached per pair).
+  // The inter-node route from src to dst as fabric link indices, valid until the next call.
   std::pair<const int*, int> net_route(int src, int dst);
+  RoutePart& net_between(int node_a, int node_b);
+  void learn_net_route(int src, int dst);
   int net_link(const simgrid::s4u::Link* link);
   // A member's own NIC link: toward the network (`up`) or from it.
   int member_link(int rank, bool up);
@@ -210,8 +221,14 @@ class Network {
   // and its one pending timer; `net_share_pending_` batches the re-sharing of one instant.
   std::unique_ptr<NetFabric> net_fabric_;
   std::unordered_map<const simgrid::s4u::Link*, int> net_link_index_;
-  std::unordered_map<std::uint64_t, std::pair<std::uint32_t, std::uint32_t>> net_routes_;
-  std::vector<int> net_route_links_;
+  // Routes in parts (net_route): per rank its links to its node's gateway and back, per node
+  // pair the links between the gateways; links of all parts in net_part_links_.
+  std::vector<RoutePart> net_up_, net_down_;  // per rank
+  static constexpr int kDenseBetweenNodes = 1024;
+  std::vector<RoutePart> net_between_;  // per node pair, up to 1,024 nodes
+  std::unordered_map<std::uint64_t, RoutePart> net_between_map_;  // more nodes
+  std::vector<int> net_part_links_;
+  std::vector<int> net_route_scratch_;
   WakeUp net_wakeup_;
   bool net_share_pending_ = false;
   std::vector<std::uint64_t> net_done_;

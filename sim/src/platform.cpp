@@ -127,6 +127,23 @@ void apply_network_config(const NetworkConfig& config) {
 
 namespace {
 
+// Names of a node zone's links (is_node_link tells them from the fabric's by these).
+constexpr const char* kNvlinkPrefix = "nvlink-";
+constexpr const char* kPciePrefix = "pcie-";
+constexpr const char* kBridgePrefix = "bridge-";
+constexpr const char* kNicPrefix = "nic-";
+
+}  // namespace
+
+bool is_node_link(const sg4::Link& link) {
+  const std::string& name = link.get_name();
+  for (const char* prefix : {kNvlinkPrefix, kPciePrefix, kBridgePrefix, kNicPrefix})
+    if (name.starts_with(prefix)) return true;
+  return false;
+}
+
+namespace {
+
 // One node: a full zone with the GPUs, their NVLink/PCIe links, the NIC links and a router as
 // gateway. Returns the zone; hosts are appended to `hosts` in rank order.
 sg4::NetZone* build_node(const Topology& t, int node, bool latency_in_links, sg4::NetZone* parent,
@@ -150,22 +167,23 @@ sg4::NetZone* build_node(const Topology& t, int node, bool latency_in_links, sg4
     const int rank = first + i;
     gpus.push_back(zone->create_host("gpu-" + num(rank), speed));
     if (count > 1 || t.pcie())
-      intra.push_back(zone->create_split_duplex_link((t.pcie() ? "pcie-" : "nvlink-") + num(rank),
-                                                     t.intra_link_Bps())
-                          ->set_latency(half_intra)
-                          ->seal());
+      intra.push_back(
+          zone->create_split_duplex_link((t.pcie() ? kPciePrefix : kNvlinkPrefix) + num(rank),
+                                         t.intra_link_Bps())
+              ->set_latency(half_intra)
+              ->seal());
   }
   sg4::Link* bridge = nullptr;
   if (t.bridge_Bps() > 0)
     // One budget for both directions (SHARED): every byte through the host bridge counts once,
     // so no step moves more bytes through it than its bandwidth allows (the analytic model's
     // core/engine/link_sharing.hpp counts it the same way).
-    bridge = zone->create_link("bridge-" + num(node), t.bridge_Bps())->set_latency(0)->seal();
+    bridge = zone->create_link(kBridgePrefix + num(node), t.bridge_Bps())->set_latency(0)->seal();
   std::vector<sg4::Link*> nics;
   if (t.nodes() > 1)
     for (int k = 0; k < t.nic_links(); ++k)
       nics.push_back(
-          zone->create_split_duplex_link("nic-" + num(node) + "-" + num(k), t.nic_link_Bps())
+          zone->create_split_duplex_link(kNicPrefix + num(node) + "-" + num(k), t.nic_link_Bps())
               ->set_latency(half_nic)
               ->seal());
 

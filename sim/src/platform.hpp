@@ -25,7 +25,8 @@
 
 namespace simgrid::s4u {
 class Host;
-}
+class Link;
+}  // namespace simgrid::s4u
 
 namespace muonbed::sim {
 
@@ -109,5 +110,10 @@ struct NetworkConfig {
 std::vector<simgrid::s4u::Host*> build_platform(const Topology& topology,
                                                 const NetworkConfig& config);
 void apply_network_config(const NetworkConfig& config);
+
+// Whether `link` belongs to a node's own zone (its GPUs' NVLink or PCIe links, its host bridge,
+// its NIC links) rather than to the fabric between nodes: routes between GPUs on two nodes are
+// the source node's links, the fabric's, then the destination node's (Network::net_route).
+bool is_node_link(const simgrid::s4u::Link& link);
 
 }  // namespace muonbed::sim

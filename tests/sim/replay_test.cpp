@@ -331,6 +331,36 @@ TEST_CASE("path latencies of the platform are what the lowering assumes", "[sim]
   }
 }
 
+TEST_CASE("inter-node routes composed from node parts are SimGrid's routes", "[sim][platform]") {
+  // Flow fidelity asks SimGrid for a GPU's links to its node's gateway and for the fabric's route
+  // between two nodes once each, and composes the routes of all rank pairs from them. Every pair
+  // on different nodes must get exactly SimGrid's own route, link for link and in order: on the
+  // shipped DGX H100 at 66 nodes (leaves of 32 nodes, the third part-full; its pods are too big
+  // to cross here, so small trees of 2 and 3 levels follow), under a single switch, and with
+  // NICs shared by two GPUs.
+  const ClusterSpec h100 =
+      load_cluster_file(std::string(MUONBED_SOURCE_DIR) + "/experiments/clusters/dgx-h100.yaml");
+  CHECK(sim::check_net_routes(h100, 8 * 66, 8) == "");
+  for (const TopologyKind kind : {TopologyKind::fat_tree, TopologyKind::single_switch})
+    for (int levels : {2, 3})
+      for (int nics : {4, 2}) {
+        ClusterSpec c;
+        c.name = "routes";
+        c.gpus_per_node = 4;
+        c.nodes = 0;
+        c.gpu.peak_tflops = 100;
+        c.intra = {IntraNodeKind::nvswitch, 400, 1.5, 0};
+        c.nic = {nics, 25, 3, nics == 4};
+        c.network.topology = kind;
+        c.network.levels = levels;
+        c.network.nodes_per_leaf = 2;
+        c.network.switch_latency_us = 0.7;
+        INFO((kind == TopologyKind::fat_tree ? "fat tree, " : "single switch, ")
+             << levels << " levels, " << nics << " NICs per node");
+        CHECK(sim::check_net_routes(c, 4 * 11, 4) == "");  // 11 nodes: the last leaf is part-full
+      }
+}
+
 TEST_CASE("the simulator says what is wrong before simulating", "[sim][replay]") {
   Experiment e = point(R"(
 name: too_small
