@@ -11,6 +11,7 @@
 #include "core/base/errors.hpp"
 #include "core/engine/cost_model.hpp"
 #include "core/plan/split_ns.hpp"
+#include "core/plan/training.hpp"
 
 namespace muonbed {
 
@@ -236,9 +237,10 @@ StepBound step_bound(const StepPlan& plan, const ClusterSpec& cluster) {
   // backward passes: the sum of their compute times on the busiest rank (compute shares a GPU,
   // it never runs faster beside other work).
   std::vector<double> training(static_cast<std::size_t>(mesh.world_size()), 0.0);
+  TrainingCosts costs(plan);  // each op signature priced once per rank, not per micro-batch
   for (const Op& op : plan.ops) {
     if (op.kind != OpKind::forward && op.kind != OpKind::backward) continue;
-    for (int r : op.ranks.ranks(mesh)) training[r] += compute_time(plan, op, r, cluster);
+    for (int r : op.ranks.ranks(mesh)) training[r] += compute_time(plan, op, r, cluster, &costs);
   }
   for (double t : training) b.training_compute_s = std::max(b.training_compute_s, t);
   if (b.training_compute_s > b.bound_s) {

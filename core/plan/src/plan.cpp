@@ -8,6 +8,7 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <tuple>
 
 #include "core/base/errors.hpp"
 #include "core/plan/split_ns.hpp"
@@ -592,7 +593,24 @@ struct StaticMemory {
   std::int64_t peak_transient = 0;
 };
 
-StaticMemory static_memory(const StepPlan& plan, int rank) {
+// Per buffer, the lowest index of a buffer with the same params, gathered dims and ownership:
+// those hold the same bytes on every rank (a training step allocates each layer's gather buffer
+// once per micro-batch group), so static_memory sizes each such class once per rank.
+std::vector<int> same_buffers(const StepPlan& plan) {
+  std::vector<int> same(plan.buffers.size());
+  std::map<std::tuple<std::vector<int>, std::uint32_t, bool>, int> first;
+  for (std::size_t b = 0; b < plan.buffers.size(); ++b) {
+    const Buffer& buffer = plan.buffers[b];
+    same[b] = first
+                  .try_emplace({buffer.params, buffer.gathered.bits, buffer.owned_only},
+                               static_cast<int>(b))
+                  .first->second;
+  }
+  return same;
+}
+
+// `same`: same_buffers(plan), or empty (then computed here).
+StaticMemory static_memory(const StepPlan& plan, int rank, const std::vector<int>& same = {}) {
   StaticMemory memory;
   const auto& mesh = plan.mesh();
   const auto& params = plan.model.params;
@@ -654,9 +672,12 @@ StaticMemory static_memory(const StepPlan& plan, int rank) {
     largest_unsynced = std::max(largest_unsynced, bytes);
   memory.gradients += largest_unsynced;
   std::int64_t live = 0;
+  const std::vector<int>& same_buffer = same.empty() ? same_buffers(plan) : same;
+  std::vector<std::int64_t> sized(plan.buffers.size(), -1);  // per class of same_buffer
   for (const auto& op : plan.ops) {
     if (!is_memory(op.kind) || !op.ranks.contains(mesh, rank)) continue;
-    const auto bytes = buffer_bytes(plan, plan.buffers.at(op.buffer), rank);
+    std::int64_t& bytes = sized[static_cast<std::size_t>(same_buffer.at(op.buffer))];
+    if (bytes < 0) bytes = buffer_bytes(plan, plan.buffers[op.buffer], rank);
     live += op.kind == OpKind::alloc ? bytes : -bytes;
     memory.peak_transient = std::max(memory.peak_transient, live);
   }
@@ -679,8 +700,10 @@ std::int64_t ns_workspace_bytes(std::int64_t rows, std::int64_t cols, std::int64
   return batch * (2 * rows * cols + 2 * m * m) * bf16;
 }
 
-TrainingMemory training_memory(const StepPlan& plan, int rank) {
-  const StaticMemory m = static_memory(plan, rank);
+namespace {
+
+TrainingMemory training_memory_of(const StepPlan& plan, int rank, const std::vector<int>& same) {
+  const StaticMemory m = static_memory(plan, rank, same);
   TrainingMemory memory;
   memory.parameters = m.parameters;
   memory.master_weights = m.master_weights;
@@ -701,6 +724,12 @@ TrainingMemory training_memory(const StepPlan& plan, int rank) {
   memory.overlapping =
       plan.settings.training.enabled && plan.settings.training.overlap == "backward";
   return memory;
+}
+
+}  // namespace
+
+TrainingMemory training_memory(const StepPlan& plan, int rank) {
+  return training_memory_of(plan, rank, {});
 }
 
 namespace {
@@ -774,7 +803,8 @@ std::vector<TrainingMemory> training_memories(const StepPlan& plan) {
   const RankClasses classes = memory_classes(plan);
   std::vector<TrainingMemory> of_class;
   of_class.reserve(classes.representative.size());
-  for (int r : classes.representative) of_class.push_back(training_memory(plan, r));
+  const std::vector<int> same = same_buffers(plan);
+  for (int r : classes.representative) of_class.push_back(training_memory_of(plan, r, same));
   std::vector<TrainingMemory> out;
   out.reserve(classes.class_of.size());
   for (int c : classes.class_of) out.push_back(of_class[c]);
