@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "core/base/errors.hpp"
@@ -379,26 +380,45 @@ class Rounds final : public CollectiveAlgorithm {
     if (!barrier_) {
       next_cross_.assign(n_, 0);
       inflight_cross_.assign(n_, 0);
-      // Which rounds leave the member's node and which carry bytes, once: advance() scans a
-      // member's rounds for the next one of a kind, done() asks again, and post() sends the
-      // (mostly) zero-byte rounds of a skewed exchange without reading the byte matrix, whose
-      // rows miss the cache (perf: half of a 1,024-member exchange went there). Each round's
-      // destination and bytes are kept too: post() rescanning the merged shifts for them took a
-      // sixth of a 1,024-GPU megatron step (flow).
+      // Which rounds leave the member's node, which carry bytes and the latency of their path,
+      // once: the rounds are scanned for the next one of a kind, and the (mostly) zero-byte
+      // rounds of a skewed exchange are timed without reading the byte matrix, whose rows miss
+      // the cache (perf: half of a 1,024-member exchange went there). Merged rounds keep each
+      // round's destination and bytes too: post() rescanning the merged shifts for them took a
+      // sixth of a 1,024-GPU megatron step (flow). A path's latency depends on the two nodes
+      // only, so it is looked up when the destination's node changes.
       const Topology& t = host_.topology();
+      const bool merged = !split_.empty();
       round_flags_.assign(static_cast<std::size_t>(n_) * r, 0);
-      target_.assign(static_cast<std::size_t>(n_) * r, 0);
-      round_bytes_.assign(static_cast<std::size_t>(n_) * r, 0);
+      if (merged) {
+        target_.assign(static_cast<std::size_t>(n_) * r, 0);
+        round_bytes_.assign(static_cast<std::size_t>(n_) * r, 0);
+      }
       for (int i = 0; i < n_; ++i) {
-        const int node = t.node_of(spec_.members[i]);
+        const int src = spec_.members[i];
+        const int node = t.node_of(src);
+        const std::vector<double>& row = spec_.a2a[i];
+        int known_node = -1;
+        char known_class = 0;
         for (std::size_t k = 0; k < r; ++k) {
           const Group& g = groups_[k];
           const std::size_t at = static_cast<std::size_t>(i) * r + k;
-          target_[at] = peer(i, target_shift(i, g));
-          round_bytes_[at] = bytes(i, g);
-          char flags = 0;
-          if (t.node_of(spec_.members[target_[at]]) != node) flags |= kCrosses;
-          if (round_bytes_[at] > 0) flags |= kCarriesBytes;
+          const int target = merged ? peer(i, target_shift(i, g)) : peer(i, g.target);
+          const double carried = merged ? bytes(i, g) : row[target];
+          if (merged) {
+            target_[at] = target;
+            round_bytes_[at] = carried;
+          }
+          const int dst = spec_.members[target];
+          const int dst_node = t.node_of(dst);
+          if (dst_node != known_node) {
+            known_node = dst_node;
+            known_class =
+                static_cast<char>(latency_class(t.path(src, dst).latency_s) << kLatencyShift);
+          }
+          char flags = known_class;
+          if (dst_node != node) flags |= kCrosses;
+          if (carried > 0) flags |= kCarriesBytes;
           round_flags_[at] = flags;
         }
       }
@@ -412,18 +432,38 @@ class Rounds final : public CollectiveAlgorithm {
           ++awaited_[static_cast<std::size_t>(j) * r + k];
         }
     }
+    plain_ = !barrier_ && split_.empty();
+    if (plain_) {
+      zero_.assign(2 * static_cast<std::size_t>(n_), {});
+      wake_date_.assign(2 * static_cast<std::size_t>(n_), -1);
+      wake_version_.assign(2 * static_cast<std::size_t>(n_), 0);
+      for (int i = 0; i < n_; ++i)
+        for (const bool cross : {true, false}) run_kind(i, cross);
+      return;
+    }
     for (int i = 0; i < n_; ++i) advance(i);
   }
 
   void done(std::uint64_t tag) override {
     if (tag == kDelayTag) return host_.finished();
     const int i = field_b(tag), r = field_c(tag);
+    if (plain_) {
+      const auto a = static_cast<std::uint64_t>(field_a(tag));
+      if (a == kWakeCross || a == kWakeLocal) {
+        const std::size_t k = kind_index(i, a == kWakeCross);
+        if ((static_cast<std::uint64_t>(wake_version_[k]) & kMaxC) != static_cast<std::uint64_t>(r))
+          return;  // moved since
+        wake_date_[k] = -1;
+        return run_kind(i, a == kWakeCross);
+      }
+      const bool cross = crosses(i, r);  // a round with bytes
+      --(cross ? inflight_cross_ : inflight_)[i];
+      return run_kind(i, cross);
+    }
     if (!barrier_) {
       if (!pending_.empty() && --pending_[static_cast<std::size_t>(i) * groups_.size() + r] > 0)
         return;  // the other flows of a split round are still under way
-      // Field a: how many zero-byte rounds this timer stood for (post_latency_rounds), else 0.
-      const int count = pending_.empty() ? std::max(1, field_a(tag)) : 1;
-      (crosses(i, r) ? inflight_cross_ : inflight_)[i] -= count;
+      --(crosses(i, r) ? inflight_cross_ : inflight_)[i];
       return advance(i);
     }
     --inflight_[i];
@@ -469,7 +509,7 @@ class Rounds final : public CollectiveAlgorithm {
   // (i + s) % n for 0 <= s < n, without the division.
   int peer(int i, int s) const { return i + s < n_ ? i + s : i + s - n_; }
   void post(int i, int r) {
-    const Group& g = groups_[r];  // zero-byte rounds without splits: post_latency_rounds()
+    const Group& g = groups_[r];  // (plain_: zero-byte rounds never come here, see settle())
     const int src = spec_.members[i];
     if (!barrier_) {  // the logical messages of the rounds this one stands for
       const std::vector<double>& row = spec_.a2a[i];
@@ -507,45 +547,159 @@ class Rounds final : public CollectiveAlgorithm {
                             pack(0, i, r));
     }
     const std::size_t at = static_cast<std::size_t>(i) * groups_.size() + r;
-    const int dst = spec_.members[target_[at]];
-    host_.transfer(
-        src, dst,
-        wire_bytes(host_.topology(), src, dst, round_bytes_[at], CollectiveClass::all_to_all),
-        pack(0, i, r));
+    const bool merged = !split_.empty();
+    const int target = merged ? target_[at] : peer(i, g.target);
+    const double carried = merged ? round_bytes_[at] : spec_.a2a[i][target];
+    const int dst = spec_.members[target];
+    host_.transfer(src, dst,
+                   wire_bytes(host_.topology(), src, dst, carried, CollectiveClass::all_to_all),
+                   pack(0, i, r));
   }
-  // All-to-all without merged rounds' splits: member i's round `next` carries no bytes, so it is a
-  // message of its path's latency only. It and the following zero-byte rounds of its kind to
-  // peers at the same latency, as many as the window has room for, go as one timer that
-  // completes them all: posted at the same instant, they would complete at the same instant, and
-  // their completions would post the same rounds in the same order (done() retires the count).
-  // A skewed exchange (Muon's shards to a few owners) is mostly such rounds: one timer per round
-  // took most of a 1,024-GPU megatron step's simulation.
-  void post_latency_rounds(int i, bool cross, int& next, int& inflight) {
+  // ---- All-to-all without merged rounds' splits: the zero-byte rounds are timed here.
+  // A round without bytes is a message of its path's latency only, and it touches nothing shared,
+  // so each member's kind (its rounds inside the node, or to other nodes) keeps the completion
+  // times of its zero-byte rounds in flight itself (zero_) and only the rounds with bytes go to
+  // the host. Its window behaves as before: a slot that frees (a zero-byte round at its time, a
+  // round with bytes at its completion) takes the kind's next round at once; a zero-byte round
+  // ends at that instant plus its latency, the same double the host's timer would give. A
+  // skewed exchange (Muon's shards to a few owners) is mostly such rounds: a timer per round, or
+  // per window of them, took most of a 1,024-GPU megatron step's simulation.
+
+  // Takes zero-byte rounds of member i's kind for the slots in `zero` (completion times of its
+  // zero-byte rounds in flight, a min-heap) that free at or before `until`, in order of those
+  // times, from round `next` on. Stops at the first slot that reaches a round with bytes and
+  // returns its free time (the slot leaves `zero`); -1 when no slot is due by `until`. A slot with
+  // no round left leaves `zero`; last_freed_ is the latest free time seen.
+  // Periods in bulk: while the slots lie within one latency of each other and the next rounds
+  // are zero-byte rounds of one latency, every slot takes exactly one of them per period, in
+  // order, and ends that latency later: the same doubles as one round at a time.
+  double take_zero_rounds(int i, bool cross, std::vector<double>& zero, int& next, double until) {
     const int rounds = static_cast<int>(groups_.size());
-    const Topology& t = host_.topology();
-    const int src = spec_.members[i];
-    const auto latency_of = [&](int r) {
-      return t.path(src, spec_.members[target_[static_cast<std::size_t>(i) * rounds + r]])
-          .latency_s;
-    };
-    const int first = next;
-    const double latency = latency_of(first);
-    int count = 1;
-    ++next;
-    while (inflight + count < window_ && count < kMaxLatencyBatch) {
-      int k = next;
-      while (k < rounds && crosses(i, k) != cross) ++k;
-      if (k == rounds || (round_flags(i, k) & kCarriesBytes) || latency_of(k) != latency) break;
-      ++count;
-      next = k + 1;
+    const char* flags = round_flags_.data() + static_cast<std::size_t>(i) * rounds;
+    while (!zero.empty() && zero.front() <= until) {
+      while (next < rounds && ((flags[next] & kCrosses) != 0) != cross) ++next;
+      if (next == rounds) {
+        last_freed_ = std::max(last_freed_, pop_time(zero));
+        continue;
+      }
+      const char f = flags[next];
+      if (f & kCarriesBytes) {
+        const double freed = pop_time(zero);
+        last_freed_ = std::max(last_freed_, freed);
+        return freed;
+      }
+      const double latency = latencies_[static_cast<std::size_t>(f) >> kLatencyShift];
+      const std::size_t slots = zero.size();
+      double latest = *std::max_element(zero.begin(), zero.end());
+      if (slots > 1 && latest <= until && latest <= zero.front() + latency) {
+        int run = 0;  // consecutive rounds like `next`, up to what the slots can take by `until`
+        while (next + run < rounds && flags[next + run] == f) ++run;
+        int periods = 0;
+        for (; run >= static_cast<int>(slots) && latest <= until; run -= static_cast<int>(slots)) {
+          for (double& t : zero) t += latency;  // the heap stays a heap
+          latest += latency;
+          next += static_cast<int>(slots);
+          ++periods;
+        }
+        if (periods > 0) continue;
+      }
+      const double freed = pop_time(zero);
+      push_time(zero, freed + latency);
+      ++next;
     }
-    inflight += count;
-    host_.delay(latency, pack(static_cast<std::uint64_t>(count), i, first));
+    return -1;
   }
-  static constexpr int kMaxLatencyBatch = static_cast<int>(kMaxA);  // tag field a: the count
+
+  // Takes the kind's rounds up to `now`: every slot free at or before it takes the next round; a
+  // round with bytes is posted only at `now` (run_kind() arranged to be called then).
+  void settle(int i, bool cross, double now) {
+    std::vector<double>& zero = zero_[kind_index(i, cross)];
+    const int inflight = (cross ? inflight_cross_ : inflight_)[i];
+    for (int free = window_ - inflight - static_cast<int>(zero.size()); free > 0; --free)
+      push_time(zero, now);
+    int& next = (cross ? next_cross_ : next_)[i];
+    for (double freed; (freed = take_zero_rounds(i, cross, zero, next, now)) >= 0;) {
+      if (freed < now)
+        throw Error("internal: all-to-all round posted after its slot freed (member " +
+                    std::to_string(i) + ")");
+      ++(cross ? inflight_cross_ : inflight_)[i];
+      post(i, next++);
+    }
+  }
+
+  // After settle(): when the kind must act next without news from the host, from its zero-byte
+  // rounds run forward on a copy: when a slot reaches a round with bytes, or (no round with bytes
+  // in flight, none left) when its last zero-byte round ends. -1: nothing due.
+  double next_due(int i, bool cross) {
+    std::vector<double>& zero = scratch_times_;
+    zero = zero_[kind_index(i, cross)];
+    int next = (cross ? next_cross_ : next_)[i];
+    last_freed_ = -1;
+    const double reached =
+        take_zero_rounds(i, cross, zero, next, std::numeric_limits<double>::infinity());
+    if (reached >= 0) return reached;
+    return (cross ? inflight_cross_ : inflight_)[i] == 0 ? last_freed_ : -1;
+  }
+
+  // Settles the kind at the host's present and arranges its next wake-up (a stale one is
+  // recognized by its version and ignored).
+  void run_kind(int i, bool cross) {
+    const double now = host_.now();
+    settle(i, cross, now);
+    const std::size_t k = kind_index(i, cross);
+    const double due = next_due(i, cross);
+    if (due > now && due != wake_date_[k]) {  // settle() left nothing due at `now`
+      wake_date_[k] = due;
+      ++wake_version_[k];
+      host_.delay_until(due, pack(cross ? kWakeCross : kWakeLocal, i,
+                                  static_cast<std::uint64_t>(wake_version_[k]) & kMaxC));
+    }
+    const int rounds = static_cast<int>(groups_.size());
+    if (lo_[i] != rounds && kind_done(i, cross) && kind_done(i, !cross)) {
+      lo_[i] = rounds;
+      member_done();
+    }
+  }
+
+  bool kind_done(int i, bool cross) const {
+    const int rounds = static_cast<int>(groups_.size());
+    int next = (cross ? next_cross_ : next_)[i];
+    while (next < rounds && crosses(i, next) != cross) ++next;
+    return next == rounds && zero_[kind_index(i, cross)].empty() &&
+           (cross ? inflight_cross_ : inflight_)[i] == 0;
+  }
+
+  std::size_t kind_index(int i, bool cross) const {
+    return 2 * static_cast<std::size_t>(i) + (cross ? 1 : 0);
+  }
+  // The index of `latency` in latencies_ (added if new): round flags keep it.
+  int latency_class(double latency) {
+    for (std::size_t k = 0; k < latencies_.size(); ++k)
+      if (latencies_[k] == latency) return static_cast<int>(k);
+    if (latencies_.size() == kLatencyClasses)
+      throw Error("internal: an all-to-all with more than " + std::to_string(kLatencyClasses) +
+                  " distinct path latencies");
+    latencies_.push_back(latency);
+    return static_cast<int>(latencies_.size()) - 1;
+  }
+  // A min-heap of completion times (at most a window of them).
+  static void push_time(std::vector<double>& heap, double t) {
+    heap.push_back(t);
+    std::push_heap(heap.begin(), heap.end(), std::greater<>());
+  }
+  static double pop_time(std::vector<double>& heap) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    const double t = heap.back();
+    heap.pop_back();
+    return t;
+  }
+  // Field a of a wake-up's tag (field c: its version); rounds with bytes have field a 0.
+  static constexpr std::uint64_t kWakeCross = kMaxA, kWakeLocal = kMaxA - 1;
 
   // Whether member i's round r goes to another node, and whether it carries bytes (all_to_all).
   static constexpr char kCrosses = 1, kCarriesBytes = 2;
+  static constexpr int kLatencyShift = 2;  // bits 2-6: the index of the round's path latency
+  static constexpr std::size_t kLatencyClasses = 32;
   char round_flags(int i, int r) const {
     return round_flags_[static_cast<std::size_t>(i) * groups_.size() + r];
   }
@@ -568,10 +722,6 @@ class Rounds final : public CollectiveAlgorithm {
         while (true) {
           while (next < rounds && crosses(i, next) != cross) ++next;
           if (next == rounds || inflight >= window_) break;
-          if (split_.empty() && !(round_flags(i, next) & kCarriesBytes)) {
-            post_latency_rounds(i, cross, next, inflight);
-            continue;
-          }
           ++inflight;
           post(i, next++);
         }
@@ -580,7 +730,11 @@ class Rounds final : public CollectiveAlgorithm {
           inflight_cross_[i] == 0)
         lo = rounds;
     }
-    if (!was_done && lo == rounds && ++members_done_ == n_) {
+    if (!was_done && lo == rounds) member_done();
+  }
+
+  void member_done() {
+    if (++members_done_ == n_) {
       if (tail_ > 0) return host_.delay(tail_, kDelayTag);
       host_.finished();
     }
@@ -598,12 +752,20 @@ class Rounds final : public CollectiveAlgorithm {
   std::vector<int> inflight_;   // per member: sends in flight (all_to_all: inside the node)
   std::vector<int> next_cross_, inflight_cross_;  // all_to_all: the same for other nodes
   std::vector<char> round_flags_;    // all_to_all, per member and round: kCrosses, kCarriesBytes
-  std::vector<int> target_;          // all_to_all, per member and round: the destination member
-  std::vector<double> round_bytes_;  // all_to_all, per member and round: the bytes it carries
+  std::vector<int> target_;          // merged rounds, per member and round: the destination member
+  std::vector<double> round_bytes_;  // merged rounds, per member and round: the bytes it carries
   std::vector<char> split_;  // flow, merged rounds: per member, one flow per peer in a round
   std::vector<std::size_t> pending_;  // flow, merged rounds: per member and round, flows not done
-  std::vector<char> sent_;            // barrier, per member and level: its send is done
-  std::vector<int> awaited_;          // barrier, per member and level: messages not yet received
+  bool plain_ = false;  // all_to_all, rounds not merged: zero-byte rounds timed here (settle())
+  std::vector<std::vector<double>>
+      zero_;                       // plain_, per member and kind: its zero-byte rounds' ends
+  std::vector<double> wake_date_;  // plain_, per member and kind: pending wake-up, or -1
+  std::vector<int> wake_version_;  // plain_, per member and kind
+  std::vector<double> scratch_times_;
+  double last_freed_ = -1;
+  std::vector<double> latencies_;  // all_to_all: the distinct path latencies of its rounds
+  std::vector<char> sent_;         // barrier, per member and level: its send is done
+  std::vector<int> awaited_;       // barrier, per member and level: messages not yet received
 };
 
 // ---- NVLS all-reduce: NVLink SHARP inside nodes, NVLS tree across them ----------------------

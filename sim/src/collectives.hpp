@@ -96,6 +96,10 @@ class CollectiveHost {
   }
   virtual void account(int src, int dst, double bytes) = 0;
   virtual void delay(double seconds, std::uint64_t tag) = 0;
+  // A delay that ends at simulated time `date` (not before now()), exactly that double: an
+  // algorithm that times some messages itself (all-to-all's zero-byte rounds) wakes at dates
+  // it computed as the host would have.
+  virtual void delay_until(double date, std::uint64_t tag) { delay(date - now(), tag); }
   virtual const Topology& topology() const = 0;
   virtual double now() const = 0;  // simulated time, seconds
   // Called once, when the algorithm has finished.

@@ -57,6 +57,7 @@ class Harness final : public CompletionSink, public CollectiveHost {
   }
   void account(int src, int dst, double bytes) override { network_.account(src, dst, bytes); }
   void delay(double seconds, std::uint64_t tag) override { network_.delay(seconds, 0, tag); }
+  void delay_until(double date, std::uint64_t tag) override { network_.delay_until(date, 0, tag); }
   const Topology& topology() const override { return topology_; }
   double now() const override { return network_.now(); }
   void finished() override { finished_ = true; }

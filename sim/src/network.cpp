@@ -116,6 +116,12 @@ void Network::delay(double seconds, std::uint32_t owner, std::uint64_t tag) {
             .tag = tag});
 }
 
+void Network::delay_until(double date, std::uint32_t owner, std::uint64_t tag) {
+  ++timers_;
+  schedule(
+      {.date = std::max(now(), date), .kind = EventKind::completion, .owner = owner, .tag = tag});
+}
+
 // ---- The event queue
 // ------------------------------------------------------------------------------
 

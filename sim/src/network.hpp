@@ -84,6 +84,7 @@ class Network {
   void account(int src, int dst, double bytes);
   void compute(int rank, double seconds, std::uint32_t owner, std::uint64_t tag);
   void delay(double seconds, std::uint32_t owner, std::uint64_t tag);
+  void delay_until(double date, std::uint32_t owner, std::uint64_t tag);
 
   double now() const;
   TrafficCounters& traffic() { return traffic_; }

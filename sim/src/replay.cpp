@@ -45,6 +45,7 @@ class InstanceHost final : public CollectiveHost {
                        bool to_root, double bytes, std::uint64_t tag) override;
   void account(int src, int dst, double bytes) override;
   void delay(double seconds, std::uint64_t tag) override;
+  void delay_until(double date, std::uint64_t tag) override;
   const Topology& topology() const override;
   double now() const override;
   void finished() override { finished_ = true; }
@@ -426,6 +427,9 @@ void InstanceHost::account(int src, int dst, double bytes) {
 }
 void InstanceHost::delay(double seconds, std::uint64_t tag) {
   replay_.network().delay(seconds, index_, tag);
+}
+void InstanceHost::delay_until(double date, std::uint64_t tag) {
+  replay_.network().delay_until(date, index_, tag);
 }
 const Topology& InstanceHost::topology() const {
   return replay_.topology();
