@@ -368,6 +368,13 @@ class Rounds final : public CollectiveAlgorithm {
     }
   }
 
+  // A moved wake-up must not reach the replay once the collective is done (its owner index is
+  // reused): the host drops the alarms' pending completions.
+  ~Rounds() override {
+    for (int alarm : alarm_)
+      if (alarm >= 0) host_.free_alarm(alarm);
+  }
+
   void start() override {
     if (n_ < 2 || groups_.empty()) {
       if (tail_ > 0) return host_.delay(tail_, kDelayTag);
@@ -437,6 +444,7 @@ class Rounds final : public CollectiveAlgorithm {
       zero_.assign(2 * static_cast<std::size_t>(n_), {});
       wake_date_.assign(2 * static_cast<std::size_t>(n_), -1);
       wake_version_.assign(2 * static_cast<std::size_t>(n_), 0);
+      alarm_.assign(2 * static_cast<std::size_t>(n_), -1);
       for (int i = 0; i < n_; ++i)
         for (const bool cross : {true, false}) run_kind(i, cross);
       return;
@@ -641,8 +649,8 @@ class Rounds final : public CollectiveAlgorithm {
     return (cross ? inflight_cross_ : inflight_)[i] == 0 ? last_freed_ : -1;
   }
 
-  // Settles the kind at the host's present and arranges its next wake-up (a stale one is
-  // recognized by its version and ignored).
+  // Settles the kind at the host's present and arranges its next wake-up on the kind's alarm
+  // (a host without alarms delays instead: a moved wake-up is then recognized by its version).
   void run_kind(int i, bool cross) {
     const double now = host_.now();
     settle(i, cross, now);
@@ -651,8 +659,10 @@ class Rounds final : public CollectiveAlgorithm {
     if (due > now && due != wake_date_[k]) {  // settle() left nothing due at `now`
       wake_date_[k] = due;
       ++wake_version_[k];
-      host_.delay_until(due, pack(cross ? kWakeCross : kWakeLocal, i,
-                                  static_cast<std::uint64_t>(wake_version_[k]) & kMaxC));
+      if (alarm_[k] < 0) alarm_[k] = host_.new_alarm();
+      host_.set_alarm(alarm_[k], due,
+                      pack(cross ? kWakeCross : kWakeLocal, i,
+                           static_cast<std::uint64_t>(wake_version_[k]) & kMaxC));
     }
     const int rounds = static_cast<int>(groups_.size());
     if (lo_[i] != rounds && kind_done(i, cross) && kind_done(i, !cross)) {
@@ -761,6 +771,7 @@ class Rounds final : public CollectiveAlgorithm {
       zero_;                       // plain_, per member and kind: its zero-byte rounds' ends
   std::vector<double> wake_date_;  // plain_, per member and kind: pending wake-up, or -1
   std::vector<int> wake_version_;  // plain_, per member and kind
+  std::vector<int> alarm_;         // plain_, per member and kind: the host's alarm, or -1
   std::vector<double> scratch_times_;
   double last_freed_ = -1;
   std::vector<double> latencies_;  // all_to_all: the distinct path latencies of its rounds

@@ -96,10 +96,17 @@ class CollectiveHost {
   }
   virtual void account(int src, int dst, double bytes) = 0;
   virtual void delay(double seconds, std::uint64_t tag) = 0;
-  // A delay that ends at simulated time `date` (not before now()), exactly that double: an
-  // algorithm that times some messages itself (all-to-all's zero-byte rounds) wakes at dates
-  // it computed as the host would have.
-  virtual void delay_until(double date, std::uint64_t tag) { delay(date - now(), tag); }
+  // An alarm: a completion with `tag` at simulated time `date` (not before now()), exactly that
+  // double, which set_alarm() moves and free_alarm() drops (an algorithm that times some
+  // messages itself, all-to-all's zero-byte rounds, wakes at dates it computed). An alarm's
+  // scheduled completion never arrives once moved or freed; free every alarm before the
+  // algorithm is destroyed. Without alarms of its own a host delays (a moved alarm then still
+  // completes; the algorithm must ignore it).
+  virtual int new_alarm() { return 0; }
+  virtual void set_alarm(int /*alarm*/, double date, std::uint64_t tag) {
+    delay(date - now(), tag);
+  }
+  virtual void free_alarm(int /*alarm*/) {}
   virtual const Topology& topology() const = 0;
   virtual double now() const = 0;  // simulated time, seconds
   // Called once, when the algorithm has finished.

@@ -57,7 +57,11 @@ class Harness final : public CompletionSink, public CollectiveHost {
   }
   void account(int src, int dst, double bytes) override { network_.account(src, dst, bytes); }
   void delay(double seconds, std::uint64_t tag) override { network_.delay(seconds, 0, tag); }
-  void delay_until(double date, std::uint64_t tag) override { network_.delay_until(date, 0, tag); }
+  int new_alarm() override { return network_.new_alarm(); }
+  void set_alarm(int alarm, double date, std::uint64_t tag) override {
+    network_.set_alarm(alarm, date, 0, tag);
+  }
+  void free_alarm(int alarm) override { network_.free_alarm(alarm); }
   const Topology& topology() const override { return topology_; }
   double now() const override { return network_.now(); }
   void finished() override { finished_ = true; }

@@ -116,10 +116,29 @@ void Network::delay(double seconds, std::uint32_t owner, std::uint64_t tag) {
             .tag = tag});
 }
 
-void Network::delay_until(double date, std::uint32_t owner, std::uint64_t tag) {
-  ++timers_;
-  schedule(
-      {.date = std::max(now(), date), .kind = EventKind::completion, .owner = owner, .tag = tag});
+int Network::new_alarm() {
+  if (!free_alarms_.empty()) {
+    const std::uint32_t a = free_alarms_.back();
+    free_alarms_.pop_back();
+    return static_cast<int>(a);
+  }
+  alarms_.emplace_back();
+  return static_cast<int>(alarms_.size()) - 1;
+}
+
+void Network::set_alarm(int alarm, double date, std::uint32_t owner, std::uint64_t tag) {
+  Alarm& a = alarms_[static_cast<std::size_t>(alarm)];
+  a.owner = owner;
+  a.tag = tag;
+  wake_at(a.wake, std::max(now(), date), EventKind::alarm, alarm);
+}
+
+void Network::free_alarm(int alarm) {
+  Alarm& a = alarms_[static_cast<std::size_t>(alarm)];
+  ++a.wake.version;  // drops a scheduled event; versions only grow, so a reuse never matches it
+  a.wake.armed = false;
+  a.wake.date = -1;
+  free_alarms_.push_back(static_cast<std::uint32_t>(alarm));
 }
 
 // ---- The event queue
@@ -220,6 +239,14 @@ void Network::dispatch(const Event& e) {
       fabrics_[static_cast<std::size_t>(e.a)]->share();
       fabric_reschedule(e.a);
       return;
+    case EventKind::alarm: {
+      Alarm& a = alarms_[static_cast<std::size_t>(e.a)];
+      if (!a.wake.armed || a.wake.version != e.c) return;
+      a.wake.armed = false;
+      a.wake.date = -1;
+      sink_.completed(a.owner, a.tag);
+      return;
+    }
     case EventKind::net_share:
       net_share_pending_ = false;
       net_fabric_->share();

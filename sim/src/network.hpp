@@ -84,7 +84,12 @@ class Network {
   void account(int src, int dst, double bytes);
   void compute(int rank, double seconds, std::uint32_t owner, std::uint64_t tag);
   void delay(double seconds, std::uint32_t owner, std::uint64_t tag);
-  void delay_until(double date, std::uint32_t owner, std::uint64_t tag);
+  // Alarms: a completion (owner, tag) at an exact date that can be moved or dropped. Moving one
+  // (set_alarm again) or freeing it drops the event already scheduled, so nothing reaches an
+  // owner that has finished (the replay reuses a finished collective's owner index).
+  int new_alarm();
+  void set_alarm(int alarm, double date, std::uint32_t owner, std::uint64_t tag);
+  void free_alarm(int alarm);
 
   double now() const;
   TrafficCounters& traffic() { return traffic_; }
@@ -149,6 +154,7 @@ class Network {
     net_fire,      // net_fire() if version c is still current
     net_share,     // the NetFabric's re-sharing of this instant
     fabric_share,  // node a's NodeFabric re-sharing of this instant
+    alarm,         // alarm a's completion if version c is still the alarm's
   };
   struct Event {
     double date;
@@ -235,6 +241,14 @@ class Network {
   std::vector<std::uint64_t> net_done_;
   std::vector<int> member_up_, member_down_;          // per rank, -1: not yet known
   std::unordered_map<std::uint64_t, int> net_pools_;  // group hash -> pool, -1: cannot pool
+
+  struct Alarm {
+    WakeUp wake;
+    std::uint32_t owner = 0;
+    std::uint64_t tag = 0;
+  };
+  std::vector<Alarm> alarms_;
+  std::vector<std::uint32_t> free_alarms_;
 
   std::int64_t simgrid_transfers_ = 0;
   std::int64_t node_flows_ = 0;

@@ -45,7 +45,9 @@ class InstanceHost final : public CollectiveHost {
                        bool to_root, double bytes, std::uint64_t tag) override;
   void account(int src, int dst, double bytes) override;
   void delay(double seconds, std::uint64_t tag) override;
-  void delay_until(double date, std::uint64_t tag) override;
+  int new_alarm() override;
+  void set_alarm(int alarm, double date, std::uint64_t tag) override;
+  void free_alarm(int alarm) override;
   const Topology& topology() const override;
   double now() const override;
   void finished() override { finished_ = true; }
@@ -428,8 +430,14 @@ void InstanceHost::account(int src, int dst, double bytes) {
 void InstanceHost::delay(double seconds, std::uint64_t tag) {
   replay_.network().delay(seconds, index_, tag);
 }
-void InstanceHost::delay_until(double date, std::uint64_t tag) {
-  replay_.network().delay_until(date, index_, tag);
+int InstanceHost::new_alarm() {
+  return replay_.network().new_alarm();
+}
+void InstanceHost::set_alarm(int alarm, double date, std::uint64_t tag) {
+  replay_.network().set_alarm(alarm, date, index_, tag);
+}
+void InstanceHost::free_alarm(int alarm) {
+  replay_.network().free_alarm(alarm);
 }
 const Topology& InstanceHost::topology() const {
   return replay_.topology();
