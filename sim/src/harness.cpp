@@ -85,6 +85,16 @@ class Harness final : public CompletionSink, public CollectiveHost {
   bool finished_ = false;
 };
 
+// SimGrid's engine for this (child) process, quiet below warnings.
+void start_engine() {
+  int argc = 1;
+  char name[] = "muonbed-sim-harness";
+  char* argv[] = {name, nullptr};
+  auto* engine = new sg4::Engine(&argc, argv);  // never destroyed: the child exits next
+  (void)engine;
+  xbt_log_control_set("root.thresh:warning");
+}
+
 }  // namespace
 
 HarnessResult time_collectives(const ClusterSpec& cluster, int world_size, int gpus_per_node,
@@ -92,12 +102,7 @@ HarnessResult time_collectives(const ClusterSpec& cluster, int world_size, int g
                                const LoweringOptions& options, const NetworkConfig& network) {
   const IsolatedRun run = run_isolated([&]() {
     const auto t0 = std::chrono::steady_clock::now();
-    int argc = 1;
-    char name[] = "muonbed-sim-harness";
-    char* argv[] = {name, nullptr};
-    auto* engine = new sg4::Engine(&argc, argv);  // never destroyed: the child exits next
-    (void)engine;
-    xbt_log_control_set("root.thresh:warning");
+    start_engine();
     const Topology topology(cluster, world_size, gpus_per_node);
     const auto hosts = build_platform(topology, network);
     auto* harness = new Harness(topology, hosts, specs, options,
@@ -124,12 +129,7 @@ HarnessResult time_collectives(const ClusterSpec& cluster, int world_size, int g
 
 std::string check_net_routes(const ClusterSpec& cluster, int world_size, int gpus_per_node) {
   const IsolatedRun run = run_isolated([&]() {
-    int argc = 1;
-    char name[] = "muonbed-sim-routes";
-    char* argv[] = {name, nullptr};
-    auto* engine = new sg4::Engine(&argc, argv);  // never destroyed: the child exits next
-    (void)engine;
-    xbt_log_control_set("root.thresh:warning");
+    start_engine();
     const Topology topology(cluster, world_size, gpus_per_node);
     const auto hosts = build_platform(topology, NetworkConfig{});
     static const std::vector<CollectiveSpec> none;
