@@ -62,8 +62,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "core/model/optimizer.hpp"
@@ -259,6 +261,25 @@ std::vector<PairBytes> all_to_all_transfers(const StepPlan& plan, const Op& op,
 //   all_gather: this member's contribution; reduce_scatter: the full input / group size ratio is
 //   implied, this returns the member's output piece; all_reduce: the piece; send: the piece.
 std::int64_t piece_bytes(const StepPlan& plan, const Op& op, int rank);
+
+// piece_bytes with every answer kept per rank and per op signature (what piece_bytes reads: kind,
+// tensor, params, gathered and group dims, root, owned_only, bytes), so that ops differing only in
+// the rest share them: a training step gathers each layer once per micro-batch group, and sizing
+// every member's piece of every instance from the layouts was a tenth of a 1,024-GPU step's
+// simulation. The plan must outlive it.
+class PieceBytes {
+ public:
+  explicit PieceBytes(const StepPlan& plan);
+  std::int64_t operator()(int op, int rank);
+
+ private:
+  const StepPlan& plan_;
+  using Signature =
+      std::tuple<int, int, std::uint32_t, std::uint32_t, int, bool, std::int64_t, std::vector<int>>;
+  std::map<Signature, int> signatures_;
+  std::vector<int> signature_of_op_;              // -1: not yet known
+  std::vector<std::vector<std::int64_t>> known_;  // per signature, per rank; -1: not yet known
+};
 // The total buffer size S of nccl-tests for this collective instance (algbw = S / time).
 std::int64_t collective_bytes(const StepPlan& plan, const Op& op, int rank);
 std::int64_t buffer_bytes(const StepPlan& plan, const Buffer& buffer, int rank);

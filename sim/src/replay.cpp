@@ -93,6 +93,7 @@ class Replay final : public OpHandler, public CompletionSink {
         engine_(index_, *this, index_.all_ranks()),
         timeline_(index_.world_size(), index_.num_ops(), options.trace_max_ranks),
         training_costs_(plan),
+        piece_bytes_(plan),
         patterns_(step_patterns(plan)),
         host_comm_(plan, cluster),
         progress_(options.progress_label, "the plan's rank-ops simulated",
@@ -189,7 +190,7 @@ class Replay final : public OpHandler, public CompletionSink {
       case OpKind::recv: {
         spec.root = 0;
         spec.peer = 1;
-        bytes = static_cast<double>(piece_bytes(plan_, o, spec.members[0]));
+        bytes = static_cast<double>(piece_bytes_(instance.op, spec.members[0]));
         spec.pieces = {bytes, 0};
         break;
       }
@@ -200,7 +201,7 @@ class Replay final : public OpHandler, public CompletionSink {
         spec.root = std::max(0, o.root);
         spec.pieces.resize(n);
         for (int i = 0; i < n; ++i) {
-          spec.pieces[i] = static_cast<double>(piece_bytes(plan_, o, spec.members[i]));
+          spec.pieces[i] = static_cast<double>(piece_bytes_(instance.op, spec.members[i]));
           bytes += spec.pieces[i];
         }
         if (o.kind == OpKind::reduce_scatter)
@@ -210,7 +211,7 @@ class Replay final : public OpHandler, public CompletionSink {
       case OpKind::all_reduce:
       case OpKind::broadcast: {
         spec.root = std::max(0, o.root);
-        bytes = static_cast<double>(piece_bytes(plan_, o, spec.members[0]));
+        bytes = static_cast<double>(piece_bytes_(instance.op, spec.members[0]));
         spec.pieces.assign(n, bytes);
         break;
       }
@@ -392,6 +393,7 @@ class Replay final : public OpHandler, public CompletionSink {
   Engine engine_;
   StepTimeline timeline_;
   TrainingCosts training_costs_;  // forward / backward ops priced once per rank (training.hpp)
+  PieceBytes piece_bytes_;        // members' pieces sized once per op signature and rank
 
   std::vector<StepPatternSpec> patterns_;
   HostCommCharge host_comm_;  // CPU ranks' message handling on their compute (cost_model.hpp)

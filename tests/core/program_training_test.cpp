@@ -258,3 +258,29 @@ TEST_CASE("TrainingCosts prices every forward and backward op as the direct form
     CHECK(priced > 8);  // several micro-batches of forward and backward ops per rank
   }
 }
+
+TEST_CASE("PieceBytes sizes every collective's pieces as piece_bytes does", "[program][training]") {
+  // PieceBytes keeps answers per op signature and rank: the pieces of ops that differ only in
+  // their micro-batch group are sized once. Every op and rank must still get piece_bytes' figure
+  // (asked in plan order and again), on FSDP, TP, FSDP x TP and more micro-batches than ranks.
+  for (const auto& dims : std::vector<std::vector<MeshDim>>{
+           {{"dp_shard", 2, DimRole::fsdp}},
+           {{"tp", 2, DimRole::tp}},
+           {{"dp_shard", 2, DimRole::fsdp}, {"tp", 2, DimRole::tp}}}) {
+    const StepPlan plan = hand_plan(dims, 64, 4);
+    PieceBytes pieces(plan);
+    int sized = 0;
+    for (int pass = 0; pass < 2; ++pass)
+      for (std::size_t k = 0; k < plan.ops.size(); ++k) {
+        const Op& op = plan.ops[k];
+        if (!is_collective(op.kind)) continue;
+        for (int rank = 0; rank < plan.mesh().world_size(); ++rank) {
+          INFO(plan.mesh().describe() << ", op " << k << " (" << to_string(op.kind) << "), rank "
+                                      << rank << ", pass " << pass);
+          CHECK(pieces(static_cast<int>(k), rank) == piece_bytes(plan, op, rank));
+          ++sized;
+        }
+      }
+    CHECK(sized > 8);
+  }
+}

@@ -265,6 +265,26 @@ std::int64_t piece_bytes(const StepPlan& plan, const Op& op, int rank) {
   }
 }
 
+PieceBytes::PieceBytes(const StepPlan& plan) : plan_(plan), signature_of_op_(plan.ops.size(), -1) {}
+
+std::int64_t PieceBytes::operator()(int op, int rank) {
+  int& signature = signature_of_op_.at(static_cast<std::size_t>(op));
+  if (signature < 0) {
+    const Op& o = plan_.ops[op];
+    const auto [at, added] = signatures_.try_emplace(
+        {static_cast<int>(o.kind), static_cast<int>(o.tensor), o.gathered.bits, o.group.bits,
+         o.root, o.owned_only, o.bytes, o.params},
+        static_cast<int>(known_.size()));
+    if (added) known_.emplace_back();
+    signature = at->second;
+  }
+  std::vector<std::int64_t>& row = known_[static_cast<std::size_t>(signature)];
+  if (row.empty()) row.assign(static_cast<std::size_t>(plan_.mesh().world_size()), -1);
+  std::int64_t& bytes = row.at(static_cast<std::size_t>(rank));
+  if (bytes < 0) bytes = piece_bytes(plan_, plan_.ops[op], rank);
+  return bytes;
+}
+
 std::vector<std::int64_t> bytes_sent(const StepPlan& plan, const Op& op, int rank) {
   const auto& mesh = plan.mesh();
   const int n = mesh.group_size(op.group);
