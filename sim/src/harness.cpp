@@ -141,4 +141,38 @@ std::string check_net_routes(const ClusterSpec& cluster, int world_size, int gpu
   return run.output.substr(std::string("result:").size());
 }
 
+std::string alarm_completions(const ClusterSpec& cluster) {
+  const IsolatedRun run = run_isolated([&]() {
+    start_engine();
+    const Topology topology(cluster, 2, std::min(2, cluster.gpus_per_node));
+    const auto hosts = build_platform(topology, NetworkConfig{});
+    struct Recorder final : CompletionSink {
+      std::ostringstream out;
+      Network* network = nullptr;
+      void completed(std::uint32_t owner, std::uint64_t tag) override {
+        out << owner << ':' << tag << '@' << network->now() << ' ';
+      }
+    };
+    auto* recorder = new Recorder;  // alive until exit
+    auto* network = new Network(topology, hosts, false, false, *recorder, true);
+    recorder->network = network;
+    const int moved = network->new_alarm(), freed = network->new_alarm(),
+              reused = network->new_alarm(), earlier = network->new_alarm();
+    network->set_alarm(moved, 1, 1, 10);
+    network->set_alarm(moved, 2, 1, 11);
+    network->set_alarm(freed, 3, 2, 20);
+    network->free_alarm(freed);  // its slot stays free: nothing re-arms it
+    network->set_alarm(reused, 4, 3, 30);
+    network->free_alarm(reused);
+    const int again = network->new_alarm();  // the last freed slot: reused's
+    if (again != reused) throw Error("internal: alarm slots are not reused last-freed first");
+    network->set_alarm(again, 5, 3, 31);
+    network->set_alarm(earlier, 6, 4, 40);
+    network->set_alarm(earlier, 0.5, 4, 41);
+    sg4::Engine::get_instance()->run();
+    return recorder->out.str();
+  });
+  return run.output;
+}
+
 }  // namespace muonbed::sim

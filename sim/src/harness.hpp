@@ -28,4 +28,10 @@ HarnessResult time_collectives(const ClusterSpec& cluster, int world_size, int g
 // pair of ranks on different nodes: "" when all are equal, else the first difference.
 std::string check_net_routes(const ClusterSpec& cluster, int world_size, int gpus_per_node);
 
+// The network's alarms on a 2-GPU platform of `cluster`, as "owner:tag@time" per completion in
+// order: alarm 1 set for t = 1 s, then moved to 2 s; alarm 2 set for 3 s, then freed; alarm 3 set
+// for 4 s and freed, its slot taken by a new alarm set for 5 s; alarm 4 set for 6 s and moved to
+// 0.5 s. Moved and freed alarms must never complete at their old dates (tests).
+std::string alarm_completions(const ClusterSpec& cluster);
+
 }  // namespace muonbed::sim

@@ -361,6 +361,17 @@ TEST_CASE("inter-node routes composed from node parts are SimGrid's routes", "[s
       }
 }
 
+TEST_CASE("a moved or freed alarm never completes at its old date", "[sim][platform]") {
+  // All-to-all members wake themselves with alarms (collectives.cpp, Rounds::run_kind) and move
+  // them as rounds complete; a finished collective frees them, and the replay gives its owner
+  // index to the next collective. An old alarm event arriving there crashed the simulator (dion
+  // at 1,024 GPUs) or would hand a wake-up to another collective. Expected by hand: the moved
+  // alarm at its new date only, nothing from the freed ones, the reused slot at its own date.
+  const ClusterSpec h100 =
+      load_cluster_file(std::string(MUONBED_SOURCE_DIR) + "/experiments/clusters/dgx-h100.yaml");
+  CHECK(sim::alarm_completions(h100) == "4:41@0.5 1:11@2 3:31@5 ");
+}
+
 TEST_CASE("the simulator says what is wrong before simulating", "[sim][replay]") {
   Experiment e = point(R"(
 name: too_small
