@@ -366,6 +366,7 @@ class Rounds final : public CollectiveAlgorithm {
         pending_.assign(static_cast<std::size_t>(n_) * rounds, 0);
       }
     }
+    plain_ = !barrier_ && split_.empty();
   }
 
   // A moved wake-up must not reach the replay once the collective is done (its owner index is
@@ -395,7 +396,7 @@ class Rounds final : public CollectiveAlgorithm {
       // sixth of a 1,024-GPU megatron step (flow). A path's latency depends on the two nodes
       // only, so it is looked up when the destination's node changes.
       const Topology& t = host_.topology();
-      const bool merged = !split_.empty();
+      const bool merged = !plain_;
       round_flags_.assign(static_cast<std::size_t>(n_) * r, 0);
       if (merged) {
         target_.assign(static_cast<std::size_t>(n_) * r, 0);
@@ -439,7 +440,6 @@ class Rounds final : public CollectiveAlgorithm {
           ++awaited_[static_cast<std::size_t>(j) * r + k];
         }
     }
-    plain_ = !barrier_ && split_.empty();
     if (plain_) {
       zero_.assign(2 * static_cast<std::size_t>(n_), {});
       wake_date_.assign(2 * static_cast<std::size_t>(n_), -1);
@@ -555,9 +555,8 @@ class Rounds final : public CollectiveAlgorithm {
                             pack(0, i, r));
     }
     const std::size_t at = static_cast<std::size_t>(i) * groups_.size() + r;
-    const bool merged = !split_.empty();
-    const int target = merged ? target_[at] : peer(i, g.target);
-    const double carried = merged ? round_bytes_[at] : spec_.a2a[i][target];
+    const int target = plain_ ? peer(i, g.target) : target_[at];
+    const double carried = plain_ ? spec_.a2a[i][target] : round_bytes_[at];
     const int dst = spec_.members[target];
     host_.transfer(src, dst,
                    wire_bytes(host_.topology(), src, dst, carried, CollectiveClass::all_to_all),
@@ -766,7 +765,7 @@ class Rounds final : public CollectiveAlgorithm {
   std::vector<double> round_bytes_;  // merged rounds, per member and round: the bytes it carries
   std::vector<char> split_;  // flow, merged rounds: per member, one flow per peer in a round
   std::vector<std::size_t> pending_;  // flow, merged rounds: per member and round, flows not done
-  bool plain_ = false;  // all_to_all, rounds not merged: zero-byte rounds timed here (settle())
+  bool plain_ = false;  // all_to_all without merged rounds: zero-byte rounds timed here (settle())
   std::vector<std::vector<double>>
       zero_;                       // plain_, per member and kind: its zero-byte rounds' ends
   std::vector<double> wake_date_;  // plain_, per member and kind: pending wake-up, or -1
