@@ -34,8 +34,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "core/config/cluster.hpp"
 #include "core/engine/cost_model.hpp"
 #include "core/plan/plan.hpp"
@@ -104,8 +102,8 @@ struct SimulationStats {
 };
 
 struct SimulationResult {
-  ResultRecord record;   // backend "sim"; provenance without the experiment part
-  nlohmann::json trace;  // Chrome trace of the worst step (null when disabled)
+  ResultRecord record;  // backend "sim"; provenance without the experiment part
+  std::string trace;    // Chrome trace of the worst step, JSON text (empty when disabled)
   SimulationStats stats;
 };
 
@@ -119,6 +117,13 @@ void check_simulable(const StepPlan& plan, const ClusterSpec& cluster);
 
 SimulationResult simulate(const StepPlan& plan, const ClusterSpec& cluster,
                           const SimOptions& options = {});
+// Several independent plans on one cluster (a training point and its AdamW twin), each simulated
+// as simulate() would: side by side in child processes, as many at once as this process has
+// cores (its affinity mask), one after another when options.isolate is off; results in the
+// plans' order. Each plan is checked (check_simulable, fidelity) before any simulation starts.
+std::vector<SimulationResult> simulate_each(const std::vector<const StepPlan*>& plans,
+                                            const ClusterSpec& cluster,
+                                            const std::vector<SimOptions>& options);
 
 // SimGrid's version string of this build ("3.32.0").
 std::string simgrid_version();

@@ -27,8 +27,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "core/plan/plan.hpp"
 #include "core/results/results.hpp"
 
@@ -86,7 +84,7 @@ struct MeasureSettings {
 
 struct Measured {
   ResultRecord record;  // provenance's experiment part left to the caller
-  nlohmann::json trace;
+  std::string trace;    // Chrome trace (JSON text), empty when none
   double wall_s = 0;
   double peak_rss_bytes = 0;         // rank 0's
   std::int64_t messages = 0;         // sent by all ranks over all steps run

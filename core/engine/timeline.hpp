@@ -14,9 +14,8 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/engine/measurement.hpp"
 #include "core/plan/plan.hpp"
@@ -87,9 +86,10 @@ class StepTimeline {
   double flops_ = 0;
 };
 
-// A Chrome / Perfetto trace of one step: one process per node, one thread per rank and stream,
-// times in microseconds from the step's start. `note` says what the trace shows.
-nlohmann::json chrome_trace(const StepPlan& plan, const std::vector<TraceEvent>& events,
-                            int traced_ranks, int gpus_per_node, int step, const std::string& note);
+// A Chrome / Perfetto trace of one step, as JSON text ("" when traced_ranks is 0): one process
+// per node, one thread per rank and stream, times in microseconds from the step's start. `note`
+// says what the trace shows.
+std::string chrome_trace(const StepPlan& plan, const std::vector<TraceEvent>& events,
+                         int traced_ranks, int gpus_per_node, int step, const std::string& note);
 
 }  // namespace muonbed

@@ -16,8 +16,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "core/experiment/backends.hpp"
 #include "core/experiment/experiment.hpp"
 #include "core/plan/plan.hpp"
@@ -53,9 +51,9 @@ struct RunSettings {
   // stderr while it runs (core/base/progress.hpp).
   std::string progress_label;
   // A training point's AdamW twin (run_plan sets it; issue 24's muon_overhead). A backend that
-  // can measure it in the same job, its steps interleaved with the point's (mpi), does so and
-  // returns its record in PointRun::adamw_twin; every other backend ignores it, and run_plan
-  // runs the twin after the point.
+  // can run it in the same job does so and returns its record in PointRun::adamw_twin: mpi
+  // interleaves its steps with the point's, sim simulates it beside the point on another core.
+  // Every other backend ignores it, and run_plan runs the twin after the point.
   const StepPlan* adamw_twin_plan = nullptr;
 };
 
@@ -70,7 +68,7 @@ struct RunCost {
 
 struct PointRun {
   ResultRecord record;     // provenance with the experiment, timestamp set
-  nlohmann::json trace;    // Chrome trace of the worst step; null when the backend has none
+  std::string trace;       // Chrome trace of the worst step, JSON text; empty when none
   RunCost cost;            // filled by backends that measure themselves
   double plan_wall_s = 0;  // time to build the plan (run_point)
   // Elements a real backend found wrong when it checked its results against the reference

@@ -1,4 +1,4 @@
-// Runs a piece of work in a fork()ed child process and returns what it produced. SimGrid 3.32's
+// Runs pieces of work in fork()ed child processes and returns what they produced. SimGrid 3.32's
 // engine is a process-wide singleton (and its fat-tree zone counts leaves in a static), so each
 // simulation gets a fresh process image: a copy-on-write fork of the caller, which also hands the
 // child the plan without serializing it. The child's text comes back through a pipe; its peak RSS
@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace muonbed::sim {
 
@@ -16,5 +17,15 @@ struct IsolatedRun {
 };
 
 IsolatedRun run_isolated(const std::function<std::string()>& body);
+
+// Each body in a child of its own, at most `at_once` children at a time (independent
+// simulations, e.g. a training point and its AdamW twin, side by side on a machine's cores); the
+// outputs in the bodies' order. Every child is waited for before an error is rethrown (the first
+// failed body's), so none is left running.
+std::vector<IsolatedRun> run_isolated_each(const std::vector<std::function<std::string()>>& bodies,
+                                           int at_once);
+
+// CPUs this process may run on (its affinity mask: taskset, Slurm's --cpus-per-task), at least 1.
+int usable_cores();
 
 }  // namespace muonbed::sim

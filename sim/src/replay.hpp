@@ -15,8 +15,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "core/config/cluster.hpp"
 #include "core/plan/plan.hpp"
 #include "core/results/results.hpp"
@@ -44,7 +42,7 @@ struct ReplayOptions {
 struct ReplayOutput {
   std::vector<StepMeasurement> steps;
   std::vector<std::vector<CollectiveMeasurement>> collectives;
-  nlohmann::json trace;  // the worst step's trace, null when disabled
+  std::string trace;  // the worst step's Chrome trace (JSON text), "" when disabled
 };
 
 // Runs the engine (which must hold the platform of `topology`, hosts in rank order) until every

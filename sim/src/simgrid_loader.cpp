@@ -82,4 +82,10 @@ SimulationResult simulate(const StepPlan& plan, const ClusterSpec& cluster,
   return module().simulate(plan, cluster, options);
 }
 
+std::vector<SimulationResult> simulate_each(const std::vector<const StepPlan*>& plans,
+                                            const ClusterSpec& cluster,
+                                            const std::vector<SimOptions>& options) {
+  return module().simulate_each(plans, cluster, options);
+}
+
 }  // namespace muonbed

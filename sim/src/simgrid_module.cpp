@@ -7,6 +7,6 @@ extern "C" __attribute__((visibility("default"))) const muonbed::SimgridModuleEn
 muonbed_simgrid_module() {
   static const muonbed::SimgridModuleEntry entry{
       muonbed::kSimgridModuleAbi, &muonbed::simgrid_version, &muonbed::resolve_fidelity,
-      &muonbed::check_simulable, &muonbed::simulate};
+      &muonbed::check_simulable,  &muonbed::simulate,        &muonbed::simulate_each};
   return &entry;
 }

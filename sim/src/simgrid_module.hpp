@@ -4,12 +4,13 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "sim/simulate.hpp"
 
 namespace muonbed {
 
-inline constexpr int kSimgridModuleAbi = 2;
+inline constexpr int kSimgridModuleAbi = 3;
 
 struct SimgridModuleEntry {
   int abi = kSimgridModuleAbi;
@@ -19,6 +20,9 @@ struct SimgridModuleEntry {
   void (*check_simulable)(const StepPlan& plan, const ClusterSpec& cluster) = nullptr;
   SimulationResult (*simulate)(const StepPlan& plan, const ClusterSpec& cluster,
                                const SimOptions& options) = nullptr;
+  std::vector<SimulationResult> (*simulate_each)(const std::vector<const StepPlan*>& plans,
+                                                 const ClusterSpec& cluster,
+                                                 const std::vector<SimOptions>& options) = nullptr;
 };
 
 }  // namespace muonbed

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <limits>
 #include <sstream>
 
@@ -14,6 +15,8 @@
 #include <simgrid/s4u/Engine.hpp>
 
 #include <simgrid/version.h>  // after xbt's headers: it uses their macros
+
+#include <nlohmann/json.hpp>
 
 #include "core/base/errors.hpp"
 #include "core/experiment/experiment.hpp"
@@ -231,34 +234,82 @@ void check_simulable(const StepPlan& plan, const ClusterSpec& cluster) {
                     "' gives the GPU no compute rate; fix: set gpu.peak_tflops");
 }
 
-SimulationResult simulate(const StepPlan& plan, const ClusterSpec& cluster,
-                          const SimOptions& requested) {
+namespace {
+
+// One simulation ready to run: its fidelity chosen and checked before any process starts.
+struct PreparedSimulation {
+  const StepPlan* plan = nullptr;
+  SimOptions options;
+  std::string fidelity;
+  std::string auto_note;
+};
+
+PreparedSimulation prepare(const StepPlan& plan, const ClusterSpec& cluster,
+                           const SimOptions& requested) {
   check_simulable(plan, cluster);
   const sim::FidelityChoice choice = resolve_choice(requested, plan, cluster);
-  const std::string& fidelity = choice.fidelity;
-  const SimOptions options = sim::options_for(choice, requested);
+  PreparedSimulation prepared;
+  prepared.plan = &plan;
+  prepared.fidelity = choice.fidelity;
+  prepared.options = sim::options_for(choice, requested);
   // auto says what it picked and why, in the record and (muonbed run) under the run line.
-  const std::string auto_note =
-      options.fidelity == "auto" ? std::string(kAutoFidelityNote) + fidelity + ": " + choice.reason
-                                 : "";
-  if (!options.isolate) return simulate_here(plan, cluster, options, fidelity, auto_note);
+  if (prepared.options.fidelity == "auto")
+    prepared.auto_note = std::string(kAutoFidelityNote) + choice.fidelity + ": " + choice.reason;
+  return prepared;
+}
 
-  const sim::IsolatedRun run = sim::run_isolated([&]() {
-    SimulationResult r = simulate_here(plan, cluster, options, fidelity, auto_note);
-    std::string out;
-    put_segment(out, result_to_json(r.record));
-    put_segment(out, r.trace.is_null() ? std::string() : r.trace.dump());
-    put_segment(out, stats_to_text(r.stats));
-    return out;
-  });
+SimulationResult run_here(const PreparedSimulation& p, const ClusterSpec& cluster) {
+  return simulate_here(*p.plan, cluster, p.options, p.fidelity, p.auto_note);
+}
+
+std::string encode(const SimulationResult& r) {
+  std::string out;
+  put_segment(out, result_to_json(r.record));
+  put_segment(out, r.trace);
+  put_segment(out, stats_to_text(r.stats));
+  return out;
+}
+
+SimulationResult decode(const sim::IsolatedRun& run) {
   std::size_t at = 0;
   SimulationResult result;
   result.record = result_from_json(get_segment(run.output, at));
-  const std::string trace = get_segment(run.output, at);
-  if (!trace.empty()) result.trace = nlohmann::json::parse(trace);
+  result.trace = get_segment(run.output, at);
   result.stats = stats_from_text(get_segment(run.output, at));
   result.stats.peak_rss_bytes = std::max(result.stats.peak_rss_bytes, run.peak_rss_bytes);
   return result;
+}
+
+}  // namespace
+
+SimulationResult simulate(const StepPlan& plan, const ClusterSpec& cluster,
+                          const SimOptions& requested) {
+  return std::move(simulate_each({&plan}, cluster, {requested}).front());
+}
+
+std::vector<SimulationResult> simulate_each(const std::vector<const StepPlan*>& plans,
+                                            const ClusterSpec& cluster,
+                                            const std::vector<SimOptions>& options) {
+  if (plans.size() != options.size())
+    throw Error("simulate_each: " + std::to_string(plans.size()) + " plans but " +
+                std::to_string(options.size()) + " option sets");
+  // Every plan is checked before any simulation starts: a bad twin fails the point at once.
+  std::vector<PreparedSimulation> prepared;
+  for (std::size_t i = 0; i < plans.size(); ++i)
+    prepared.push_back(prepare(*plans[i], cluster, options[i]));
+  std::vector<SimulationResult> results;
+  bool isolate = true;
+  for (const SimOptions& o : options) isolate = isolate && o.isolate;
+  if (!isolate) {
+    for (const PreparedSimulation& p : prepared) results.push_back(run_here(p, cluster));
+    return results;
+  }
+  std::vector<std::function<std::string()>> bodies;
+  for (const PreparedSimulation& p : prepared)
+    bodies.push_back([&cluster, &p]() { return encode(run_here(p, cluster)); });
+  for (const sim::IsolatedRun& run : sim::run_isolated_each(bodies, sim::usable_cores()))
+    results.push_back(decode(run));
+  return results;
 }
 
 }  // namespace muonbed

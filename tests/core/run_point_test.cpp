@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "core/base/errors.hpp"
 #include "core/experiment/backends.hpp"
 #include "core/experiment/experiment.hpp"
@@ -27,7 +29,7 @@ PointRun fake_run(const Experiment& experiment, const StepPlan& plan, const RunS
   run.record = analytic_record(plan, experiment.cluster);
   run.record.backend = "fake";
   run.record.provenance = make_provenance(&experiment, "");
-  run.trace = {{"traced_ranks", s.trace_max_ranks}};
+  run.trace = nlohmann::json{{"traced_ranks", s.trace_max_ranks}}.dump();
   return run;
 }
 
@@ -75,7 +77,7 @@ TEST_CASE("analytic is built in; other backends are registered by name", "[run_p
   CHECK(analytic.record.backend == "analytic");
   CHECK(!analytic.record.timestamp.empty());
   CHECK(analytic.record.provenance.experiment == "registry");
-  CHECK(analytic.trace.is_null());
+  CHECK(analytic.trace.empty());
   CHECK_THROWS_AS(run_point(e, "no-such-backend"), Error);
   CHECK_THROWS_WITH(run_point(e, "no-such-backend"), Catch::Contains("analytic"));
 
@@ -95,13 +97,13 @@ TEST_CASE("analytic is built in; other backends are registered by name", "[run_p
   const std::filesystem::path dir = scratch.path() / "out";
   out.output_dir = dir.string();
   const PointRun fake = run_point(out, "fake", settings);
-  CHECK(fake.trace.at("traced_ranks") == 3);
+  CHECK(nlohmann::json::parse(fake.trace).at("traced_ranks") == 3);
   const std::string path = write_point(out, fake);
   CHECK(path == (dir / "default" / "fake.json").string());
   CHECK(std::filesystem::exists(dir / "default" / "fake.trace.json"));
   // A rerun without a trace leaves no trace of the older run beside the result.
   PointRun untraced = fake;
-  untraced.trace = nullptr;
+  untraced.trace.clear();
   write_point(out, untraced);
   CHECK(!std::filesystem::exists(dir / "default" / "fake.trace.json"));
 }

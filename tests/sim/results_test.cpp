@@ -59,7 +59,7 @@ TEST_CASE("the sim backend registers itself with the point runner", "[sim][resul
   CHECK(run.record.backend == "sim");
   CHECK(run.cost.what == "simulation");
   CHECK(run.cost.messages > 0);
-  CHECK(!run.trace.is_null());
+  CHECK(!run.trace.empty());
 }
 
 TEST_CASE("result records round-trip through JSON exactly", "[sim][results]") {
@@ -151,4 +151,36 @@ strategy: )") + strategy +
   CHECK_THAT(table, Catch::Contains("16-24x"));
   CHECK_THAT(table, Catch::Contains("analytic"));
   CHECK_THAT(table, !Catch::Contains(" - "));  // all three configurations were recognized
+}
+
+TEST_CASE("a training point's AdamW twin simulated beside it is the twin simulated alone",
+          "[sim][results][training]") {
+  // run_plan hands the sim backend the twin (every parameter on AdamW); it runs in a process of
+  // its own beside the point's. Its step must be the one the twin gives as a point of its own.
+  const Experiment e =
+      point(std::string(kSmall) + "training: {tokens_per_step: 16384, seq_len: 1024}\n");
+  const PointRun run = run_point(e, "sim");
+  REQUIRE(run.record.training.present);
+  Experiment twin = e;
+  twin.parallel.routing.everything_to_adamw = true;
+  twin.sharded = nullptr;
+  const PointRun alone = run_point(twin, "sim");  // an AdamW point has no twin of its own
+  CHECK_FALSE(alone.adamw_twin.has_value());
+  CHECK(run.record.training.adamw_step_s == alone.record.comparable_step_s());
+  CHECK(run.record.training.adamw_step_s < run.record.comparable_step_s());  // Muon costs more
+  CHECK(run.record.training.muon_overhead ==
+        run.record.comparable_step_s() / alone.record.comparable_step_s() - 1);
+  // simulate_each returns each plan's own simulation, in the order given.
+  const StepPlan muon_plan = plan_experiment(e), adamw_plan = plan_experiment(twin);
+  SimOptions step;
+  step.fidelity = "step";
+  step.trace_max_ranks = 0;
+  const auto both = simulate_each({&adamw_plan, &muon_plan}, e.cluster, {step, step});
+  REQUIRE(both.size() == 2);
+  CHECK(both[0].record.comparable_step_s() ==
+        simulate(adamw_plan, e.cluster, step).record.comparable_step_s());
+  CHECK(both[1].record.comparable_step_s() ==
+        simulate(muon_plan, e.cluster, step).record.comparable_step_s());
+  CHECK_THROWS_WITH(simulate_each({&muon_plan}, e.cluster, {step, step}),
+                    Catch::Contains("1 plans but 2 option sets"));
 }

@@ -348,7 +348,7 @@ PointRun launch_job(const Job& job, int ranks, const std::string& failure_log, s
   const nlohmann::json result = nlohmann::json::parse(read_file(result_file));
   PointRun run;
   run.record = result_from_json(result.at("record").get<std::string>());
-  run.trace = result.at("trace");
+  run.trace = result.at("trace").get<std::string>();
   const auto& cost = result.at("cost");
   run.cost.what = "execution";
   run.cost.wall_s = cost.at("wall_s").get<double>();

@@ -2,6 +2,9 @@
 #include "core/engine/timeline.hpp"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <string_view>
 
 #include "core/base/errors.hpp"
 
@@ -111,50 +114,135 @@ std::vector<CollectiveMeasurement> StepTimeline::collectives() const {
   return out;
 }
 
-nlohmann::json chrome_trace(const StepPlan& plan, const std::vector<TraceEvent>& events,
-                            int traced_ranks, int gpus_per_node, int step,
-                            const std::string& note) {
-  if (traced_ranks <= 0) return nullptr;
+namespace {
+
+// Chrome traces run to a hundred megabytes (a training step's 64 traced ranks): they are written
+// as text, with no JSON document in between (building one took seconds and ten times the
+// memory). JSON text rules: strings escaped as RFC 8259 asks, numbers in the shortest form that
+// reads back as the same double.
+void put_string(std::string& out, std::string_view text) {
+  out += '"';
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20) {
+      static const char* hex = "0123456789abcdef";
+      switch (c) {
+        case '\n':
+          out += "\\n";
+          break;
+        case '\r':
+          out += "\\r";
+          break;
+        case '\t':
+          out += "\\t";
+          break;
+        case '\b':
+          out += "\\b";
+          break;
+        case '\f':
+          out += "\\f";
+          break;
+        default:
+          out += "\\u00";
+          out += hex[u >> 4];
+          out += hex[u & 15];
+      }
+    } else {
+      out += c;  // UTF-8 passes through
+    }
+  }
+  out += '"';
+}
+
+void put_number(std::string& out, double value) {
+  if (!std::isfinite(value)) {
+    out += "null";  // what JSON allows; a trace time is never infinite
+    return;
+  }
+  char buffer[32];
+  const auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, value);
+  out.append(buffer, ec == std::errc() ? end : buffer);
+}
+
+void put_number(std::string& out, long long value) {
+  char buffer[24];
+  const auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, value);
+  out.append(buffer, ec == std::errc() ? end : buffer);
+}
+
+}  // namespace
+
+std::string chrome_trace(const StepPlan& plan, const std::vector<TraceEvent>& events,
+                         int traced_ranks, int gpus_per_node, int step, const std::string& note) {
+  if (traced_ranks <= 0) return {};
   const int gpn = std::max(1, gpus_per_node);
   const int ns = std::max<int>(1, static_cast<int>(plan.streams.size()));
   const auto stream_name = [&](int s) {
     return s < static_cast<int>(plan.streams.size()) ? plan.streams[s] : std::to_string(s);
   };
-  nlohmann::json out_events = nlohmann::json::array();
-  for (int node = 0; node * gpn < traced_ranks; ++node)
-    out_events.push_back({{"name", "process_name"},
-                          {"ph", "M"},
-                          {"pid", node},
-                          {"args", {{"name", "node " + std::to_string(node)}}}});
+  std::string out;
+  out.reserve(256 + events.size() * 160);
+  out += "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"note\":";
+  put_string(out, note);
+  out += ",\"step\":";
+  put_number(out, static_cast<long long>(step));
+  out += ",\"traced_ranks\":";
+  put_number(out, static_cast<long long>(traced_ranks));
+  out += ",\"world_size\":";
+  put_number(out, static_cast<long long>(plan.mesh().world_size()));
+  out += "},\"traceEvents\":[";
+  bool first = true;
+  const auto next_event = [&]() {
+    if (!first) out += ',';
+    first = false;
+  };
+  for (int node = 0; node * gpn < traced_ranks; ++node) {
+    next_event();
+    out += "{\"args\":{\"name\":";
+    put_string(out, "node " + std::to_string(node));
+    out += "},\"name\":\"process_name\",\"ph\":\"M\",\"pid\":";
+    put_number(out, static_cast<long long>(node));
+    out += '}';
+  }
   for (int r = 0; r < traced_ranks; ++r)
-    for (int s = 0; s < ns; ++s)
-      out_events.push_back(
-          {{"name", "thread_name"},
-           {"ph", "M"},
-           {"pid", r / gpn},
-           {"tid", r * ns + s},
-           {"args", {{"name", "rank " + std::to_string(r) + " " + stream_name(s)}}}});
+    for (int s = 0; s < ns; ++s) {
+      next_event();
+      out += "{\"args\":{\"name\":";
+      put_string(out, "rank " + std::to_string(r) + " " + stream_name(s));
+      out += "},\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":";
+      put_number(out, static_cast<long long>(r / gpn));
+      out += ",\"tid\":";
+      put_number(out, static_cast<long long>(r) * ns + s);
+      out += '}';
+    }
   for (const TraceEvent& e : events) {
     const Op& op = plan.ops.at(e.op);
     const char* cat = e.kind == TraceKind::compute      ? "compute"
                       : e.kind == TraceKind::collective ? "collective"
                                                         : "wait";
-    out_events.push_back({{"name", e.kind == TraceKind::wait ? "wait: " + op.label : op.label},
-                          {"cat", cat},
-                          {"ph", "X"},
-                          {"ts", e.start * 1e6},
-                          {"dur", (e.end - e.start) * 1e6},
-                          {"pid", e.rank / gpn},
-                          {"tid", e.rank * ns + e.stream},
-                          {"args", {{"op", e.op}, {"kind", std::string(to_string(op.kind))}}}});
+    next_event();
+    out += "{\"args\":{\"kind\":";
+    put_string(out, to_string(op.kind));
+    out += ",\"op\":";
+    put_number(out, static_cast<long long>(e.op));
+    out += "},\"cat\":\"";
+    out += cat;
+    out += "\",\"dur\":";
+    put_number(out, (e.end - e.start) * 1e6);
+    out += ",\"name\":";
+    put_string(out, e.kind == TraceKind::wait ? "wait: " + op.label : op.label);
+    out += ",\"ph\":\"X\",\"pid\":";
+    put_number(out, static_cast<long long>(e.rank / gpn));
+    out += ",\"tid\":";
+    put_number(out, static_cast<long long>(e.rank) * ns + e.stream);
+    out += ",\"ts\":";
+    put_number(out, e.start * 1e6);
+    out += '}';
   }
-  nlohmann::json out;
-  out["displayTimeUnit"] = "ms";
-  out["otherData"] = {{"step", step},
-                      {"traced_ranks", traced_ranks},
-                      {"world_size", plan.mesh().world_size()},
-                      {"note", note}};
-  out["traceEvents"] = std::move(out_events);
+  out += "]}";
   return out;
 }
 

@@ -141,8 +141,8 @@ std::string write_point(const Experiment& experiment, const PointRun& run) {
   // beside it is always this run's (or none: an older run's trace is removed, not kept).
   const std::filesystem::path trace_path =
       std::filesystem::path(path).replace_filename(run.record.backend + ".trace.json");
-  if (!run.trace.is_null()) {
-    write_file_atomically(trace_path.string(), run.trace.dump() + "\n");
+  if (!run.trace.empty()) {
+    write_file_atomically(trace_path.string(), run.trace + "\n");
   } else {
     std::error_code ec;
     std::filesystem::remove(trace_path, ec);
