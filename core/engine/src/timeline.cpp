@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <string_view>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "core/base/errors.hpp"
 
@@ -118,43 +121,10 @@ namespace {
 
 // Chrome traces run to a hundred megabytes (a training step's 64 traced ranks): they are written
 // as text, with no JSON document in between (building one took seconds and ten times the
-// memory). JSON text rules: strings escaped as RFC 8259 asks, numbers in the shortest form that
-// reads back as the same double.
-void put_string(std::string& out, std::string_view text) {
-  out += '"';
-  for (const char c : text) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (u < 0x20) {
-      static const char* hex = "0123456789abcdef";
-      switch (c) {
-        case '\n':
-          out += "\\n";
-          break;
-        case '\r':
-          out += "\\r";
-          break;
-        case '\t':
-          out += "\\t";
-          break;
-        case '\b':
-          out += "\\b";
-          break;
-        case '\f':
-          out += "\\f";
-          break;
-        default:
-          out += "\\u00";
-          out += hex[u >> 4];
-          out += hex[u & 15];
-      }
-    } else {
-      out += c;  // UTF-8 passes through
-    }
-  }
-  out += '"';
+// memory). Strings are escaped by nlohmann-json, each op's label once; numbers take the shortest
+// form that reads back as the same double.
+void put_string(std::string& out, const std::string& text) {
+  out += nlohmann::json(text).dump();
 }
 
 void put_number(std::string& out, double value) {
@@ -218,14 +188,23 @@ std::string chrome_trace(const StepPlan& plan, const std::vector<TraceEvent>& ev
       put_number(out, static_cast<long long>(r) * ns + s);
       out += '}';
     }
+  // Per op, its label and kind escaped (and the wait's label), made when first traced.
+  std::vector<std::string> label_of(plan.ops.size()), wait_label_of(plan.ops.size()),
+      kind_of(plan.ops.size());
   for (const TraceEvent& e : events) {
     const Op& op = plan.ops.at(e.op);
+    std::string& kind = kind_of[e.op];
+    if (kind.empty()) {
+      kind = nlohmann::json(std::string(to_string(op.kind))).dump();
+      label_of[e.op] = nlohmann::json(op.label).dump();
+      wait_label_of[e.op] = nlohmann::json("wait: " + op.label).dump();
+    }
     const char* cat = e.kind == TraceKind::compute      ? "compute"
                       : e.kind == TraceKind::collective ? "collective"
                                                         : "wait";
     next_event();
     out += "{\"args\":{\"kind\":";
-    put_string(out, to_string(op.kind));
+    out += kind;
     out += ",\"op\":";
     put_number(out, static_cast<long long>(e.op));
     out += "},\"cat\":\"";
@@ -233,7 +212,7 @@ std::string chrome_trace(const StepPlan& plan, const std::vector<TraceEvent>& ev
     out += "\",\"dur\":";
     put_number(out, (e.end - e.start) * 1e6);
     out += ",\"name\":";
-    put_string(out, e.kind == TraceKind::wait ? "wait: " + op.label : op.label);
+    out += e.kind == TraceKind::wait ? wait_label_of[e.op] : label_of[e.op];
     out += ",\"ph\":\"X\",\"pid\":";
     put_number(out, static_cast<long long>(e.rank / gpn));
     out += ",\"tid\":";
