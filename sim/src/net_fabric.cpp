@@ -17,6 +17,8 @@ constexpr std::uint32_t kPoolBit = 0x80000000u;
 constexpr int kRouteBits = 16;
 // A lazily keyed entry whose share grew by more than this since it was keyed is not the minimum.
 constexpr double kRegrown = 1e-12;
+// How many flows ahead share_plain() prefetches a link's flows' views.
+constexpr std::size_t kPrefetchAhead = 4;
 }  // namespace
 
 int NetFabric::add_link(double capacity_Bps) {
@@ -63,12 +65,17 @@ void NetFabric::add(double now, const int* links, int nlinks, double bytes, doub
     remaining_.push_back(0);
     done_below_.push_back(0);
     rate_.push_back(0);
-    frozen_at_.push_back(0);
+    view_.emplace_back();
   } else {
     slot = free_slots_.back();
     free_slots_.pop_back();
     flows_[slot] = f;
   }
+  FrozenView& view = view_[slot];
+  view.stamp = 0;
+  view.count = f.count;
+  view.weight = f.weight;
+  std::copy_n(links, std::min(f.count, kInlineLinks), view.links);
   remaining_[slot] = bytes;
   done_below_[slot] = finished_below(bytes);
   rate_[slot] = 0;
@@ -143,7 +150,7 @@ void NetFabric::share() {
   update_order();
   if (++stamp_ == 0) {  // wrapped: forget every stamp
     std::fill(link_stamp_.begin(), link_stamp_.end(), 0);
-    std::fill(frozen_at_.begin(), frozen_at_.end(), 0);
+    for (FrozenView& view : view_) view.stamp = 0;
     for (Pool& p : pools_) p.stamp = 0;
     stamp_ = 1;
   }
@@ -199,28 +206,29 @@ void NetFabric::update_order() {
   dirty_links_.clear();
 }
 
-inline void NetFabric::freeze_plain(std::uint32_t slot, double level) {
-  frozen_at_[slot] = stamp_;
-  const Flow& f = flows_[slot];
-  const double rate = rate_[slot] = f.weight * level;
-  consider_completion(slot);
-  const int* links = link_pool_.data() + f.first;
-  for (std::uint32_t k = 0; k < f.count; ++k) {
-    LinkState& b = plain_links_[links[k]];
-    b.residual -= rate;
-    b.weight -= f.weight;
-  }
-}
-
 // Progressive filling without pooled flows, on the kept structures: the same steps in the same
 // order as share_with_pools() takes on these flows (its heap pops entries by (level, local
 // index), and the local indices follow the links' ranks), so the rates are the same to the bit.
 // The links' initial keys come sorted from order_; an entry whose link's share grew since it
 // was keyed goes to the small heap regrown_, and the next entry is the smaller of the two heads.
+//
+// The freezing loop runs once per live flow at every instant (most of a 1,024-GPU all-to-all
+// step): it works on local pointers and keeps the earliest completion in a local, since every
+// store into a link's state could otherwise alias the members and force them to be re-read, and
+// it keeps the saturated link's own weight in a register instead of updating it per flow.
 void NetFabric::share_plain() {
   plain_links_.resize(capacity_.size());
+  LinkState* const state = plain_links_.data();
   for (const LinkKey& key : order_)  // every live flow's links are there
-    plain_links_[key.link] = {capacity_[key.link], link_weight_[key.link]};
+    state[key.link] = {capacity_[key.link], link_weight_[key.link]};
+  const Flow* const flows = flows_.data();
+  const int* const route_links = link_pool_.data();
+  const double* const remaining = remaining_.data();
+  double* const rate = rate_.data();
+  FrozenView* const views = view_.data();
+  const std::uint32_t stamp = stamp_;
+  const double last = last_;
+  double earliest = next_completion_;
   regrown_.clear();
   std::size_t next = 0;
   for (;;) {
@@ -235,21 +243,50 @@ void NetFabric::share_plain() {
       break;
     }
     const int l = e.link;
-    const LinkState& state = plain_links_[l];
-    if (!(state.weight > 0.5)) continue;  // every flow on it froze: weights count flows
-    const double level = std::max(0.0, state.residual) / state.weight;
+    double weight = state[l].weight;
+    if (!(weight > 0.5)) continue;  // every flow on it froze: weights count flows
+    const double level = std::max(0.0, state[l].residual) / weight;
     if (level > e.level * (1 + kRegrown)) {  // grew since it was keyed: not the minimum yet
       regrown_.push_back({level, e.rank, l});
       std::push_heap(regrown_.begin(), regrown_.end(), std::greater<>());
       continue;
     }
-    // its unfrozen flows, until none is left (its weight counts them)
-    for (std::uint32_t slot : flows_of_link_[l]) {
-      if (frozen_at_[slot] == stamp_) continue;
-      freeze_plain(slot, level);
-      if (!(state.weight > 0.5)) break;
+    // Its unfrozen flows, until none is left (its weight counts them). Nothing reads this
+    // link's state again once they froze, so it is not updated per flow.
+    state[l].weight = 0;
+    const std::vector<std::uint32_t>& on_link = flows_of_link_[l];
+    const std::size_t count = on_link.size();
+    for (std::size_t i = 0; i < count; ++i) {
+      // the views lie in no useful order: fetch a few flows ahead (perf: the stamp's load
+      // missing the cache was a quarter of the solve)
+      if (i + kPrefetchAhead < count) {
+        const std::uint32_t ahead = on_link[i + kPrefetchAhead];
+        __builtin_prefetch(&views[ahead]);
+        __builtin_prefetch(&remaining[ahead]);
+      }
+      const std::uint32_t slot = on_link[i];
+      FrozenView& f = views[slot];
+      if (f.stamp == stamp) continue;
+      f.stamp = stamp;
+      const double flow_rate = rate[slot] = f.weight * level;
+      // consider_completion(), on the local minimum
+      if (flow_rate > 0) {
+        const double left = std::max(0.0, remaining[slot]);
+        if (!(left > (earliest - last) * flow_rate * (1 + 1e-9)))
+          earliest = std::min(earliest, last + left / flow_rate);
+      }
+      const int* links = f.count <= kInlineLinks ? f.links : route_links + flows[slot].first;
+      for (std::uint32_t k = 0; k < f.count; ++k) {
+        if (links[k] == l) continue;
+        LinkState& b = state[links[k]];
+        b.residual -= flow_rate;
+        b.weight -= f.weight;
+      }
+      weight -= f.weight;
+      if (!(weight > 0.5)) break;
     }
   }
+  next_completion_ = earliest;
 }
 
 // Share per unit of weight that active link `a` would give its unfrozen flows now.

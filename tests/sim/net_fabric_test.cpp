@@ -76,11 +76,13 @@ TEST_CASE("net fabric: max-min completions of a hand-solved case", "[sim][net_fa
 TEST_CASE("net fabric: the incremental solve matches the full one to the bit",
           "[sim][net_fabric]") {
   // Plain flows over a random two-level fabric (NIC links, leaf uplinks, equal capacities so
-  // that ties are common), arriving in bursts; the second fabric also carries a pooled flow on
+  // that ties are common), arriving in bursts; every fourth flow also crosses a long chain of
+  // spine links, longer than the routes the fabric keeps beside each flow (kInlineLinks), so
+  // that both places a route is read from are used. The second fabric also carries a pooled flow on
   // links of its own that never finishes, so every one of its solves is the full rebuild. The
   // pooled flow shares no link with the others, so max-min gives them the same rates either way.
   std::mt19937 rng(7);
-  constexpr int kNics = 48, kUplinks = 6;
+  constexpr int kNics = 48, kUplinks = 6, kSpines = 16, kChain = 11;
   std::vector<Arrival> arrivals;
   double at = 0;
   for (int burst = 0; burst < 60; ++burst) {
@@ -96,6 +98,11 @@ TEST_CASE("net fabric: the incremental solve matches the full one to the bit",
         links.push_back(2 * kNics + src % kUplinks);
         links.push_back(2 * kNics + kUplinks + dst % kUplinks);
       }
+      if (f % 4 == 0) {  // kChain distinct spines: a route of up to kChain + 3 links
+        const int first = std::uniform_int_distribution<int>(0, kSpines - 1)(rng);
+        for (int k = 0; k < kChain; ++k)
+          links.push_back(2 * kNics + 2 * kUplinks + (first + k) % kSpines);
+      }
       links.push_back(kNics + dst);
       const double bytes = std::uniform_int_distribution<int>(1, 8)(rng) * 1e6;
       arrivals.push_back({at, links, bytes});
@@ -105,6 +112,7 @@ TEST_CASE("net fabric: the incremental solve matches the full one to the bit",
     // capacities that no share divides evenly, so that the order of operations shows in the bits
     for (int l = 0; l < 2 * kNics; ++l) fabric.add_link(l % 3 == 0 ? 1e8 / 7 : 1e8 / 3);
     for (int l = 0; l < 2 * kUplinks; ++l) fabric.add_link(2e8 / 3);
+    for (int l = 0; l < kSpines; ++l) fabric.add_link(4e8 / 7);
   };
   NetFabric incremental, full;
   build(incremental);
