@@ -66,11 +66,15 @@ void NetFabric::add(double now, const int* links, int nlinks, double bytes, doub
     done_below_.push_back(0);
     rate_.push_back(0);
     view_.emplace_back();
-  } else {
+  } else {  // the lowest free slot
+    std::pop_heap(free_slots_.begin(), free_slots_.end(), std::greater<>());
     slot = free_slots_.back();
     free_slots_.pop_back();
     flows_[slot] = f;
   }
+  slot_free_.resize(flows_.size(), 0);
+  slot_free_[slot] = 0;
+  slots_in_use_ = std::max(slots_in_use_, slot + 1);
   FrozenView& view = view_[slot];
   view.stamp = 0;
   view.count = f.count;
@@ -104,13 +108,13 @@ void NetFabric::touch_links(const Flow& f, std::uint32_t slot, bool added) {
   }
 }
 
-// As progress_flows(), over the slots (free ones move at rate 0).
+// As progress_flows(), over the slots up to the last one in use (free ones move at rate 0).
 void NetFabric::progress(double now) {
   const double dt = now - last_;
   if (dt > 0) {
     double* remaining = remaining_.data();
     const double* rate = rate_.data();
-    for (std::size_t i = 0, n = remaining_.size(); i < n; ++i) remaining[i] -= rate[i] * dt;
+    for (std::size_t i = 0; i < slots_in_use_; ++i) remaining[i] -= rate[i] * dt;
   }
   last_ = std::max(last_, now);
 }
@@ -128,9 +132,12 @@ void NetFabric::advance(double now, std::vector<std::uint64_t>& done) {
     touch_links(f, slot, false);
     if (f.pool >= 0) --live_pooled_;
     rate_[slot] = 0;
+    slot_free_[slot] = 1;
     free_slots_.push_back(slot);
+    std::push_heap(free_slots_.begin(), free_slots_.end(), std::greater<>());
   }
   live_.resize(keep);
+  while (slots_in_use_ > 0 && slot_free_[slots_in_use_ - 1]) --slots_in_use_;
   if (link_pool_.size() > 4096 && link_pool_.size() > 16 * live_.size()) compact_pool();
 }
 
