@@ -132,6 +132,11 @@ class TensorLayout {
 
   std::string describe(const DeviceMesh& mesh) const;  // "[4096,11008] dp_shard:S(0) tp:S(1)"
 
+  // Same shape, placements and mesh sizes: every rank holds the same piece of either.
+  bool operator==(const TensorLayout& o) const {
+    return shape_ == o.shape_ && placements_ == o.placements_ && mesh_sizes_ == o.mesh_sizes_;
+  }
+
  private:
   // Throws LayoutError if `mesh` has other dimension sizes than the one this layout was built
   // for, or `rank` is outside it.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 
 #include "core/model/parallelize.hpp"
@@ -14,6 +15,7 @@
 #include "core/plan/program.hpp"
 #include "core/plan/strategy.hpp"
 #include "core/plan/training.hpp"
+#include "tests/common/strategy_matrix.hpp"
 #include "tests/common/training_models.hpp"
 
 using namespace muonbed;
@@ -256,6 +258,33 @@ TEST_CASE("TrainingCosts prices every forward and backward op as the direct form
           }
         }
     CHECK(priced > 8);  // several micro-batches of forward and backward ops per rank
+  }
+  // Ops of different layers share figures when their params have the same role, shape and
+  // layout: the tiny models' layers on every topology of the strategy matrix, with PP (layers
+  // on different stages: different layouts) and EP (routed experts, dense and expert layers).
+  for (const auto& topology : testing::topologies()) {
+    const ShardedModel model = testing::make_model(topology);
+    TrainingOptions o;
+    o.enabled = true;
+    o.tokens_per_step = 4 * 64 * 4;
+    o.seq_len = 64;
+    o.experts_per_token = 2;
+    StrategyOptions options;
+    options.name = "owner";
+    PlanSettings settings;
+    settings.training = o;
+    const StepPlan plan = build_plan(model, options, settings);
+    TrainingCosts costs(plan);
+    std::set<int> layers;
+    for (const Op& op : plan.ops)
+      for (int rank = 0; rank < plan.mesh().world_size(); ++rank) {
+        INFO(topology.name << ", op " << op.id << " (" << to_string(op.kind) << "), rank " << rank);
+        CHECK(costs.flops(op, rank) == training_op_flops(plan, op, rank));
+        if (op.kind != OpKind::forward && op.kind != OpKind::backward) continue;
+        CHECK(costs.gemm_min_dim(op, rank) == training_gemm_min_dim(plan, op, rank));
+        for (int p : op.params) layers.insert(plan.model.params[static_cast<std::size_t>(p)].layer);
+      }
+    CHECK(layers.size() >= 3);  // the embedding or head, and two layers or more
   }
 }
 

@@ -185,13 +185,28 @@ double training_gemm_min_dim(const StepPlan& plan, const Op& op, int rank) {
 }
 
 TrainingCosts::TrainingCosts(const StepPlan& plan) : plan_(plan) {
+  // What the two figures read of a param is its role, shape and layout: params equal in all
+  // three (the same weight of different layers) are one class, named by its first param.
+  const std::vector<DistributedParam>& params = plan.model.params;
+  std::vector<int> param_class(params.size());
+  std::map<std::pair<int, std::vector<std::int64_t>>, std::vector<int>> classes;
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    std::vector<int>& same = classes[{static_cast<int>(params[p].role), params[p].shape}];
+    const auto it = std::find_if(same.begin(), same.end(),
+                                 [&](int q) { return params[q].layout == params[p].layout; });
+    param_class[p] = it != same.end() ? *it : static_cast<int>(p);
+    if (it == same.end()) same.push_back(static_cast<int>(p));
+  }
   std::map<std::tuple<int, std::int64_t, std::uint64_t, std::vector<int>>, int> signatures;
   signature_.assign(plan.ops.size(), -1);
+  std::vector<int> op_classes;
   for (std::size_t i = 0; i < plan.ops.size(); ++i) {
     const Op& op = plan.ops[i];
     if (op.kind != OpKind::forward && op.kind != OpKind::backward) continue;
+    op_classes.clear();
+    for (int p : op.params) op_classes.push_back(param_class[static_cast<std::size_t>(p)]);
     const auto key = std::make_tuple(static_cast<int>(op.kind), op.tokens,
-                                     static_cast<std::uint64_t>(op.gathered.bits), op.params);
+                                     static_cast<std::uint64_t>(op.gathered.bits), op_classes);
     const auto [at, added] = signatures.try_emplace(key, static_cast<int>(signatures.size()));
     signature_[i] = at->second;
   }
