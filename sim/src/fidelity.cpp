@@ -120,7 +120,7 @@ std::string transfers_text(double transfers) {
 }  // namespace
 
 FidelityCase fidelity_case(const StepPlan& plan, const ClusterSpec& cluster,
-                           const SimOptions& options) {
+                           const SimOptions& options, bool estimate_step) {
   const DeviceMesh& mesh = plan.mesh();
   FidelityCase c;
   c.ranks = mesh.world_size();
@@ -140,6 +140,7 @@ FidelityCase fidelity_case(const StepPlan& plan, const ClusterSpec& cluster,
   std::vector<std::pair<StepMessages, double>> per_op;  // all instances and runs, in flight
   std::set<int> lanes;                                  // streams with transfers of their own
   for (const Op& op : plan.ops) {
+    if (!estimate_step) break;
     if (is_collective(op.kind) || op.kind == OpKind::split_newton_schulz) {
       int runs = 0;
       for (const StepPatternSpec& p : patterns) runs += plan.active_in_step(op, p.step) ? 1 : 0;
@@ -191,19 +192,44 @@ FidelityCase fidelity_case(const StepPlan& plan, const ClusterSpec& cluster,
   return c;
 }
 
+namespace {
+
+// What auto lifts up to a size it can afford: every all-to-all round, one flow per member.
+bool keeps_rounds(const FidelityCase& c) {
+  return c.largest_merged_all_to_all > 0 && c.ranks <= kAllRoundsMaxRanks;
+}
+bool per_member_flows(const FidelityCase& c) {
+  return c.pooled_on_lanes && c.ranks <= kPerMemberFlowMaxRanks;
+}
+
+// What flow would still run differently from step (empty: nothing, flow is proven here).
+std::string flow_unproven(const FidelityCase& c) {
+  if (c.largest_merged_all_to_all > 0 && !keeps_rounds(c))
+    return "its all-to-all groups of up to " + std::to_string(c.largest_merged_all_to_all) +
+           " members would have their rounds merged";
+  if (c.pcie_nodes)
+    return "its GPUs sit on PCIe links, where the fidelities share links differently";
+  if (c.pooled_on_lanes && !per_member_flows(c))
+    return "its gathers or scatters pooled over many nodes run on several lanes at once";
+  return "";
+}
+
+}  // namespace
+
+FidelityChoice pick_fidelity(const StepPlan& plan, const ClusterSpec& cluster,
+                             const SimOptions& options) {
+  if (options.fidelity != "auto") return choose_fidelity(FidelityCase{}, options);
+  const FidelityCase c = fidelity_case(plan, cluster, options, false);
+  if (flow_unproven(c).empty() || c.ranks > kMaxStepFidelityRanks)
+    return choose_fidelity(c, options);  // step's cost is not read
+  return choose_fidelity(fidelity_case(plan, cluster, options, true), options);
+}
+
 FidelityChoice choose_fidelity(const FidelityCase& c, const SimOptions& options) {
   if (options.fidelity != "auto") return {options.fidelity, true, ""};
-  // What flow would run differently from step, and what auto lifts up to a size it can afford.
-  const bool keep_rounds = c.largest_merged_all_to_all > 0 && c.ranks <= kAllRoundsMaxRanks;
-  const bool per_member = c.pooled_on_lanes && c.ranks <= kPerMemberFlowMaxRanks;
-  std::string unproven;
-  if (c.largest_merged_all_to_all > 0 && !keep_rounds)
-    unproven = "its all-to-all groups of up to " + std::to_string(c.largest_merged_all_to_all) +
-               " members would have their rounds merged";
-  else if (c.pcie_nodes)
-    unproven = "its GPUs sit on PCIe links, where the fidelities share links differently";
-  else if (c.pooled_on_lanes && !per_member)
-    unproven = "its gathers or scatters pooled over many nodes run on several lanes at once";
+  const bool keep_rounds = keeps_rounds(c);
+  const bool per_member = per_member_flows(c);
+  const std::string unproven = flow_unproven(c);
   if (unproven.empty()) {
     FidelityChoice choice{"flow", true,
                           "flow agrees with step within 1 % on plans like this one (NVLink "

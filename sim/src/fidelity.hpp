@@ -68,8 +68,11 @@ struct FidelityCase {
   double step_transfers = 0;
   double step_cost = 0;
 };
+// `estimate_step` false leaves step_transfers and step_cost at 0: they are the costly part
+// (every collective's messages, per rank group), and auto reads them only where flow is not
+// proven (pick_fidelity).
 FidelityCase fidelity_case(const StepPlan& plan, const ClusterSpec& cluster,
-                           const SimOptions& options);
+                           const SimOptions& options, bool estimate_step = true);
 
 // Flow fidelity moves a gather or scatter with more than flow_pooled_members members off the
 // root's node as one pooled flow, and never more than flow_rooted_bundles flows: cheap, but on
@@ -98,5 +101,10 @@ struct FidelityChoice {
 SimOptions options_for(const FidelityChoice& choice, SimOptions options);
 // The choice for `options.fidelity` ("auto" applies the rule; "step" and "flow" are kept).
 FidelityChoice choose_fidelity(const FidelityCase& c, const SimOptions& options);
+// choose_fidelity(fidelity_case(plan, cluster, options), options), estimating step's cost only
+// when the choice reads it (flow not proven, step within its rank limit): the estimate was half
+// of what a 1,024-GPU training point's process did before its simulations started.
+FidelityChoice pick_fidelity(const StepPlan& plan, const ClusterSpec& cluster,
+                             const SimOptions& options);
 
 }  // namespace muonbed::sim

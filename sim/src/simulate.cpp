@@ -209,7 +209,7 @@ sim::FidelityChoice resolve_choice(const SimOptions& options, const StepPlan& pl
   if (options.fidelity != "step" && options.fidelity != "flow" && options.fidelity != "auto")
     throw Error("sim: unknown fidelity '" + options.fidelity +
                 "'; fix: use step, flow or auto (sim.fidelity in the experiment)");
-  return sim::choose_fidelity(sim::fidelity_case(plan, cluster, options), options);
+  return sim::pick_fidelity(plan, cluster, options);
 }
 
 }  // namespace

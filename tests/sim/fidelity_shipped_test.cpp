@@ -79,10 +79,19 @@ TEST_CASE("every shipped point up to 1,024 GPUs gets a proven fidelity from auto
       }
       SimOptions options;  // as the sim backend builds them (sim/src/backend.cpp)
       options.fidelity = point.sim_fidelity;
-      const sim::FidelityCase facts =
-          sim::fidelity_case(plan_experiment(point), point.cluster, options);
+      const StepPlan plan = plan_experiment(point);
+      const sim::FidelityCase facts = sim::fidelity_case(plan, point.cluster, options);
       const sim::FidelityChoice choice = sim::choose_fidelity(facts, options);
       const std::string where = file + " | " + point.point_label;
+      {  // what the backend runs: the same choice, step's cost estimated only where it is read
+        INFO(where);
+        const sim::FidelityChoice picked = sim::pick_fidelity(plan, point.cluster, options);
+        CHECK(picked.fidelity == choice.fidelity);
+        CHECK(picked.proven == choice.proven);
+        CHECK(picked.reason == choice.reason);
+        CHECK(picked.per_member_rooted == choice.per_member_rooted);
+        CHECK(picked.keep_all_rounds == choice.keep_all_rounds);
+      }
       (choice.fidelity == "flow" ? flow : step) += 1;
       if (!choice.proven) unproven.push_back(where);
       table << "  " << std::setw(5) << facts.ranks << "  " << std::setw(12) << std::fixed

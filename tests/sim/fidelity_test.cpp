@@ -159,6 +159,13 @@ Outcome simulate_both(const Case& c) {
   o.where = c.where;
   o.facts = sim::fidelity_case(c.plan, c.cluster, automatic);
   o.choice = sim::choose_fidelity(o.facts, automatic);
+  {  // what the backend runs: the same choice, step's cost estimated only where it is read
+    const sim::FidelityChoice picked = sim::pick_fidelity(c.plan, c.cluster, automatic);
+    CHECK(picked.fidelity == o.choice.fidelity);
+    CHECK(picked.reason == o.choice.reason);
+    CHECK(picked.per_member_rooted == o.choice.per_member_rooted);
+    CHECK(picked.keep_all_rounds == o.choice.keep_all_rounds);
+  }
   o.uneven_ring = has_uneven_ring(c.plan);
   o.step_s = simulate(c.plan, c.cluster, step).record.step.average_s;
   // Flow as auto runs it (per-member gathers where it says so).

@@ -221,7 +221,7 @@ std::string chrome_trace(const StepPlan& plan, const std::vector<TraceEvent>& ev
     put_number(out, e.start * 1e6);
     out += '}';
   }
-  out += "]}";
+  out += "]}\n";
   return out;
 }
 

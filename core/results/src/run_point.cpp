@@ -142,7 +142,11 @@ std::string write_point(const Experiment& experiment, const PointRun& run) {
   const std::filesystem::path trace_path =
       std::filesystem::path(path).replace_filename(run.record.backend + ".trace.json");
   if (!run.trace.empty()) {
-    write_file_atomically(trace_path.string(), run.trace + "\n");
+    // chrome_trace's text ends with its newline already; a trace from elsewhere gets one
+    if (run.trace.back() == '\n')
+      write_file_atomically(trace_path.string(), run.trace);
+    else
+      write_file_atomically(trace_path.string(), run.trace + "\n");
   } else {
     std::error_code ec;
     std::filesystem::remove(trace_path, ec);
