@@ -62,6 +62,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -267,6 +268,14 @@ std::int64_t piece_bytes(const StepPlan& plan, const Op& op, int rank);
 // the rest share them: a training step gathers each layer once per micro-batch group, and sizing
 // every member's piece of every instance from the layouts was a tenth of a 1,024-GPU step's
 // simulation. The plan must outlive it.
+// Numbers a model's params into classes of interchangeable ones, each class named by its first
+// param: p and q share one when their shapes are equal and `same(p, q)`. For the caches of
+// per-rank figures that read only some of a param's fields (PieceBytes, TrainingCosts): a model's
+// layers repeat the same weights, and deriving each layer's figures again for every rank was a
+// few percent of a 1,024-GPU training step's simulation.
+std::vector<int> param_classes(const ShardedModel& model,
+                               const std::function<bool(int, int)>& same);
+
 class PieceBytes {
  public:
   explicit PieceBytes(const StepPlan& plan);
@@ -279,6 +288,7 @@ class PieceBytes {
   std::map<Signature, int> signatures_;
   std::vector<int> signature_of_op_;              // -1: not yet known
   std::vector<std::vector<std::int64_t>> known_;  // per signature, per rank; -1: not yet known
+  std::vector<int> param_class_;                  // param_classes() for what piece_bytes reads
 };
 // The total buffer size S of nccl-tests for this collective instance (algbw = S / time).
 std::int64_t collective_bytes(const StepPlan& plan, const Op& op, int rank);

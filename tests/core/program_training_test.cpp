@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 
+#include "core/base/errors.hpp"
 #include "core/model/parallelize.hpp"
 #include "core/plan/plan.hpp"
 #include "core/plan/program.hpp"
@@ -312,4 +313,35 @@ TEST_CASE("PieceBytes sizes every collective's pieces as piece_bytes does", "[pr
       }
     CHECK(sized > 8);
   }
+  // Ops of different layers share figures when their params have the same layout, dtype and
+  // owner: every topology and strategy of the strategy matrix (owned-only gathers, whose bytes
+  // depend on the owner; PP stages; EP), in training plans and optimizer-only ones.
+  int owned_only = 0;
+  for (const auto& topology : testing::topologies())
+    for (const StrategyOptions& strategy : testing::strategies())
+      for (const bool training : {false, true}) {
+        PlanSettings settings;
+        settings.training.enabled = training;
+        settings.training.tokens_per_step = 4 * 64 * 4;
+        settings.training.seq_len = 64;
+        settings.training.experts_per_token = 2;
+        StepPlan plan;
+        try {
+          plan = build_plan(testing::make_model(topology), strategy, settings);
+        } catch (const PlanError&) {
+          continue;  // a strategy this topology cannot take (the strategy matrix says which)
+        }
+        PieceBytes pieces(plan);
+        for (std::size_t k = 0; k < plan.ops.size(); ++k) {
+          const Op& op = plan.ops[k];
+          if (!is_collective(op.kind)) continue;
+          owned_only += op.owned_only ? 1 : 0;
+          for (int rank = 0; rank < plan.mesh().world_size(); ++rank) {
+            INFO(topology.name << ", " << strategy.name << (training ? ", training" : "") << ", op "
+                               << k << " (" << to_string(op.kind) << "), rank " << rank);
+            CHECK(pieces(static_cast<int>(k), rank) == piece_bytes(plan, op, rank));
+          }
+        }
+      }
+  CHECK(owned_only > 10);
 }

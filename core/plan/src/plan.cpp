@@ -265,15 +265,40 @@ std::int64_t piece_bytes(const StepPlan& plan, const Op& op, int rank) {
   }
 }
 
-PieceBytes::PieceBytes(const StepPlan& plan) : plan_(plan), signature_of_op_(plan.ops.size(), -1) {}
+std::vector<int> param_classes(const ShardedModel& model,
+                               const std::function<bool(int, int)>& same) {
+  std::vector<int> out(model.params.size());
+  std::map<std::vector<std::int64_t>, std::vector<int>> by_shape;  // class names per shape
+  for (std::size_t p = 0; p < model.params.size(); ++p) {
+    std::vector<int>& names = by_shape[model.params[p].shape];
+    const int me = static_cast<int>(p);
+    const auto it = std::find_if(names.begin(), names.end(), [&](int q) { return same(q, me); });
+    out[p] = it != names.end() ? *it : me;
+    if (it == names.end()) names.push_back(me);
+  }
+  return out;
+}
+
+// piece_bytes reads of a param its layout, dtype, and (owned_only gathers) owner and size.
+PieceBytes::PieceBytes(const StepPlan& plan)
+    : plan_(plan),
+      signature_of_op_(plan.ops.size(), -1),
+      param_class_(param_classes(plan.model, [&plan](int p, int q) {
+        const DistributedParam &a = plan.model.params[p], &b = plan.model.params[q];
+        return a.dtype == b.dtype && a.layout == b.layout &&
+               plan.assignment.owner[p] == plan.assignment.owner[q];
+      })) {}
 
 std::int64_t PieceBytes::operator()(int op, int rank) {
   int& signature = signature_of_op_.at(static_cast<std::size_t>(op));
   if (signature < 0) {
     const Op& o = plan_.ops[op];
+    std::vector<int> classes;
+    classes.reserve(o.params.size());
+    for (int p : o.params) classes.push_back(param_class_[static_cast<std::size_t>(p)]);
     const auto [at, added] = signatures_.try_emplace(
         {static_cast<int>(o.kind), static_cast<int>(o.tensor), o.gathered.bits, o.group.bits,
-         o.root, o.owned_only, o.bytes, o.params},
+         o.root, o.owned_only, o.bytes, std::move(classes)},
         static_cast<int>(known_.size()));
     if (added) known_.emplace_back();
     signature = at->second;

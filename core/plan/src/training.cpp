@@ -188,15 +188,9 @@ TrainingCosts::TrainingCosts(const StepPlan& plan) : plan_(plan) {
   // What the two figures read of a param is its role, shape and layout: params equal in all
   // three (the same weight of different layers) are one class, named by its first param.
   const std::vector<DistributedParam>& params = plan.model.params;
-  std::vector<int> param_class(params.size());
-  std::map<std::pair<int, std::vector<std::int64_t>>, std::vector<int>> classes;
-  for (std::size_t p = 0; p < params.size(); ++p) {
-    std::vector<int>& same = classes[{static_cast<int>(params[p].role), params[p].shape}];
-    const auto it = std::find_if(same.begin(), same.end(),
-                                 [&](int q) { return params[q].layout == params[p].layout; });
-    param_class[p] = it != same.end() ? *it : static_cast<int>(p);
-    if (it == same.end()) same.push_back(static_cast<int>(p));
-  }
+  const std::vector<int> param_class = param_classes(plan.model, [&params](int p, int q) {
+    return params[p].role == params[q].role && params[p].layout == params[q].layout;
+  });
   std::map<std::tuple<int, std::int64_t, std::uint64_t, std::vector<int>>, int> signatures;
   signature_.assign(plan.ops.size(), -1);
   std::vector<int> op_classes;
