@@ -132,7 +132,6 @@ class NetFabric {
   void touch_links(const Flow& f, std::uint32_t slot, bool added);
   void update_order();
   void share_plain();
-  void consider_completion(std::uint32_t slot);
   void share_with_pools();
   double link_level(std::uint32_t a) const;
   void freeze(std::uint32_t flow, double level);
