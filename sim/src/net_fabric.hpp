@@ -130,6 +130,7 @@ class NetFabric {
   void progress(double now);
   void compact_pool();
   void touch_links(const Flow& f, std::uint32_t slot, bool added);
+  void pack_link(int l);
   void update_order();
   void share_plain();
   void share_with_pools();
@@ -160,9 +161,19 @@ class NetFabric {
   std::vector<std::vector<int>> pools_of_link_;
   std::vector<Pool> pools_;
   // Kept across share() calls: per link its live flows' slots in order of arrival (one entry per
-  // occurrence in a route) and their summed weight, and the links with live flows sorted by their
+  // occurrence in a route; an ended flow's entries stay, marked gone, until half of the list is
+  // gone) and their summed weight, and the links with live flows sorted by their
   // key before any flow freezes (order_); links whose flows changed wait in dirty_links_.
-  std::vector<std::vector<std::uint32_t>> flows_of_link_;
+  // An entry of a link's list: the flow's slot (kGone once it ended) and the link's place in
+  // its route; link_at_ (beside link_pool_) is each route place's index in its link's list.
+  struct OnLink {
+    std::uint32_t slot;
+    std::uint32_t k;
+  };
+  static constexpr std::uint32_t kGone = 0xffffffffu;
+  std::vector<std::vector<OnLink>> flows_of_link_;
+  std::vector<std::uint32_t> gone_of_link_;  // per link: its list's gone entries
+  std::vector<std::uint32_t> link_at_;
   std::vector<double> link_weight_;
   std::vector<char> link_dirty_;
   std::vector<int> dirty_links_;
