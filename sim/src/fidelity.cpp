@@ -132,39 +132,41 @@ FidelityCase fidelity_case(const StepPlan& plan, const ClusterSpec& cluster,
   lowering.a2a_rounds = options.flow_all_to_all_rounds;
   lowering.a2a_transfers = options.flow_all_to_all_transfers;
   std::set<int> pooled_streams[2];  // of gathers, of scatters
-  // Step fidelity's cost: transfers per instance, times instances, times the step patterns the
-  // replay simulates (sim/src/replay.cpp) in which the op runs.
-  const Topology topology(cluster, c.ranks, per_node);
-  const std::vector<StepPatternSpec> patterns = step_patterns(plan);
-  std::vector<char> sent;
-  std::vector<std::pair<StepMessages, double>> per_op;  // all instances and runs, in flight
-  std::set<int> lanes;                                  // streams with transfers of their own
-  for (const Op& op : plan.ops) {
-    if (!estimate_step) break;
-    if (is_collective(op.kind) || op.kind == OpKind::split_newton_schulz) {
-      int runs = 0;
-      for (const StepPatternSpec& p : patterns) runs += plan.active_in_step(op, p.step) ? 1 : 0;
-      const int n = mesh.group_size(op.group);
-      if (runs > 0 && n >= 2) {
-        // The first instance stands for the others, as below.
-        const std::vector<int> members = mesh.group_members(op.ranks.ranks(mesh).front(), op.group);
-        const double instances = static_cast<double>(op.ranks.count(mesh)) / n;
-        const StepMessages each = step_messages(plan, op, members, topology, sent);
-        const double times = runs * instances;
-        per_op.push_back({{each.transfers * times, each.messages * times, each.rounds},
-                          instances * each.transfers / each.rounds});
-        if (each.transfers > 0) lanes.insert(op.stream);
+  if (estimate_step) {
+    // Step fidelity's cost: transfers per instance, times instances, times the step patterns the
+    // replay simulates (sim/src/replay.cpp) in which the op runs.
+    const Topology topology(cluster, c.ranks, per_node);
+    const std::vector<StepPatternSpec> patterns = step_patterns(plan);
+    std::vector<char> sent;
+    std::vector<std::pair<StepMessages, double>> per_op;  // all instances and runs, in flight
+    std::set<int> lanes;                                  // streams with transfers of their own
+    for (const Op& op : plan.ops) {
+      if (is_collective(op.kind) || op.kind == OpKind::split_newton_schulz) {
+        int runs = 0;
+        for (const StepPatternSpec& p : patterns) runs += plan.active_in_step(op, p.step) ? 1 : 0;
+        const int n = mesh.group_size(op.group);
+        if (runs > 0 && n >= 2) {
+          // The first instance stands for the others, as below.
+          const std::vector<int> members =
+              mesh.group_members(op.ranks.ranks(mesh).front(), op.group);
+          const double instances = static_cast<double>(op.ranks.count(mesh)) / n;
+          const StepMessages each = step_messages(plan, op, members, topology, sent);
+          const double times = runs * instances;
+          per_op.push_back({{each.transfers * times, each.messages * times, each.rounds},
+                            instances * each.transfers / each.rounds});
+          if (each.transfers > 0) lanes.insert(op.stream);
+        }
       }
     }
-  }
-  // Every transfer costs a fixed event, plus its share of SimGrid's bandwidth sharing, which
-  // grows with the transfers in flight beside it: the op's own, on every lane at once (lanes
-  // exist to overlap). A zero-byte message costs one event.
-  for (const auto& [m, in_flight] : per_op) {
-    c.step_transfers += m.transfers;
-    c.step_cost +=
-        m.transfers * (1 + in_flight * static_cast<double>(lanes.size()) / kSharingTransfers) +
-        (m.messages - m.transfers);
+    // Every transfer costs a fixed event, plus its share of SimGrid's bandwidth sharing, which
+    // grows with the transfers in flight beside it: the op's own, on every lane at once (lanes
+    // exist to overlap). A zero-byte message costs one event.
+    for (const auto& [m, in_flight] : per_op) {
+      c.step_transfers += m.transfers;
+      c.step_cost +=
+          m.transfers * (1 + in_flight * static_cast<double>(lanes.size()) / kSharingTransfers) +
+          (m.messages - m.transfers);
+    }
   }
   // Rings are no class of their own: uneven ones take the same lowering at both fidelities
   // (ring_needs_pipelining, sim/src/collectives.hpp), even ones agree within 1 %
