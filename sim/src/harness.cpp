@@ -120,7 +120,7 @@ HarnessResult time_collectives(const ClusterSpec& cluster, int world_size, int g
     return out.str();
   });
   HarnessResult result;
-  std::istringstream in(run.output);
+  std::istringstream in(run.parts.at(0));
   in >> result.simgrid_transfers >> result.node_flows >> result.wall_s;
   double t;
   while (in >> t) result.times.push_back(t);
@@ -138,7 +138,7 @@ std::string check_net_routes(const ClusterSpec& cluster, int world_size, int gpu
     auto* harness = new Harness(topology, hosts, none, flow, false);  // alive until exit
     return "result:" + harness->network().check_net_routes();
   });
-  return run.output.substr(std::string("result:").size());
+  return run.parts.at(0).substr(std::string("result:").size());
 }
 
 std::string alarm_completions(const ClusterSpec& cluster) {
@@ -172,7 +172,7 @@ std::string alarm_completions(const ClusterSpec& cluster) {
     sg4::Engine::get_instance()->run();
     return recorder->out.str();
   });
-  return run.output;
+  return run.parts.at(0);
 }
 
 }  // namespace muonbed::sim

@@ -36,22 +36,6 @@ int physical_gpus_per_node(const ClusterSpec& cluster, const DeviceMesh& mesh) {
   return cluster.gpus_per_node > 0 ? cluster.gpus_per_node : std::max(1, mesh.gpus_per_node());
 }
 
-// Length-prefixed segments, so the child can send several texts through one pipe.
-void put_segment(std::string& out, const std::string& text) {
-  out += std::to_string(text.size());
-  out += '\n';
-  out += text;
-}
-std::string get_segment(const std::string& in, std::size_t& at) {
-  const std::size_t nl = in.find('\n', at);
-  if (nl == std::string::npos) throw Error("sim: truncated result from the simulation process");
-  const std::size_t size = std::stoull(in.substr(at, nl - at));
-  if (nl + 1 + size > in.size()) throw Error("sim: truncated result from the simulation process");
-  std::string text = in.substr(nl + 1, size);
-  at = nl + 1 + size;
-  return text;
-}
-
 std::string stats_to_text(const SimulationStats& s) {
   nlohmann::ordered_json j{{"fidelity", s.fidelity},
                            {"wall_s", s.wall_s},
@@ -262,20 +246,23 @@ SimulationResult run_here(const PreparedSimulation& p, const ClusterSpec& cluste
   return simulate_here(*p.plan, cluster, p.options, p.fidelity, p.auto_note);
 }
 
-std::string encode(const SimulationResult& r) {
-  std::string out;
-  put_segment(out, result_to_json(r.record));
-  put_segment(out, r.trace);
-  put_segment(out, stats_to_text(r.stats));
-  return out;
+// What the child sends back, part by part (the trace as it is: no copy of its ~100 MB).
+std::vector<std::string> encode(SimulationResult&& r) {
+  std::vector<std::string> parts;
+  parts.push_back(result_to_json(r.record));
+  parts.push_back(std::move(r.trace));
+  parts.push_back(stats_to_text(r.stats));
+  return parts;
 }
 
-SimulationResult decode(const sim::IsolatedRun& run) {
-  std::size_t at = 0;
+SimulationResult decode(sim::IsolatedRun&& run) {
+  if (run.parts.size() != 3)
+    throw Error("internal: the simulation process sent " + std::to_string(run.parts.size()) +
+                " parts instead of 3 (record, trace, stats)");
   SimulationResult result;
-  result.record = result_from_json(get_segment(run.output, at));
-  result.trace = get_segment(run.output, at);
-  result.stats = stats_from_text(get_segment(run.output, at));
+  result.record = result_from_json(run.parts[0]);
+  result.trace = std::move(run.parts[1]);
+  result.stats = stats_from_text(run.parts[2]);
   result.stats.peak_rss_bytes = std::max(result.stats.peak_rss_bytes, run.peak_rss_bytes);
   return result;
 }
@@ -304,11 +291,11 @@ std::vector<SimulationResult> simulate_each(const std::vector<const StepPlan*>& 
     for (const PreparedSimulation& p : prepared) results.push_back(run_here(p, cluster));
     return results;
   }
-  std::vector<std::function<std::string()>> bodies;
+  std::vector<sim::IsolatedBody> bodies;
   for (const PreparedSimulation& p : prepared)
     bodies.push_back([&cluster, &p]() { return encode(run_here(p, cluster)); });
-  for (const sim::IsolatedRun& run : sim::run_isolated_each(bodies, sim::usable_cores()))
-    results.push_back(decode(run));
+  for (sim::IsolatedRun& run : sim::run_isolated_each(bodies, sim::usable_cores()))
+    results.push_back(decode(std::move(run)));
   return results;
 }
 
