@@ -3,11 +3,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 
 #include "core/base/errors.hpp"
 #include "core/engine/cost_model.hpp"
+#include "sim/src/equal_rounds.hpp"
 
 namespace muonbed::sim {
 
@@ -394,10 +397,11 @@ class Rounds final : public CollectiveAlgorithm {
       // the cache (perf: half of a 1,024-member exchange went there). Merged rounds keep each
       // round's destination and bytes too: post() rescanning the merged shifts for them took a
       // sixth of a 1,024-GPU megatron step (flow). A path's latency depends on the two nodes
-      // only, so it is looked up when the destination's node changes.
+      // only, so a member's rounds take their flags (but the bytes') from a table by destination
+      // node, made for its node (members of one node are consecutive, mostly).
       const Topology& t = host_.topology();
       const bool merged = !plain_;
-      round_flags_.assign(static_cast<std::size_t>(n_) * r, 0);
+      round_flags_.resize(static_cast<std::size_t>(n_) * r);
       if (merged) {
         target_.assign(static_cast<std::size_t>(n_) * r, 0);
         round_bytes_.assign(static_cast<std::size_t>(n_) * r, 0);
@@ -406,32 +410,35 @@ class Rounds final : public CollectiveAlgorithm {
       // destinations (a third of this function's time at 1,024 members).
       member_node_.resize(static_cast<std::size_t>(n_));
       for (int j = 0; j < n_; ++j) member_node_[j] = t.node_of(spec_.members[j]);
+      const int nodes = 1 + *std::max_element(member_node_.begin(), member_node_.end());
+      constexpr signed char kUnknown = -1;
+      std::vector<signed char> by_node;  // flags of a path to each node (kUnknown: not yet)
+      int table_node = -1;               // the node by_node is for
       for (int i = 0; i < n_; ++i) {
         const int src = spec_.members[i];
         const int node = member_node_[i];
+        if (node != table_node) {
+          by_node.assign(static_cast<std::size_t>(nodes), kUnknown);
+          table_node = node;
+        }
         const std::vector<double>& row = spec_.a2a[i];
-        int known_node = -1;
-        char known_class = 0;
+        char* const flags = round_flags_.data() + static_cast<std::size_t>(i) * r;
         for (std::size_t k = 0; k < r; ++k) {
           const Group& g = groups_[k];
-          const std::size_t at = static_cast<std::size_t>(i) * r + k;
           const int target = merged ? peer(i, target_shift(i, g)) : peer(i, g.target);
           const double carried = merged ? bytes(i, g) : row[target];
           if (merged) {
-            target_[at] = target;
-            round_bytes_[at] = carried;
+            target_[static_cast<std::size_t>(i) * r + k] = target;
+            round_bytes_[static_cast<std::size_t>(i) * r + k] = carried;
           }
           const int dst_node = member_node_[target];
-          if (dst_node != known_node) {
-            const int dst = spec_.members[target];
-            known_node = dst_node;
-            known_class =
-                static_cast<char>(latency_class(t.path(src, dst).latency_s) << kLatencyShift);
+          signed char path = by_node[dst_node];
+          if (path == kUnknown) {
+            const double latency = t.path(src, spec_.members[target]).latency_s;
+            path = by_node[dst_node] = static_cast<signed char>(
+                (latency_class(latency) << kLatencyShift) | (dst_node != node ? kCrosses : 0));
           }
-          char flags = known_class;
-          if (dst_node != node) flags |= kCrosses;
-          if (carried > 0) flags |= kCarriesBytes;
-          round_flags_[at] = flags;
+          flags[k] = static_cast<char>(path | (carried > 0 ? kCarriesBytes : 0));
         }
       }
     }
@@ -581,9 +588,8 @@ class Rounds final : public CollectiveAlgorithm {
   // times, from round `next` on. Stops at the first slot that reaches a round with bytes and
   // returns its free time (the slot leaves `zero`); -1 when no slot is due by `until`. A slot with
   // no round left leaves `zero`; last_freed_ is the latest free time seen.
-  // Periods in bulk: while the slots lie within one latency of each other and the next rounds
-  // are zero-byte rounds of one latency, every slot takes exactly one of them per period, in
-  // order, and ends that latency later: the same doubles as one round at a time.
+  // A run of consecutive rounds alike (zero-byte, one latency) is taken in closed form, to the
+  // same doubles as one round at a time (take_equal_rounds); where that declines, one at a time.
   double take_zero_rounds(int i, bool cross, std::vector<double>& zero, int& next, double until) {
     const int rounds = static_cast<int>(groups_.size());
     const char* flags = round_flags_.data() + static_cast<std::size_t>(i) * rounds;
@@ -600,25 +606,30 @@ class Rounds final : public CollectiveAlgorithm {
         return freed;
       }
       const double latency = latencies_[static_cast<std::size_t>(f) >> kLatencyShift];
-      const std::size_t slots = zero.size();
-      double latest = *std::max_element(zero.begin(), zero.end());
-      if (slots > 1 && latest <= until && latest <= zero.front() + latency) {
-        int run = 0;  // consecutive rounds like `next`, up to what the slots can take by `until`
-        while (next + run < rounds && flags[next + run] == f) ++run;
-        int periods = 0;
-        for (; run >= static_cast<int>(slots) && latest <= until; run -= static_cast<int>(slots)) {
-          for (double& t : zero) t += latency;  // the heap stays a heap
-          latest += latency;
-          next += static_cast<int>(slots);
-          ++periods;
+      if (const int run = rounds_alike(flags, next, rounds); run > 1) {
+        if (const long taken = take_equal_rounds(zero, latency, run, until); taken > 0) {
+          next += static_cast<int>(taken);
+          continue;
         }
-        if (periods > 0) continue;
       }
       const double freed = pop_time(zero);
       push_time(zero, freed + latency);
       ++next;
     }
     return -1;
+  }
+
+  // How many rounds from `at` on (before `end`) have the flags of round `at`: eight at a time.
+  static int rounds_alike(const char* flags, int at, int end) {
+    const auto f = static_cast<unsigned char>(flags[at]);
+    const std::uint64_t all_f = 0x0101010101010101ull * f;
+    int k = at + 1;
+    for (std::uint64_t eight; k + 8 <= end; k += 8) {
+      std::memcpy(&eight, flags + k, sizeof eight);
+      if (eight != all_f) break;
+    }
+    while (k < end && static_cast<unsigned char>(flags[k]) == f) ++k;
+    return k - at;
   }
 
   // Takes the kind's rounds up to `now`: every slot free at or before it takes the next round; a
