@@ -410,6 +410,10 @@ class Rounds final : public CollectiveAlgorithm {
       // destinations (a third of this function's time at 1,024 members).
       member_node_.resize(static_cast<std::size_t>(n_));
       for (int j = 0; j < n_; ++j) member_node_[j] = t.node_of(spec_.members[j]);
+      node_block_end_.resize(static_cast<std::size_t>(n_));
+      for (int j = n_ - 1; j >= 0; --j)
+        node_block_end_[j] =
+            j + 1 < n_ && member_node_[j + 1] == member_node_[j] ? node_block_end_[j + 1] : j + 1;
       const int nodes = 1 + *std::max_element(member_node_.begin(), member_node_.end());
       constexpr signed char kUnknown = -1;
       std::vector<signed char> by_node;  // flags of a path to each node (kUnknown: not yet)
@@ -423,22 +427,42 @@ class Rounds final : public CollectiveAlgorithm {
         }
         const std::vector<double>& row = spec_.a2a[i];
         char* const flags = round_flags_.data() + static_cast<std::size_t>(i) * r;
-        for (std::size_t k = 0; k < r; ++k) {
-          const Group& g = groups_[k];
-          const int target = merged ? peer(i, target_shift(i, g)) : peer(i, g.target);
-          const double carried = merged ? bytes(i, g) : row[target];
-          if (merged) {
-            target_[static_cast<std::size_t>(i) * r + k] = target;
-            round_bytes_[static_cast<std::size_t>(i) * r + k] = carried;
-          }
+        // The flags of the path to `target`'s node, looked up the first time.
+        const auto path_to = [&](int target) {
           const int dst_node = member_node_[target];
-          signed char path = by_node[dst_node];
+          signed char& path = by_node[dst_node];
           if (path == kUnknown) {
             const double latency = t.path(src, spec_.members[target]).latency_s;
-            path = by_node[dst_node] = static_cast<signed char>(
-                (latency_class(latency) << kLatencyShift) | (dst_node != node ? kCrosses : 0));
+            path = static_cast<signed char>((latency_class(latency) << kLatencyShift) |
+                                            (dst_node != node ? kCrosses : 0));
           }
-          flags[k] = static_cast<char>(path | (carried > 0 ? kCarriesBytes : 0));
+          return path;
+        };
+        if (!merged) {
+          // Every logical round kept: round k goes to member i + 1 + k (mod n), so the rounds
+          // run over the members after i, then those before, in blocks of one node, each with
+          // one path (perf: looking the path up per round was most of this function).
+          std::size_t k = 0;
+          for (const auto& [from, to] : {std::pair{i + 1, n_}, std::pair{0, i}})
+            for (int block = from; block < to;) {
+              const int end = std::min(to, node_block_end_[block]);
+              const char path = static_cast<char>(path_to(block));
+              for (int target = block; target < end; ++target, ++k)
+                flags[k] = static_cast<char>(path | (row[target] > 0 ? kCarriesBytes : 0));
+              block = end;
+            }
+          if (k != r)
+            throw Error("internal: an all-to-all keeping every round has " + std::to_string(r) +
+                        " rounds for " + std::to_string(n_) + " members");
+          continue;
+        }
+        for (std::size_t k = 0; k < r; ++k) {
+          const Group& g = groups_[k];
+          const int target = peer(i, target_shift(i, g));
+          const double carried = bytes(i, g);
+          target_[static_cast<std::size_t>(i) * r + k] = target;
+          round_bytes_[static_cast<std::size_t>(i) * r + k] = carried;
+          flags[k] = static_cast<char>(path_to(target) | (carried > 0 ? kCarriesBytes : 0));
         }
       }
     }
@@ -777,6 +801,7 @@ class Rounds final : public CollectiveAlgorithm {
   std::vector<int> next_cross_, inflight_cross_;  // all_to_all: the same for other nodes
   std::vector<char> round_flags_;    // all_to_all, per member and round: kCrosses, kCarriesBytes
   std::vector<int> member_node_;     // all_to_all: each member's node
+  std::vector<int> node_block_end_;  // all_to_all: the first member after j on another node
   std::vector<int> target_;          // merged rounds, per member and round: the destination member
   std::vector<double> round_bytes_;  // merged rounds, per member and round: the bytes it carries
   std::vector<char> split_;  // flow, merged rounds: per member, one flow per peer in a round
