@@ -52,7 +52,7 @@ class ProgressLine {
   Clock clock_;
   double start_ = 0;
   double last_draw_ = -1;
-  std::int64_t calls_ = 0;
+  std::int64_t calls_left_;  // update() calls until the next clock read (no division per call)
   int redraws_ = 0;
   bool drawn_ = false;
 };

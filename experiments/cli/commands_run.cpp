@@ -5,9 +5,11 @@
 // per point plus seed 000's claims table when the sweep holds its configurations, and finally
 // draws the plots with analysis/plot.py when matplotlib is available.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -86,9 +88,25 @@ void apply_overrides(Experiment& point, const RunOptions& o) {
   point.resolved_yaml = std::string(out.c_str()) + "\n";
 }
 
-// A finished result for this point and backend, if one exists with the same configuration and
-// was made by this muonbed (same version and git commit: another build may simulate differently).
-// `other_build` is set when a result was passed over for that reason alone.
+// Whether `record` is a finished result for this point and backend with the same configuration,
+// made by this muonbed (same version and git commit: another build may simulate differently).
+// `other_build` is set when it was passed over for that reason alone.
+bool is_completed(const ResultRecord& record, const Experiment& point, const std::string& backend,
+                  const Provenance& build, bool& other_build) {
+  other_build = false;
+  if (record.schema_version != kResultsSchemaVersion || record.backend != backend) return false;
+  if (record.provenance.point_id !=
+      point_identity(point.name, point.point_label, backend, point.resolved_yaml))
+    return false;
+  if (record.provenance.muonbed_version != build.muonbed_version ||
+      record.provenance.git_hash != build.git_hash) {
+    other_build = true;
+    return false;
+  }
+  return true;
+}
+
+// A finished result for this point and backend, if one exists (is_completed).
 std::optional<ResultRecord> completed_result(const Experiment& point, const std::string& backend,
                                              const Provenance& build, bool& other_build) {
   other_build = false;
@@ -97,20 +115,84 @@ std::optional<ResultRecord> completed_result(const Experiment& point, const std:
   if (!fs::exists(path, ec)) return std::nullopt;
   try {
     ResultRecord record = read_result_file(path);
-    if (record.schema_version != kResultsSchemaVersion || record.backend != backend)
-      return std::nullopt;
-    if (record.provenance.point_id !=
-        point_identity(point.name, point.point_label, backend, point.resolved_yaml))
-      return std::nullopt;
-    if (record.provenance.muonbed_version != build.muonbed_version ||
-        record.provenance.git_hash != build.git_hash) {
-      other_build = true;
-      return std::nullopt;
-    }
+    if (!is_completed(record, point, backend, build, other_build)) return std::nullopt;
     return record;
   } catch (const std::exception&) {
     return std::nullopt;  // unreadable or from another version: run the point again
   }
+}
+
+// completed_result for the manifests, which read every result of the sweep twice per manifest
+// written (before and after a run): each file is parsed once while it stays the same file (same
+// device, inode, size and times: a result is replaced by a rename, never rewritten in place), or
+// not at all when this process wrote it, and kept without its per-rank and per-collective lists,
+// which a manifest does not read (a 1,024-GPU point's result is ~3 MB; parsing it took 0.14 s,
+// twice after every run). Records round-trip through their JSON exactly (tests/core).
+class ListedResults {
+ public:
+  std::optional<ResultRecord> get(const Experiment& point, const std::string& backend,
+                                  const Provenance& build) {
+    const std::string path = result_path(point, backend);
+    const std::optional<Stamp> stamp = stamp_of(path);
+    if (!stamp) {
+      parsed_.erase(path);
+      return std::nullopt;
+    }
+    Parsed& known = parsed_[path];
+    if (known.stamp != *stamp) {  // (a new entry's stamp is all zeros: no file's)
+      known.stamp = *stamp;
+      try {
+        known.record = trimmed(read_result_file(path));
+      } catch (const std::exception&) {
+        known.record.reset();  // unreadable: not listed
+      }
+    }
+    bool other_build = false;
+    if (!known.record || !is_completed(*known.record, point, backend, build, other_build))
+      return std::nullopt;
+    return known.record;
+  }
+
+  // The record this process just wrote to `path` (write_point), as read back: with the point id
+  // the writer fills in.
+  void wrote(const std::string& path, const ResultRecord& record) {
+    const std::optional<Stamp> stamp = stamp_of(path);
+    if (!stamp) return;
+    ResultRecord written = trimmed(record);
+    const Provenance& p = written.provenance;
+    written.provenance.point_id =
+        point_identity(p.experiment, p.point, written.backend, p.resolved_config);
+    parsed_[path] = {*stamp, std::move(written)};
+  }
+
+ private:
+  using Stamp = std::array<std::int64_t, 7>;
+  struct Parsed {
+    Stamp stamp{};
+    std::optional<ResultRecord> record;  // nullopt: unreadable
+  };
+  static std::optional<Stamp> stamp_of(const std::string& path) {
+    struct stat info {};
+    if (::stat(path.c_str(), &info) != 0) return std::nullopt;
+    return Stamp{static_cast<std::int64_t>(info.st_dev),
+                 static_cast<std::int64_t>(info.st_ino),
+                 static_cast<std::int64_t>(info.st_size),
+                 static_cast<std::int64_t>(info.st_mtim.tv_sec),
+                 static_cast<std::int64_t>(info.st_mtim.tv_nsec),
+                 static_cast<std::int64_t>(info.st_ctim.tv_sec),
+                 static_cast<std::int64_t>(info.st_ctim.tv_nsec)};
+  }
+  static ResultRecord trimmed(ResultRecord record) {
+    record.ranks = {};
+    record.collectives = {};
+    return record;
+  }
+  std::map<std::string, Parsed> parsed_;
+};
+
+ListedResults& listed_results() {
+  static ListedResults results;
+  return results;
 }
 
 struct PointOutcome {
@@ -129,6 +211,7 @@ PointOutcome run_one(const Experiment& point, const StepPlan& plan, const std::s
       (point.point_label.empty() ? point.name : point.point_label) + " [" + backend + "]";
   PointRun run = run_plan(point, plan, backend, settings);
   outcome.path = write_point(point, run);
+  listed_results().wrote(outcome.path, run.record);
   outcome.detail = fmt::format("{} {}", backend, human_seconds(seconds_since(start)));
   if (!run.cost.what.empty())
     outcome.detail += fmt::format(" ({} {}, peak RSS {:.0f} MB, {} {})", run.cost.what,
@@ -447,10 +530,10 @@ int remove_stale_temp_files(const std::vector<Experiment>& points, bool manifest
 
 // <output>/muonbed-run.json: the result files (and traces) of the experiment's current sweep,
 // every point of the file, whichever run made them, as long as each is a result of this build
-// for the point's current configuration (completed_result). Each entry names the point's
-// identity (point_id), which analysis/plot.py matches against the file: a file replaced later
-// by another configuration's result is flagged, never plotted as this sweep's. Written before a
-// run starts (so a killed rerun of an edited experiment never leaves the old list behind) and
+// for the point's current configuration (completed_result, through ListedResults). Each entry names
+// the point's identity (point_id), which analysis/plot.py matches against the file: a file replaced
+// later by another configuration's result is flagged, never plotted as this sweep's. Written before
+// a run starts (so a killed rerun of an edited experiment never leaves the old list behind) and
 // after it ends. build_manifests makes them (folder -> text) from the files present, with the
 // (point label, backend) of every result they list; write_manifests writes them.
 struct Manifests {
@@ -471,9 +554,7 @@ Manifests build_manifests(const std::vector<Experiment>& points, const Provenanc
            {"results", nlohmann::json::array()},
            {"traces", nlohmann::json::array()}};
     for (const std::string& backend : known_backend_names()) {
-      bool other_build = false;
-      const std::optional<ResultRecord> record =
-          completed_result(point, backend, build, other_build);
+      const std::optional<ResultRecord> record = listed_results().get(point, backend, build);
       if (!record) continue;
       const fs::path path = result_path(point, backend);
       const fs::path dir(point.output_dir);

@@ -42,7 +42,8 @@ ProgressLine::ProgressLine(std::string label, std::string what, std::ostream* ou
       what_(std::move(what)),
       out_(out),
       options_(options),
-      clock_(clock ? std::move(clock) : Clock(&steady_seconds)) {
+      clock_(clock ? std::move(clock) : Clock(&steady_seconds)),
+      calls_left_(std::max(1, options_.check_every)) {
   if (out_) start_ = clock_();
 }
 
@@ -71,7 +72,8 @@ std::string ProgressLine::text(const std::string& label, const std::string& what
 
 void ProgressLine::update(std::int64_t done, std::int64_t total) {
   if (!out_ || total <= 0) return;
-  if (++calls_ % std::max(1, options_.check_every) != 0) return;
+  if (--calls_left_ > 0) return;
+  calls_left_ = std::max(1, options_.check_every);
   const double now = clock_();
   const double elapsed = now - start_;
   if (elapsed < options_.delay_s) return;
