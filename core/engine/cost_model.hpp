@@ -187,6 +187,14 @@ EstimateSummary estimate(const StepPlan& plan, const ClusterSpec& cluster,
 // once per rank for all their micro-batches.
 double compute_time(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster,
                     TrainingCosts* training = nullptr);
+// compute_time and the op's FLOPs on the rank (op_flops; forward and backward: `training`'s when
+// given), with an elementwise op's elements counted once for both (without `with_flops`: 0).
+struct ComputeCost {
+  double seconds = 0;
+  double flops = 0;
+};
+ComputeCost compute_cost(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster,
+                         TrainingCosts* training = nullptr, bool with_flops = true);
 
 // Split Newton-Schulz (core/plan/split_ns.hpp): the time of one member's part of param p's split
 // NS on the cluster: its compute at the GPU's sustained rate for the slice (compute_time's rule

@@ -299,6 +299,9 @@ double op_flops(const StepPlan& plan, const Op& op, int rank);
 // Elements an elementwise compute op (momentum, apply_update, adamw) touches on `rank`.
 std::int64_t elementwise_numel(const StepPlan& plan, const Op& op, int rank);
 double op_memory_bytes(const StepPlan& plan, const Op& op, int rank);
+// op_memory_bytes of an elementwise op (momentum, apply_update, adamw, pack, unpack) touching
+// `numel` elements on a rank (elementwise_numel); 0 for other kinds.
+double elementwise_memory_bytes(const StepPlan& plan, OpKind kind, double numel);
 // FLOPs per element of an elementwise op kind (momentum, apply_update, adamw); 0 for others.
 double elementwise_flops_per_element(const StepPlan& plan, OpKind kind);
 // The optimizer FLOPs of one step with every parameter's work counted once: each Muon matrix's

@@ -145,10 +145,9 @@ class Replay final : public OpHandler, public CompletionSink {
 
   void start_compute(int rank, int op) override {
     const Op& o = plan_.ops[op];
-    const double seconds = compute_time(plan_, o, rank, cluster_, &training_costs_) +
-                           host_comm_.compute_started(rank, rel_now());
-    const bool training = o.kind == OpKind::forward || o.kind == OpKind::backward;
-    timeline_.add_flops(training ? training_costs_.flops(o, rank) : op_flops(plan_, o, rank));
+    const ComputeCost cost = compute_cost(plan_, o, rank, cluster_, &training_costs_);
+    const double seconds = cost.seconds + host_comm_.compute_started(rank, rel_now());
+    timeline_.add_flops(cost.flops);
     timeline_.begin(rank, Activity::compute, rel_now(), op);
     if (rank < traced_) compute_started_[trace_slot(rank, o.stream)] = rel_now();
     network_.compute(rank, seconds, kComputeOwner | static_cast<std::uint32_t>(rank),

@@ -248,8 +248,13 @@ double ring_latency(long steps, int n, const LinkParams& link) {
 // launch. Elementwise ops take gpu.elementwise_table's measured time for the elements they touch
 // when it has their kind; else they run their few FLOPs at peak, bounded below by their HBM
 // traffic at HBM bandwidth (hbm_GBps = 0: not modelled), plus one kernel launch per parameter.
+//
+// `flops_out` (optional) receives op_flops(plan, op, rank) (training ops: `training`'s): the
+// simulator's replay asks both per op and rank, and an elementwise op's elements are counted once
+// for both (elementwise_numel walks every param's piece: a tenth of a 1,024-GPU megatron
+// optimizer's simulation, counted three times).
 double compute_seconds(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster,
-                       TrainingCosts* training = nullptr) {
+                       TrainingCosts* training = nullptr, double* flops_out = nullptr) {
   const GpuSpec& gpu = cluster.gpu;
   const double launch = cluster.launch_overhead.kernel_us * kMicro;
   double t = 0;
@@ -259,7 +264,9 @@ double compute_seconds(const StepPlan& plan, const Op& op, int rank, const Clust
                      " FLOPs but the GPU '" + gpu.name +
                      "' has no compute rate; fix: set gpu.peak_tflops in the cluster");
   };
+  if (flops_out != nullptr) *flops_out = 0;
   if (op.kind == OpKind::newton_schulz) {
+    if (flops_out != nullptr) *flops_out = op_flops(plan, op, rank);
     for (const MatrixWork& w : ns_work(plan, op, rank)) {
       if (!(w.flops > 0)) continue;
       if (!gpu.ns_kernel.empty()) {
@@ -283,6 +290,7 @@ double compute_seconds(const StepPlan& plan, const Op& op, int rank, const Clust
     // The training step: its FLOPs at the profile's training efficiency (published MFU), or at the
     // GEMM-efficiency curve of its smallest GEMM dim, plus one kernel launch.
     const double flops = training ? training->flops(op, rank) : op_flops(plan, op, rank);
+    if (flops_out != nullptr) *flops_out = flops;
     if (!(flops > 0)) return 0;
     const double efficiency =
         gpu.training_efficiency > 0
@@ -293,17 +301,27 @@ double compute_seconds(const StepPlan& plan, const Op& op, int rank, const Clust
     if (!(rate > 0)) throw no_rate(flops);
     return flops / rate + launch;
   }
-  if (op.kind == OpKind::momentum || op.kind == OpKind::apply_update || op.kind == OpKind::adamw) {
+  const bool timed = op.kind == OpKind::momentum || op.kind == OpKind::apply_update ||
+                     op.kind == OpKind::adamw;  // gpu.elementwise_table's kernels
+  const bool elementwise = timed || op.kind == OpKind::pack || op.kind == OpKind::unpack;
+  const double numel = elementwise ? static_cast<double>(elementwise_numel(plan, op, rank)) : 0.0;
+  // op_flops's and op_memory_bytes's rules, on the elements counted once
+  const double flops =
+      elementwise ? elementwise_flops_per_element(plan, op.kind) * numel : op_flops(plan, op, rank);
+  if (flops_out != nullptr) *flops_out = flops;
+  if (timed) {
     const double measured =
-        gpu.elementwise_seconds(to_string(op.kind), elementwise_numel(plan, op, rank));
+        gpu.elementwise_seconds(to_string(op.kind), static_cast<std::int64_t>(numel));
     if (measured >= 0) return measured;
   }
-  const double flops = op_flops(plan, op, rank);
   if (flops > 0) {
     if (!(gpu.peak_tflops > 0)) throw no_rate(flops);
     t = flops / (gpu.peak_tflops * 1e12);
   }
-  if (gpu.hbm_GBps > 0) t = std::max(t, op_memory_bytes(plan, op, rank) / (gpu.hbm_GBps * kGB));
+  if (gpu.hbm_GBps > 0)
+    t = std::max(t, (elementwise ? elementwise_memory_bytes(plan, op.kind, numel)
+                                 : op_memory_bytes(plan, op, rank)) /
+                        (gpu.hbm_GBps * kGB));
   if (launch > 0) {
     int calls = 0;
     for (int p : op.params)
@@ -484,11 +502,19 @@ double collective_time(OpKind kind, int group_size, double total_bytes, const Li
 
 double compute_time(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster,
                     TrainingCosts* training) {
-  if (is_memory(op.kind)) return 0;
+  return compute_cost(plan, op, rank, cluster, training, false).seconds;
+}
+
+ComputeCost compute_cost(const StepPlan& plan, const Op& op, int rank, const ClusterSpec& cluster,
+                         TrainingCosts* training, bool with_flops) {
+  ComputeCost cost;
+  if (is_memory(op.kind)) return cost;
   if (!is_compute(op.kind))
     throw PlanError("compute_time: op " + std::to_string(op.id) + " is a " +
                     std::string(to_string(op.kind)) + ", not a compute op");
-  return compute_seconds(plan, op, rank, cluster, training);
+  cost.seconds =
+      compute_seconds(plan, op, rank, cluster, training, with_flops ? &cost.flops : nullptr);
+  return cost;
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -574,11 +574,10 @@ double useful_step_flops(const StepPlan& plan) {
   return total;
 }
 
-double op_memory_bytes(const StepPlan& plan, const Op& op, int rank) {
-  const double n = static_cast<double>(elementwise_numel(plan, op, rank));
+double elementwise_memory_bytes(const StepPlan& plan, OpKind kind, double n) {
   const double state = bytes_of(plan.settings.state_dtype);
   const double comm = static_cast<double>(comm_bytes(plan));
-  switch (op.kind) {
+  switch (kind) {
     case OpKind::momentum:  // read grad, read+write momentum, write update
       return n * (comm + 2 * state + comm);
     case OpKind::apply_update:  // read+write param, read update
@@ -588,6 +587,21 @@ double op_memory_bytes(const StepPlan& plan, const Op& op, int rank) {
     case OpKind::pack:
     case OpKind::unpack:
       return n * 2 * comm;
+    default:
+      return 0;
+  }
+}
+
+double op_memory_bytes(const StepPlan& plan, const Op& op, int rank) {
+  const double comm = static_cast<double>(comm_bytes(plan));
+  switch (op.kind) {
+    case OpKind::momentum:
+    case OpKind::apply_update:
+    case OpKind::adamw:
+    case OpKind::pack:
+    case OpKind::unpack:
+      return elementwise_memory_bytes(plan, op.kind,
+                                      static_cast<double>(elementwise_numel(plan, op, rank)));
     case OpKind::newton_schulz: {
       // Per iteration: read X twice, write A, read A twice, write B, write X (bf16 storage).
       double total = 0;
