@@ -9,6 +9,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <unordered_map>
 
 #include <simgrid/s4u/Engine.hpp>
@@ -128,10 +129,18 @@ class Replay final : public OpHandler, public CompletionSink {
     ReplayOutput out;
     out.steps = std::move(steps_);
     out.collectives = std::move(collectives_);
-    out.trace = chrome_trace(plan_, worst_trace_, traced_, topo_.gpus_per_node(), worst_step_,
-                             "ranks 0.." + std::to_string(traced_ - 1) +
-                                 " of the worst step; pid = node, tid = rank x streams + "
-                                 "stream; times in microseconds from the step's start");
+    auto write = [&plan = plan_, events = std::move(worst_trace_), traced = traced_,
+                  gpus_per_node = topo_.gpus_per_node(), step = worst_step_]() {
+      return chrome_trace(plan, events, traced, gpus_per_node, step,
+                          "ranks 0.." + std::to_string(traced - 1) +
+                              " of the worst step; pid = node, tid = rank x streams + "
+                              "stream; times in microseconds from the step's start");
+    };
+    try {
+      out.trace = std::async(std::launch::async, std::move(write));
+    } catch (const std::system_error&) {  // no thread to be had: written when asked for
+      out.trace = std::async(std::launch::deferred, std::move(write));
+    }
     return out;
   }
 

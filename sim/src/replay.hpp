@@ -12,6 +12,7 @@
 // first ranks.
 #pragma once
 
+#include <future>
 #include <string>
 #include <vector>
 
@@ -42,7 +43,10 @@ struct ReplayOptions {
 struct ReplayOutput {
   std::vector<StepMeasurement> steps;
   std::vector<std::vector<CollectiveMeasurement>> collectives;
-  std::string trace;  // the worst step's Chrome trace (JSON text), "" when disabled
+  // The worst step's Chrome trace (JSON text, "" when disabled), written on a thread of its own
+  // while the caller fills the record: a 1,024-GPU training step's 100 MB trace took 0.2 s
+  // after the simulation, beside the record's 0.3 s.
+  std::future<std::string> trace;
 };
 
 // Runs the engine (which must hold the platform of `topology`, hosts in rank order) until every

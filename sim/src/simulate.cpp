@@ -164,7 +164,7 @@ SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
           "; merged rounds change how neighbouring rounds overlap as members drift apart "
           "(experiments/BENCHMARKS.md); fix: use sim.fidelity: step for this plan");
   }
-  result.trace = std::move(out.trace);
+  result.trace = out.trace.get();
 
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
