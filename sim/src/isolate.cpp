@@ -123,6 +123,7 @@ Child start_child(const IsolatedBody& body) {
   }
   ::close(fds[1]);
 #ifdef F_SETPIPE_SZ
+  // A larger pipe (where allowed; else the default stays): a 100 MB trace in fewer hand-overs.
   ::fcntl(fds[0], F_SETPIPE_SZ, 1 << 20);
 #endif
   register_child(pid, false);  // SIGTERM to muonbed stops it too (same process group)
