@@ -11,11 +11,13 @@
 #include <string>
 
 #include "core/base/errors.hpp"
+#include "core/engine/cost_model.hpp"
 #include "core/model/parallelize.hpp"
 #include "core/plan/plan.hpp"
 #include "core/plan/program.hpp"
 #include "core/plan/strategy.hpp"
 #include "core/plan/training.hpp"
+#include "tests/common/hand_clusters.hpp"
 #include "tests/common/strategy_matrix.hpp"
 #include "tests/common/training_models.hpp"
 
@@ -287,6 +289,58 @@ TEST_CASE("TrainingCosts prices every forward and backward op as the direct form
       }
     CHECK(layers.size() >= 3);  // the embedding or head, and two layers or more
   }
+}
+
+TEST_CASE("compute_cost gives op_flops' FLOPs, and elementwise times from them and their bytes",
+          "[program][training]") {
+  // compute_cost counts an elementwise op's elements once for its time and its FLOPs. On every
+  // compute op and rank of the strategy matrix (training and optimizer-only plans, owned-only
+  // momentum, pack and unpack): FLOPs as op_flops gives them, and an elementwise op's time, with
+  // no launch overhead, the larger of its FLOPs at peak and op_memory_bytes at HBM bandwidth (HBM
+  // fast enough that FLOPs win for the optimizer's updates, bytes for pack and unpack).
+  ClusterSpec cluster = testing::unit_cluster();
+  cluster.gpu.hbm_GBps = 1e6;
+  cluster.launch_overhead.kernel_us = 0;
+  std::map<OpKind, int> checked;
+  for (const auto& topology : testing::topologies())
+    for (const StrategyOptions& strategy : testing::strategies())
+      for (const bool training : {false, true}) {
+        PlanSettings settings;
+        settings.training.enabled = training;
+        settings.training.tokens_per_step = 4 * 64 * 4;
+        settings.training.seq_len = 64;
+        settings.training.experts_per_token = 2;
+        StepPlan plan;
+        try {
+          plan = build_plan(testing::make_model(topology), strategy, settings);
+        } catch (const PlanError&) {
+          continue;  // a strategy this topology cannot take (the strategy matrix says which)
+        }
+        TrainingCosts costs(plan);
+        for (const Op& op : plan.ops) {
+          if (!is_compute(op.kind) || is_memory(op.kind)) continue;
+          for (const int rank : op.ranks.ranks(plan.mesh())) {
+            INFO(topology.name << ", " << strategy.name << (training ? ", training" : "") << ", op "
+                               << op.id << " (" << to_string(op.kind) << "), rank " << rank);
+            const ComputeCost cost = compute_cost(plan, op, rank, cluster, &costs);
+            const double flops = op_flops(plan, op, rank);
+            CHECK(cost.flops == flops);
+            CHECK(compute_cost(plan, op, rank, cluster, &costs, false).seconds == cost.seconds);
+            const bool elementwise = op.kind == OpKind::momentum ||
+                                     op.kind == OpKind::apply_update || op.kind == OpKind::adamw ||
+                                     op.kind == OpKind::pack || op.kind == OpKind::unpack;
+            if (!elementwise) continue;
+            const double at_peak = flops > 0 ? flops / (cluster.gpu.peak_tflops * 1e12) : 0.0;
+            CHECK(cost.seconds == std::max(at_peak, op_memory_bytes(plan, op, rank) /
+                                                        (cluster.gpu.hbm_GBps * 1e9)));
+            ++checked[op.kind];
+          }
+        }
+      }
+  CHECK(checked[OpKind::momentum] > 100);
+  CHECK(checked[OpKind::apply_update] > 100);
+  CHECK(checked[OpKind::adamw] > 100);
+  CHECK(checked[OpKind::pack] + checked[OpKind::unpack] > 10);
 }
 
 TEST_CASE("PieceBytes sizes every collective's pieces as piece_bytes does", "[program][training]") {
