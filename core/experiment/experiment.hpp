@@ -79,11 +79,19 @@ struct Experiment {
   PlanSettings plan_settings() const;
 };
 
+// What the command line sets over the file for every point (muonbed run --output): applied as
+// the points are parsed, so that their resolved configuration says it from the start.
+struct ExperimentOverrides {
+  std::string output;  // the results folder; empty: the file's
+};
+
 // Loads a file and expands its sweep into points (one point without a sweep). Throws
 // ConfigError for any invalid input; never returns a half-valid experiment.
-std::vector<Experiment> load_experiment(const std::string& path);
+std::vector<Experiment> load_experiment(const std::string& path,
+                                        const ExperimentOverrides& overrides = {});
 // Same from text (tests); `file` is used in messages.
-std::vector<Experiment> parse_experiment(const std::string& yaml_text, const std::string& file);
+std::vector<Experiment> parse_experiment(const std::string& yaml_text, const std::string& file,
+                                         const ExperimentOverrides& overrides = {});
 
 // Builds the sharded model and the plan of a point.
 ShardedModel shard_model(const Experiment& experiment);

@@ -70,19 +70,15 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Applies --output and --fidelity to a point and to its resolved configuration (which the result
-// file records as provenance and resume compares).
+// Applies --fidelity to a point and to its resolved configuration (which the result file records
+// as provenance and resume compares). --output is applied as the file is parsed
+// (ExperimentOverrides): re-reading and re-writing every point's configuration for it took 0.2 s
+// of each `muonbed run --point` of a 54-point file.
 void apply_overrides(Experiment& point, const RunOptions& o) {
-  if (o.output.empty() && o.fidelity.empty()) return;
+  if (o.fidelity.empty()) return;
   YAML::Node root = YAML::Load(point.resolved_yaml);
-  if (!o.output.empty()) {
-    point.output_dir = o.output;
-    root["output"] = o.output;
-  }
-  if (!o.fidelity.empty()) {
-    point.sim_fidelity = o.fidelity;
-    root["sim"]["fidelity"] = o.fidelity;
-  }
+  point.sim_fidelity = o.fidelity;
+  root["sim"]["fidelity"] = o.fidelity;
   YAML::Emitter out;
   out << root;
   point.resolved_yaml = std::string(out.c_str()) + "\n";
@@ -649,7 +645,7 @@ int run_command(RunOptions& o) {
     ~EndMpi() { mpi_command_end(); }
   } end_mpi;
 #endif
-  std::vector<Experiment> all = load_experiment(o.file);
+  std::vector<Experiment> all = load_experiment(o.file, ExperimentOverrides{o.output});
   for (Experiment& point : all) apply_overrides(point, o);
   std::optional<Shard> shard;
   if (!o.shard.empty()) shard = parse_shard(o.shard);

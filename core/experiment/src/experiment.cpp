@@ -310,7 +310,8 @@ void read_memory(const Context& ctx, const Field& field, TrainingMemoryOptions& 
 
 }  // namespace
 
-Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* cache) {
+Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* cache,
+                       const ExperimentOverrides& overrides) {
   Experiment e;
   e.file = ctx.file;
   e.point_label = ctx.point;
@@ -397,6 +398,7 @@ Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* c
                  " bytes; file systems allow at most " + std::to_string(kMaxPathComponentBytes),
              "use shorter folder names");
   }
+  if (!overrides.output.empty()) e.output_dir = overrides.output;
 
   check_model_on_mesh(ctx, ms, model);
   // The layout rules have the last word: a model that does not lay out is a config error. Points
@@ -443,9 +445,10 @@ PlanSettings Experiment::plan_settings() const {
   return settings;
 }
 
-std::vector<Experiment> parse_experiment(const std::string& yaml_text, const std::string& file) {
+std::vector<Experiment> parse_experiment(const std::string& yaml_text, const std::string& file,
+                                         const ExperimentOverrides& overrides) {
   try {
-    return parse_file(yaml_text, file);
+    return parse_file(yaml_text, file, overrides);
   } catch (const YAML::Exception& e) {
     // The accessors check types before converting; this is the safety net for any yaml-cpp
     // refusal they do not foresee, reported where yaml-cpp saw it.
@@ -457,8 +460,9 @@ std::vector<Experiment> parse_experiment(const std::string& yaml_text, const std
   }
 }
 
-std::vector<Experiment> load_experiment(const std::string& path) {
-  return parse_experiment(read_text_file(path, "experiment file"), path);
+std::vector<Experiment> load_experiment(const std::string& path,
+                                        const ExperimentOverrides& overrides) {
+  return parse_experiment(read_text_file(path, "experiment file"), path, overrides);
 }
 
 namespace {

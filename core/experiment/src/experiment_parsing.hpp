@@ -201,11 +201,13 @@ void read_strategy(const Context& ctx, const MapReader& top, const MeshSection& 
 std::string resolved_yaml(const Experiment& e, const MeshSection& ms, const ModelSection& model);
 
 // ---- A point (experiment.cpp) -------------------------------------------------------------------
-Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* cache);
+Experiment parse_point(const Context& ctx, const YAML::Node& root, ParseCache* cache,
+                       const ExperimentOverrides& overrides);
 void check_strategy_options(const OptionUses& uses);
 
 // ---- Sweeps (sweep.cpp) -------------------------------------------------------------------------
 YAML::Node child(const YAML::Node& node, const char* key);
-std::vector<Experiment> parse_file(const std::string& yaml_text, const std::string& file);
+std::vector<Experiment> parse_file(const std::string& yaml_text, const std::string& file,
+                                   const ExperimentOverrides& overrides);
 
 }  // namespace muonbed::experiment_parsing

@@ -300,14 +300,15 @@ void apply_override(TreeEdits& edits, YAML::Node root, const std::string& path,
 
 }  // namespace
 
-std::vector<Experiment> parse_file(const std::string& yaml_text, const std::string& file) {
+std::vector<Experiment> parse_file(const std::string& yaml_text, const std::string& file,
+                                   const ExperimentOverrides& command_line) {
   const Context ctx{file, ""};
   const YAML::Node root = load_yaml(yaml_text, file);
   const MapReader top(ctx, root, "", kTopKeys);
   const Field* sweep = top.find("sweep");
   ParseCache cache;
   if (!sweep) {
-    std::vector<Experiment> one = {parse_point(ctx, root, &cache)};
+    std::vector<Experiment> one = {parse_point(ctx, root, &cache, command_line)};
     check_strategy_options(cache.options);
     return one;
   }
@@ -340,7 +341,7 @@ std::vector<Experiment> parse_file(const std::string& yaml_text, const std::stri
         apply_override(edits, tree, key, axes[a].lists[k][choice[a]]);
       }
     }
-    Experiment e = parse_point(Context{file, label}, tree, &cache);
+    Experiment e = parse_point(Context{file, label}, tree, &cache, command_line);
     e.overrides = std::move(overrides);
     const std::int64_t tensors = static_cast<std::int64_t>(e.model.params.size());
     points.push_back(std::move(e));
