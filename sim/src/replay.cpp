@@ -9,7 +9,6 @@
 #include <iostream>
 #include <memory>
 #include <string>
-#include <system_error>
 #include <unordered_map>
 
 #include <simgrid/s4u/Engine.hpp>
@@ -20,6 +19,7 @@
 #include "core/engine/engine.hpp"
 #include "core/engine/timeline.hpp"
 #include "core/plan/split_ns.hpp"
+#include "sim/src/beside.hpp"
 #include "sim/src/network.hpp"
 
 namespace sg4 = simgrid::s4u;
@@ -136,11 +136,7 @@ class Replay final : public OpHandler, public CompletionSink {
                               " of the worst step; pid = node, tid = rank x streams + "
                               "stream; times in microseconds from the step's start");
     };
-    try {
-      out.trace = std::async(std::launch::async, std::move(write));
-    } catch (const std::system_error&) {  // no thread to be had: written when asked for
-      out.trace = std::async(std::launch::deferred, std::move(write));
-    }
+    out.trace = beside(std::move(write), false);
     return out;
   }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <future>
 #include <limits>
 #include <sstream>
 
@@ -21,6 +22,7 @@
 #include "core/base/errors.hpp"
 #include "core/experiment/experiment.hpp"
 #include "core/results/run_point.hpp"
+#include "sim/src/beside.hpp"
 #include "sim/src/fidelity.hpp"
 #include "sim/src/isolate.hpp"
 #include "sim/src/platform.hpp"
@@ -105,6 +107,9 @@ SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
 
   SimulationResult result;
   result.stats.fidelity = fidelity;
+  // The record's figures that need no simulation, made beside it where a core is idle.
+  std::future<PlanFigures> figures =
+      sim::beside([&plan, &cluster]() { return plan_figures(plan, cluster); }, true);
   sim::ReplayOutput out = sim::replay_plan(plan, cluster, topology, hosts, replay, result.stats);
 
   ResultRecord& record = result.record;
@@ -112,7 +117,8 @@ SimulationResult simulate_here(const StepPlan& plan, const ClusterSpec& cluster,
   record.fidelity = fidelity;
   record.traffic.model = "algorithm";
   record.provenance = make_provenance(nullptr, simgrid_version());
-  fill_record(record, plan, cluster, out.steps, out.collectives);
+  const PlanFigures plan_figures_made = figures.get();
+  fill_record(record, plan, cluster, out.steps, out.collectives, &plan_figures_made);
   // How a gather's or scatter's senders to their root move at flow fidelity.
   const bool per_member = options.flow_rooted_bundles == std::numeric_limits<int>::max();
   const bool pooling = options.flow_net_fabric && !options.latency_weighted_sharing &&

@@ -112,10 +112,34 @@ StepStatistics step_statistics(const std::vector<double>& times, int warmup_step
 
 // ---- Assembling a record ------------------------------------------------------------------------
 
+PlanFigures plan_figures(const StepPlan& plan, const ClusterSpec& cluster) {
+  PlanFigures figures;
+  // A measured run's cluster may have no link figures (the MPI executor on one host): then there
+  // is no bound to report, and the record says why instead of failing the run.
+  try {
+    const StepBound sb = step_bound(plan, cluster);
+    figures.bound = {sb.bound_s,      0,           sb.binding,   sb.ns_total_s,  sb.ns_balanced_s,
+                     sb.ns_longest_s, sb.gather_s, sb.scatter_s, sb.owner_ranks, sb.longest};
+  } catch (const PlanError& e) {
+    figures.bound = BoundResult{};
+    figures.bound.binding = "none";
+    figures.no_bound = e.what();
+  }
+  // Once per class of ranks holding the same (core/plan/plan.hpp training_memories), not per rank.
+  figures.memory = training_memories(plan);
+  return figures;
+}
+
 void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& cluster,
                  const std::vector<StepMeasurement>& steps,
-                 const std::vector<std::vector<CollectiveMeasurement>>& collectives) {
+                 const std::vector<std::vector<CollectiveMeasurement>>& collectives,
+                 const PlanFigures* figures) {
   if (steps.empty()) throw Error("fill_record: no step was measured");
+  PlanFigures made_here;
+  if (figures == nullptr) {
+    made_here = plan_figures(plan, cluster);
+    figures = &made_here;
+  }
   const DeviceMesh& mesh = plan.mesh();
   const int world = mesh.world_size();
   const int gpn = physical_gpus_per_node(cluster, mesh);
@@ -147,20 +171,11 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
   step.worst_step = steps[worst].step;
   const StepMeasurement& w = steps[worst];
 
-  // A measured run's cluster may have no link figures (the MPI executor on one host): then there
-  // is no bound to report, and the record says why instead of failing the run.
-  try {
-    const StepBound sb = step_bound(plan, cluster);
-    record.bound = {sb.bound_s,       safe_div(step.average_s, sb.bound_s),
-                    sb.binding,       sb.ns_total_s,
-                    sb.ns_balanced_s, sb.ns_longest_s,
-                    sb.gather_s,      sb.scatter_s,
-                    sb.owner_ranks,   sb.longest};
-  } catch (const PlanError& e) {
-    record.bound = BoundResult{};
-    record.bound.binding = "none";
-    record.notes.push_back(std::string("no T_bound: ") + e.what());
-  }
+  record.bound = figures->bound;
+  if (figures->no_bound.empty())
+    record.bound.ratio = safe_div(step.average_s, record.bound.step_s);
+  else
+    record.notes.push_back("no T_bound: " + figures->no_bound);
 
   // Predicted records say where their Newton-Schulz times come from (a shape past the measured
   // table is timed from the efficiency curve, and the note names it).
@@ -169,8 +184,7 @@ void fill_record(ResultRecord& record, const StepPlan& plan, const ClusterSpec& 
 
   // Per rank: averages over patterns weighted by their step counts, and the worst step's values.
   record.ranks.assign(world, RankResult{});
-  // Once per class of ranks holding the same (core/plan/plan.hpp training_memories), not per rank.
-  const std::vector<TrainingMemory> memory = training_memories(plan);
+  const std::vector<TrainingMemory>& memory = figures->memory;
   std::vector<double> mean_compute(steps.size()), mean_comm(steps.size()),
       mean_exposed(steps.size()), sent(steps.size());
   for (std::size_t i = 0; i < steps.size(); ++i) {
