@@ -59,6 +59,28 @@ std::string name_of(const StepPlan& plan, int p) {
 
 }  // namespace
 
+// Every plan of the strategy matrix: each topology with each strategy it can take (the strategy
+// matrix says which), as a training plan and as an optimizer-only one.
+template <typename Fn>
+void for_each_matrix_plan(Fn&& fn) {
+  for (const auto& topology : testing::topologies())
+    for (const StrategyOptions& strategy : testing::strategies())
+      for (const bool training : {false, true}) {
+        PlanSettings settings;
+        settings.training.enabled = training;
+        settings.training.tokens_per_step = 4 * 64 * 4;
+        settings.training.seq_len = 64;
+        settings.training.experts_per_token = 2;
+        StepPlan plan;
+        try {
+          plan = build_plan(testing::make_model(topology), strategy, settings);
+        } catch (const PlanError&) {
+          continue;
+        }
+        fn(topology, strategy, training, plan);
+      }
+}
+
 TEST_CASE("FSDP training ops lower to GEMMs of the gathered matrices", "[program][training]") {
   // 2 FSDP ranks, 16 tokens of sequences of 4: 2 micro-batches per rank, 4 tokens per op.
   const StepPlan plan = hand_plan({{"dp_shard", 2, DimRole::fsdp}}, 16, 4);
@@ -302,41 +324,29 @@ TEST_CASE("compute_cost gives op_flops' FLOPs, and elementwise times from them a
   cluster.gpu.hbm_GBps = 1e6;
   cluster.launch_overhead.kernel_us = 0;
   std::map<OpKind, int> checked;
-  for (const auto& topology : testing::topologies())
-    for (const StrategyOptions& strategy : testing::strategies())
-      for (const bool training : {false, true}) {
-        PlanSettings settings;
-        settings.training.enabled = training;
-        settings.training.tokens_per_step = 4 * 64 * 4;
-        settings.training.seq_len = 64;
-        settings.training.experts_per_token = 2;
-        StepPlan plan;
-        try {
-          plan = build_plan(testing::make_model(topology), strategy, settings);
-        } catch (const PlanError&) {
-          continue;  // a strategy this topology cannot take (the strategy matrix says which)
-        }
-        TrainingCosts costs(plan);
-        for (const Op& op : plan.ops) {
-          if (!is_compute(op.kind) || is_memory(op.kind)) continue;
-          for (const int rank : op.ranks.ranks(plan.mesh())) {
-            INFO(topology.name << ", " << strategy.name << (training ? ", training" : "") << ", op "
-                               << op.id << " (" << to_string(op.kind) << "), rank " << rank);
-            const ComputeCost cost = compute_cost(plan, op, rank, cluster, &costs);
-            const double flops = op_flops(plan, op, rank);
-            CHECK(cost.flops == flops);
-            CHECK(compute_cost(plan, op, rank, cluster, &costs, false).seconds == cost.seconds);
-            const bool elementwise = op.kind == OpKind::momentum ||
-                                     op.kind == OpKind::apply_update || op.kind == OpKind::adamw ||
-                                     op.kind == OpKind::pack || op.kind == OpKind::unpack;
-            if (!elementwise) continue;
-            const double at_peak = flops > 0 ? flops / (cluster.gpu.peak_tflops * 1e12) : 0.0;
-            CHECK(cost.seconds == std::max(at_peak, op_memory_bytes(plan, op, rank) /
-                                                        (cluster.gpu.hbm_GBps * 1e9)));
-            ++checked[op.kind];
-          }
-        }
+  for_each_matrix_plan([&](const testing::Topology& topology, const StrategyOptions& strategy,
+                           bool training, const StepPlan& plan) {
+    TrainingCosts costs(plan);
+    for (const Op& op : plan.ops) {
+      if (!is_compute(op.kind) || is_memory(op.kind)) continue;
+      for (const int rank : op.ranks.ranks(plan.mesh())) {
+        INFO(topology.name << ", " << strategy.name << (training ? ", training" : "") << ", op "
+                           << op.id << " (" << to_string(op.kind) << "), rank " << rank);
+        const ComputeCost cost = compute_cost(plan, op, rank, cluster, &costs);
+        const double flops = op_flops(plan, op, rank);
+        CHECK(cost.flops == flops);
+        CHECK(compute_cost(plan, op, rank, cluster, &costs, false).seconds == cost.seconds);
+        const bool elementwise = op.kind == OpKind::momentum || op.kind == OpKind::apply_update ||
+                                 op.kind == OpKind::adamw || op.kind == OpKind::pack ||
+                                 op.kind == OpKind::unpack;
+        if (!elementwise) continue;
+        const double at_peak = flops > 0 ? flops / (cluster.gpu.peak_tflops * 1e12) : 0.0;
+        CHECK(cost.seconds ==
+              std::max(at_peak, op_memory_bytes(plan, op, rank) / (cluster.gpu.hbm_GBps * 1e9)));
+        ++checked[op.kind];
       }
+    }
+  });
   CHECK(checked[OpKind::momentum] > 100);
   CHECK(checked[OpKind::apply_update] > 100);
   CHECK(checked[OpKind::adamw] > 100);
@@ -371,31 +381,19 @@ TEST_CASE("PieceBytes sizes every collective's pieces as piece_bytes does", "[pr
   // owner: every topology and strategy of the strategy matrix (owned-only gathers, whose bytes
   // depend on the owner; PP stages; EP), in training plans and optimizer-only ones.
   int owned_only = 0;
-  for (const auto& topology : testing::topologies())
-    for (const StrategyOptions& strategy : testing::strategies())
-      for (const bool training : {false, true}) {
-        PlanSettings settings;
-        settings.training.enabled = training;
-        settings.training.tokens_per_step = 4 * 64 * 4;
-        settings.training.seq_len = 64;
-        settings.training.experts_per_token = 2;
-        StepPlan plan;
-        try {
-          plan = build_plan(testing::make_model(topology), strategy, settings);
-        } catch (const PlanError&) {
-          continue;  // a strategy this topology cannot take (the strategy matrix says which)
-        }
-        PieceBytes pieces(plan);
-        for (std::size_t k = 0; k < plan.ops.size(); ++k) {
-          const Op& op = plan.ops[k];
-          if (!is_collective(op.kind)) continue;
-          owned_only += op.owned_only ? 1 : 0;
-          for (int rank = 0; rank < plan.mesh().world_size(); ++rank) {
-            INFO(topology.name << ", " << strategy.name << (training ? ", training" : "") << ", op "
-                               << k << " (" << to_string(op.kind) << "), rank " << rank);
-            CHECK(pieces(static_cast<int>(k), rank) == piece_bytes(plan, op, rank));
-          }
-        }
+  for_each_matrix_plan([&](const testing::Topology& topology, const StrategyOptions& strategy,
+                           bool training, const StepPlan& plan) {
+    PieceBytes pieces(plan);
+    for (std::size_t k = 0; k < plan.ops.size(); ++k) {
+      const Op& op = plan.ops[k];
+      if (!is_collective(op.kind)) continue;
+      owned_only += op.owned_only ? 1 : 0;
+      for (int rank = 0; rank < plan.mesh().world_size(); ++rank) {
+        INFO(topology.name << ", " << strategy.name << (training ? ", training" : "") << ", op "
+                           << k << " (" << to_string(op.kind) << "), rank " << rank);
+        CHECK(pieces(static_cast<int>(k), rank) == piece_bytes(plan, op, rank));
       }
+    }
+  });
   CHECK(owned_only > 10);
 }
