@@ -103,6 +103,8 @@ std::vector<T> to_host(const DeviceBuffer& buffer, std::size_t count) {
 
 // Device pointers: `in` and `out` hold shape.numel() fp32 values (a batch of row-major
 // matrices); `out` may equal `in`. `workspace` holds at least workspace_bytes(shape) bytes.
+// Every version iterates in bf16 and writes `out` as bf16 values widened to fp32, so rounding
+// `out` to bf16 changes nothing (the GPU executors rely on it; gpu_kernels_test checks it).
 struct NsDeviceArgs {
   const float* in = nullptr;
   float* out = nullptr;

@@ -2,6 +2,7 @@
 # The device half of scripts/gpu-bundle: runs on the lent GPU machine from the repository root,
 #
 #   bash gpu-bundle/run.sh [STAGE...]          (default: every stage, in the order below)
+#   bash gpu-bundle/run.sh remaining           (what earlier lent machines left unrun, below)
 #
 # A lent machine gives 15 minutes of device time in all (its start and every call included), so
 # the default run is sized to finish within MUONBED_BUNDLE_BUDGET seconds (default 400): every
@@ -16,7 +17,11 @@
 #   nccl       nccl_equivalence under the carried mpirun -np 1 (world size 1)
 #   loopback   the quickstart's five strategies as 8 logical ranks on the GPU, eager and graph
 #   llama      llama-7b (16 layers on an 80 GB card) at world size 1, eager vs graph, with op
-#              times (host overhead); then `muonbed run --backend nccl` of it, eager and graph
+#              times (host overhead) and where the step went: per op kind, the step's NS calls
+#              against the same calls alone, and the step again with NS skipped (--ns-identity);
+#              the GPU's clocks, power and clock-event reasons sampled every 200 ms meanwhile
+#              (llama_smi.csv, summarised in llama_smi.txt); then `muonbed run --backend nccl`
+#              of it, eager and graph
 #   calibrate  `muonbed calibrate --backend nccl`: the NS and elementwise tables of this GPU at
 #              the shapes of experiments/hf_qwen3_moe.yaml's plans (Qwen3-30B-A3B: expert stacks
 #              [16, 768, 2048] per EP rank), the whole 128 x [768, 2048] stack and bench ns's
@@ -30,6 +35,12 @@
 #   training   issue 24's CPU check on this machine's quiet cores: calibrate --backend mpi for
 #              experiments/mpi_training.yaml (2 ranks), three runs of it with that profile, then
 #              compare: measured against predicted Muon overhead, with the runs' noise
+#
+# `remaining` (one device call of at most 590 s, its own budget): tests (a regression check of
+# this build), llama (the 300-ms gap between the llama-7b step and its kernels, measured on an
+# H200 on 2026-11-28), validate8 with one run, training: what the lent machines of 2026-11-27
+# and 2026-11-28 left unrun or unexplained (experiments/BENCHMARKS.md, "GPU executor on a lent
+# H200").
 #
 # Knobs for a rerun of part of it (environment): MUONBED_SHARE_<stage>=SECONDS,
 # MUONBED_GPU_TESTS_FILTER (a Catch2 spec, e.g. "[loopback]"), MUONBED_LOOPBACK_REPEATS,
@@ -47,15 +58,67 @@ torch_python=${MUONBED_TORCH_PYTHON:-$(command -v python3 || echo /usr/bin/pytho
 root=$(cd "$here/.." && pwd)
 start_s=$(date +%s)
 budget=${MUONBED_BUNDLE_BUDGET:-400}
-declare -A STAGE_SECONDS=([tests]=90 [nccl]=75 [loopback]=60 [llama]=110 [calibrate]=40
+declare -A STAGE_SECONDS=([tests]=90 [nccl]=75 [loopback]=60 [llama]=150 [calibrate]=40
   [validate8]=140 [ns]=50 [training]=120)
 default_stages=(tests nccl loopback llama calibrate validate8 ns)
+if [ "${1:-}" = remaining ] && [ $# -eq 1 ]; then
+  set -- tests llama validate8 training
+  budget=${MUONBED_BUNDLE_BUDGET:-590}
+  STAGE_SECONDS[tests]=70
+  STAGE_SECONDS[validate8]=220
+  STAGE_SECONDS[training]=150
+  : "${MUONBED_VALIDATE8_RUNS:=1}"
+fi
 
 dest=${OUT:-$here/out}
 mkdir -p "$dest"
 out=$(mktemp -d)   # scratch: logs and JSON, packed into $dest/gpu-run.tgz after each stage
 pl=$(mktemp -d)    # the unpacked payload: binaries, libraries, Open MPI
-trap 'rm -rf "$pl" "$out"' EXIT
+smi_pid=
+# The GPU's clocks, power, temperature and the reasons its clocks are held, every 200 ms, into
+# FILE, until smi_stop (a GEMM-bound step that slows the longer it runs shows here). The reasons
+# field has two names across drivers; without either the rest is still sampled.
+smi_start() {
+  command -v nvidia-smi >/dev/null || return 0
+  local fields=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu reasons=
+  for r in clocks_event_reasons.active clocks_throttle_reasons.active; do
+    nvidia-smi --query-gpu="$r" --format=csv,noheader >/dev/null 2>&1 && reasons=$r && break
+  done
+  nvidia-smi --query-gpu="$fields${reasons:+,$reasons}" --format=csv,nounits -lms 200 \
+    >"$1" 2>&1 &
+  smi_pid=$!
+}
+smi_stop() {  # stops the sampler this script started (never any other process)
+  [ -n "$smi_pid" ] || return 0
+  kill "$smi_pid" 2>/dev/null
+  wait "$smi_pid" 2>/dev/null
+  smi_pid=
+}
+# SM clock and power over the samples where the GPU was busy (utilization >= 50 %), and every
+# clock-event reason bitmask seen then.
+smi_summary() {
+  [ -s "$1" ] || { echo "no GPU samples (nvidia-smi did not run)"; return 0; }
+  # Columns found by name (nvidia-smi prints its own names, e.g. clocks.current.sm [MHz]).
+  awk -F', *' 'NR == 1 {
+      for (i = 1; i <= NF; ++i) {
+        if ($i ~ /clocks.*sm/) cc = i; else if ($i ~ /power.draw/) pc = i
+        else if ($i ~ /utilization.gpu/) uc = i; else if ($i ~ /reasons/) rc = i
+      }
+      next
+    }
+    uc && $uc + 0 >= 50 {
+      n++; c = $cc + 0; p = $pc + 0
+      cs += c; ps += p; if (n == 1 || c < cmin) cmin = c; if (c > cmax) cmax = c
+      if (p > pmax) pmax = p
+      if (rc) seen[$rc]++
+    }
+    END {
+      if (n == 0) { print "no busy samples (utilization >= 50 %)"; exit }
+      printf "busy samples %d (200 ms apart): SM clock min %d, mean %.0f, max %d MHz; power mean %.0f, max %.0f W\n", n, cmin, cs / n, cmax, ps / n, pmax
+      for (r in seen) printf "clock-event reasons %s: %d samples\n", r, seen[r]
+    }' "$1"
+}
+trap 'smi_stop; rm -rf "$pl" "$out"' EXIT
 summary=$dest/summary.txt
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
@@ -158,8 +221,15 @@ stage_loopback() {
 stage_llama() {
   local exp=$root/experiments/gpu_llama7b_h100.yaml
   [ "${memory_mib:-0}" -ge 120000 ] && exp=$root/experiments/gpu_llama7b.yaml
+  smi_start "$out/llama_smi.csv"
   run llama_loopback "$pl/bin/muonbed-gpu-worker" loopback "$exp" --mode both --op-times \
     --json "$out/llama_loopback.json"
+  # The same step with the NS kernels skipped: its NS ops are then their gathers, roundings and
+  # scatters alone, so the two tables split the NS ops' time between the kernel and the copies.
+  run llama_loopback_identity "$pl/bin/muonbed-gpu-worker" loopback "$exp" --mode eager \
+    --op-times --ns-identity --warmup 1 --repeats 3 --json "$out/llama_loopback_identity.json"
+  smi_stop
+  smi_summary "$out/llama_smi.csv" | tee "$out/llama_smi.txt"
   local results=$out/llama_nccl
   mkdir -p "$results"
   cp "$exp" "$results/"

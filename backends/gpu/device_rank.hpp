@@ -43,6 +43,7 @@
 
 #include "backends/cpu/store.hpp"
 #include "backends/gpu/layout.hpp"
+#include "backends/gpu/op_times.hpp"
 #include "core/plan/plan.hpp"
 #include "core/plan/program.hpp"
 #include "kernels/gpu.hpp"
@@ -69,13 +70,6 @@ struct DeviceOptions {
 
 // Executors issue each rank's ops in plan order (after the engine has said which ops run in the
 // step): every event an op waits for is then recorded before the wait is issued.
-
-// Start and end of one op on its stream, ms from the step's start event.
-struct DeviceOpTime {
-  int op = -1;
-  int stream = 0;
-  double start_ms = 0, end_ms = 0;
-};
 
 class DeviceRank {
  public:

@@ -15,6 +15,7 @@
 #include "core/model/mesh.hpp"
 #include "core/model/model.hpp"
 #include "kernels/bench.hpp"
+#include "kernels/bf16.hpp"
 #include "kernels/cuda/ns_versions.cuh"
 #include "kernels/gpu.hpp"
 #include "kernels/random.hpp"
@@ -82,6 +83,11 @@ void check_ns_kernel(const NsKernel& kernel, const std::vector<MatrixShape>& sha
       const std::vector<float> got = to_host<float>(out, g.size());
       REQUIRE(all_finite(got));
       CHECK(relative_error(got, emulated) <= 2e-2);
+      // Every output is a bf16 value widened (NsKernel's contract: the executors do not round
+      // it again).
+      std::size_t not_bf16 = 0;
+      for (float x : got) not_bf16 += round_to_bf16(x) != x ? 1 : 0;
+      CHECK(not_bf16 == 0);
       CHECK(relative_error(got, std::vector<float>(ref.begin(), ref.end())) <= 5e-2);
       // The input is untouched.
       CHECK(to_host<float>(in, g.size()) == g);

@@ -539,8 +539,11 @@ void DeviceRank::run_compute(const RankOp& op) {
         args.config = &m.ns_config;
         args.workspace = m.workspaces[static_cast<std::size_t>(s)].data();
         args.workspace_bytes = m.workspaces[static_cast<std::size_t>(s)].bytes();
-        if (!m.options.ns_identity) kernel->run(ctx, args);
-        if (bf16) round_to_bf16_cuda(ctx.stream(), x, shape.numel());
+        // The kernels' output is bf16 already (NsDeviceArgs): only the identity needs rounding.
+        if (!m.options.ns_identity)
+          kernel->run(ctx, args);
+        else if (bf16)
+          round_to_bf16_cuda(ctx.stream(), x, shape.numel());
         if (!in_place) {
           std::int64_t at = 0;
           for (int t : batch.tasks) {
