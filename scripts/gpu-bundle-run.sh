@@ -15,7 +15,9 @@
 #   tests      gpu_tests: CUDA kernels vs the CPU, the CUDA loopback equivalence matrix with its
 #              negative control, captured graph == eager bits
 #   nccl       nccl_equivalence under the carried mpirun -np 1 (world size 1)
-#   loopback   the quickstart's five strategies as 8 logical ranks on the GPU, eager and graph
+#   loopback   the quickstart's five strategies as 8 logical ranks on the GPU, eager and graph;
+#              then as `muonbed run --backend cuda_loopback` records beside the analytic model,
+#              and `muonbed compare` of them
 #   llama      llama-7b (16 layers on an 80 GB card) at world size 1, eager vs graph, with op
 #              times (host overhead) and where the step went: per op kind, the step's NS calls
 #              against the same calls alone, and the step again with NS skipped (--ns-identity);
@@ -38,9 +40,10 @@
 #
 # `remaining` (one device call of at most 590 s, its own budget): tests (a regression check of
 # this build), llama (the 300-ms gap between the llama-7b step and its kernels, measured on an
-# H200 on 2026-11-28), validate8 with one run, training: what the lent machines of 2026-11-27
-# and 2026-11-28 left unrun or unexplained (experiments/BENCHMARKS.md, "GPU executor on a lent
-# H200").
+# H200 on 2026-11-28), loopback (with the cuda_loopback backend's records and compare, new since
+# then), validate8 with one run: what the lent machines of 2026-11-27 and 2026-11-28 left unrun
+# or unexplained (experiments/BENCHMARKS.md, "GPU executor on a lent H200"). Then, with the
+# device time left, `bash gpu-bundle/run.sh training` (issue 24's check on quiet cores).
 #
 # Knobs for a rerun of part of it (environment): MUONBED_SHARE_<stage>=SECONDS,
 # MUONBED_GPU_TESTS_FILTER (a Catch2 spec, e.g. "[loopback]"), MUONBED_LOOPBACK_REPEATS,
@@ -58,15 +61,16 @@ torch_python=${MUONBED_TORCH_PYTHON:-$(command -v python3 || echo /usr/bin/pytho
 root=$(cd "$here/.." && pwd)
 start_s=$(date +%s)
 budget=${MUONBED_BUNDLE_BUDGET:-400}
-declare -A STAGE_SECONDS=([tests]=90 [nccl]=75 [loopback]=60 [llama]=150 [calibrate]=40
+declare -A STAGE_SECONDS=([tests]=90 [nccl]=75 [loopback]=80 [llama]=150 [calibrate]=40
   [validate8]=140 [ns]=50 [training]=120)
 default_stages=(tests nccl loopback llama calibrate validate8 ns)
 if [ "${1:-}" = remaining ] && [ $# -eq 1 ]; then
-  set -- tests llama validate8 training
+  set -- tests llama loopback validate8
   budget=${MUONBED_BUNDLE_BUDGET:-590}
   STAGE_SECONDS[tests]=70
-  STAGE_SECONDS[validate8]=220
-  STAGE_SECONDS[training]=150
+  STAGE_SECONDS[llama]=140
+  STAGE_SECONDS[loopback]=90
+  STAGE_SECONDS[validate8]=270
   : "${MUONBED_VALIDATE8_RUNS:=1}"
 fi
 
@@ -216,6 +220,17 @@ stage_loopback() {
   run loopback "$pl/bin/muonbed-gpu-worker" loopback "$root/experiments/gpu_loopback.yaml" \
     --mode both ${MUONBED_LOOPBACK_REPEATS:+--repeats "$MUONBED_LOOPBACK_REPEATS"} \
     --json "$out/loopback.json"
+  # The same points as records of the cuda_loopback backend beside the analytic model, and
+  # compare's table of them (marked: 8 ranks on one GPU are not the 8-GPU node predicted).
+  local results=$out/loopback_records
+  mkdir -p "$results"
+  cp "$root/experiments/gpu_loopback.yaml" "$results/"
+  ln -sfn "$root/experiments/clusters" "$results/clusters"
+  run loopback_records "$mb" run "$results/gpu_loopback.yaml" --backend cuda_loopback \
+    --backend analytic --no-plots --force --output "$results/run"
+  run loopback_compare "$mb" compare "$results/gpu_loopback.yaml" --output "$results/run" \
+    --no-plots --json "$results/compare.json"
+  rm -f "$results/clusters"
 }
 
 stage_llama() {

@@ -1,8 +1,9 @@
 """Plots of `muonbed compare`'s JSON (core/results/compare.hpp): measured beside predicted.
 
   <exp>-compare-scatter          predicted vs measured step time per point and predicting backend,
-                                 log-log, with y = x and the +-10 % band; points whose measured
-                                 run was oversubscribed (more ranks than cores) drawn hollow,
+                                 log-log, with y = x and the +-10 % band; points that are not a
+                                 check drawn hollow (the measured run was oversubscribed, more
+                                 ranks than cores, or ran every rank on one GPU: cuda_loopback),
                                  those whose speed probe warned ringed in orange; with several
                                  runs combined, a grey bar spans each point's runs
   <exp>-compare-points           per point, measured and predicted step times side by side, the
@@ -20,12 +21,19 @@ from .loader import LoadError
 from .timeline import Trace
 
 PRED_COLORS = {"analytic": "#1f77b4", "sim": "#d62728"}
+
+
+def not_a_check(pt):
+    """Measured on shared cores (oversubscribed) or with every rank on one GPU (one_device): the
+    prediction is for a different machine than the one measured."""
+    return bool(pt.get("oversubscribed") or pt.get("one_device"))
 PRED_MARKERS = {"analytic": "o", "sim": "s"}
 
 
 def footer(fig, doc):
     text = (f"muonbed compare · {doc.get('experiment', '?')} · measured: median timed step; "
-            f"predicted: average step · hollow / hatched: oversubscribed (functional only)")
+            f"predicted: average step · hollow / hatched: not a check (oversubscribed, or every rank "
+            f"on one GPU)")
     fig.supxlabel(text, x=0.005, ha="left", fontsize=6.5, color="#555555")
 
 
@@ -38,7 +46,7 @@ def plot_scatter(p, doc):
         for over in (False, True):
             xs, ys = [], []
             for pt in points:
-                if bool(pt.get("oversubscribed")) != over:
+                if not_a_check(pt) != over:
                     continue
                 for pr in pt.get("predicted", []):
                     if pr.get("backend") == backend:
@@ -50,7 +58,7 @@ def plot_scatter(p, doc):
             color = PRED_COLORS.get(backend, "#333333")
             ax.scatter(xs, ys, marker=PRED_MARKERS.get(backend, "o"), s=30,
                        facecolors="none" if over else color, edgecolors=color, linewidths=1.1,
-                       label=f"{backend}{' (oversubscribed)' if over else ''}", zorder=3)
+                       label=f"{backend}{' (not a check)' if over else ''}", zorder=3)
     if not values:
         return None
     # Points whose speed probe found the machine off its profile (or changing speed during the
@@ -118,7 +126,7 @@ def plot_points(p, doc):
     ax = fig.add_subplot(1, 1, 1)
     top = 0
     for i, pt in enumerate(points):
-        over = bool(pt.get("oversubscribed"))
+        over = not_a_check(pt)
         m = pt["measured"]["step_s"] * 1e3
         top = max(top, m)
         ax.bar(i - 0.4 + width / 2, m, width, color="#333333", hatch="//" if over else None,
@@ -165,7 +173,7 @@ def pick_point(doc, wanted):
         raise LoadError(f"--timeline '{wanted}' is no point of the comparison; points: " +
                         ", ".join(pt.get("point", "?") for pt in points[:10]))
     for pt in points:
-        if not pt.get("oversubscribed") and pt["measured"].get("trace") and any(
+        if not not_a_check(pt) and pt["measured"].get("trace") and any(
                 pr.get("trace") for pr in pt.get("predicted", [])):
             return pt
     for pt in points:

@@ -118,6 +118,12 @@ std::string program_beside(const std::string& name, const char* variable, const 
 PointRun launch_job(const Job& job, int ranks, const std::string& failure_log,
                     std::string worker = "");
 
+// A job whose ranks all run in ONE process started without a launcher (the CUDA loopback: every
+// rank as a logical rank on one GPU): `WORKER MODE JOB RESULT`, with launch_job's job file,
+// result, failure log and errors.
+PointRun launch_local_job(const Job& job, const std::string& failure_log, const std::string& worker,
+                          const std::string& mode);
+
 // The result file a worker's rank 0 writes and launch_job reads: the record, the trace and the
 // run's cost.
 std::string run_to_json(const PointRun& run);

@@ -27,73 +27,11 @@
 #include <string>
 #include <vector>
 
+#include "backends/ranks/record.hpp"
 #include "core/plan/plan.hpp"
 #include "core/results/results.hpp"
 
 namespace muonbed::mpi {
-
-// One op of a step as this rank ran it, in seconds on the rank's monotonic clock from the step's
-// start (right after the barrier before it).
-struct OpTiming {
-  int op = -1;
-  double start = 0;  // compute: its run began on the worker; collective: posted (arrival)
-  double end = 0;    // compute: its run ended; collective: completion seen by this rank
-};
-
-struct StepTimings {
-  int step = 0;
-  double finish = 0;  // the rank's last op done
-  std::vector<OpTiming> ops;
-  double bytes_sent = 0, bytes_received = 0;       // of the program's messages
-  double intra_host_bytes = 0, network_bytes = 0;  // sent, split by the peer's host
-  double messages = 0;
-  // The main thread's CPU time (not wall time: ranks sharing cores would inflate that) in the
-  // engine and its bookkeeping, in the handlers (packing / unpacking messages, alloc, release,
-  // keep copies) and inside MPI calls (posting and testing, which progresses them); and the wall
-  // time it slept waiting for something to complete.
-  double engine_s = 0;
-  double handlers_s = 0;
-  double mpi_s = 0;
-  double idle_s = 0;
-  std::int64_t wrong_elements = 0;  // run_check_step: received elements off the pattern
-  // FLOPs of the GEMMs the rank's forward and backward ops ran (a training step), counted by the
-  // CPU handlers as they multiply: the check of the plan's op_flops.
-  double gemm_flops = 0;
-};
-
-struct MeasureSettings {
-  int warmup_steps = 2;
-  int timed_steps = 10;
-  int trace_ranks = 64;
-  // What fill_record needs of the experiment's cluster (its name and the GPU's peak, for
-  // utilization); nodes and ranks per node come from the hosts the ranks ran on.
-  std::string cluster_name;
-  double peak_tflops = 0;
-  std::string launcher;
-  int blas_threads = 1;                        // per rank (OpenBLAS, when the build uses it)
-  std::string backend = "mpi";                 // the record's backend, and its notes' prefix
-  std::string messages_what = "MPI messages";  // what Measured::messages counts
-  // Replaces the MPI library as the record's execution library when set (the NCCL executor:
-  // GPU, driver, CUDA, cuBLAS, NCCL versions), and notes added to the record.
-  std::string library;
-  std::vector<std::string> notes;
-  // After the timed steps, one untimed check step whose messages carry a known pattern
-  // (Executor::run_check_step); Measured::wrong_elements sums what the receivers found wrong.
-  bool check_data = false;
-};
-
-struct Measured {
-  ResultRecord record;  // provenance's experiment part left to the caller
-  std::string trace;    // Chrome trace (JSON text), empty when none
-  double wall_s = 0;
-  double peak_rss_bytes = 0;         // rank 0's
-  std::int64_t messages = 0;         // sent by all ranks over all steps run
-  std::string messages_what;         // MeasureSettings::messages_what
-  std::int64_t wrong_elements = -1;  // check_data: elements received wrong (-1: not checked)
-  std::vector<double> step_times_s;  // each timed step's time, in the order they ran
-  // measure_paired: the twin's record (its provenance's experiment part left to the caller too).
-  std::optional<ResultRecord> twin;
-};
 
 // What measuring needs of a rank's executor, so that every executor under MPI (this one, the
 // NCCL executor of backends/gpu) shares the warm-up / timed loop, the gathering of timings and

@@ -20,6 +20,10 @@ struct BackendFacts {
   // get it, for "not built" messages; empty for the core's own (analytic).
   std::string needs;
   std::string install;
+  // A measured backend that runs all N ranks of a point on ONE device (cuda_loopback): its step
+  // is the sum of the ranks' work there, so `muonbed compare` never counts it as a check of an
+  // N-device prediction (it is shown, marked, outside the error summaries' checked scope).
+  bool ranks_share_one_device = false;
   bool operator==(const BackendFacts&) const = default;
 };
 

@@ -1,8 +1,8 @@
-// `muonbed compare` as a library: an experiment's measured results (mpi, nccl) beside its
-// predicted ones (sim, analytic), point by point, and whether the predictions rank the strategies
-// as the measurements do. Reads the results with core/results/results.hpp's reader (checksums
-// verified) and refuses results made for another configuration (point identity) or missing ones,
-// naming the file and the fix.
+// `muonbed compare` as a library: an experiment's measured results (mpi, nccl, cuda_loopback)
+// beside its predicted ones (sim, analytic), point by point, and whether the predictions rank the
+// strategies as the measurements do. Reads the results with core/results/results.hpp's reader
+// (checksums verified) and refuses results made for another configuration (point identity) or
+// missing ones, naming the file and the fix.
 //
 //   error %        (predicted - measured) / measured x 100, step time: the measured record's
 //                  median over its timed steps (robust to a stray slow step on a shared machine),
@@ -103,6 +103,11 @@ struct ComparedPoint {
   std::string model;
   int ranks = 0;
   bool oversubscribed = false;  // the measured run shared cores: functional timings only
+  // The measured backend ran the point's ranks (more than one) on ONE device (cuda_loopback,
+  // BackendFacts::ranks_share_one_device): the sum of their work, not the N-device step the
+  // predictions are for. Shown, marked, and kept out of the checked scope like oversubscribed.
+  bool one_device = false;
+  bool not_a_check() const { return oversubscribed || one_device; }
   // The measured record's speed probe: ratio to the profile and drift during the point (0: no
   // probe), and speed_probe_warnings' lines.
   double probe_ratio = 0;

@@ -1,5 +1,6 @@
-// `muonbed compare EXP`: an experiment's measured results (mpi, nccl) beside its predicted ones
-// (analytic, sim), per point and per mesh (core/results/compare.hpp), as a table, as JSON
+// `muonbed compare EXP`: an experiment's measured results (mpi, nccl, cuda_loopback) beside its
+// predicted ones (analytic, sim), per point and per mesh (core/results/compare.hpp), as a table, as
+// JSON
 // (<output>/compare.json, and --json FILE) and as plots (analysis/compare.py: predicted vs
 // measured scatter with y = x and +-10 % bands, per-point bars, a measured-over-predicted
 // timeline of one point).
@@ -84,8 +85,9 @@ int run_compare(const CompareOptions& o) {
 
 void add_compare_command(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<CompareOptions>();
-  CLI::App* cmd = app.add_subcommand(
-      "compare", "Measured (mpi, nccl) beside predicted (analytic, sim): error, phases, ranking");
+  CLI::App* cmd = app.add_subcommand("compare",
+                                     "Measured (mpi, nccl, cuda_loopback) beside predicted "
+                                     "(analytic, sim): error, phases, ranking");
   cmd->add_option("experiment", o->file, "experiment YAML file whose results to compare")
       ->required();
   cmd->add_option("--output", o->outputs,

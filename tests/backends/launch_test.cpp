@@ -1,10 +1,14 @@
 // The launcher of measured backends (backends/launch/launch.hpp), which needs no MPI: fault
 // injection text, the job a point's ranks get (every field survives the job file), the settings
-// every backend's job shares, and mpirun's command line.
+// every backend's job shares, mpirun's command line, and a job run in one worker process.
 #include <catch2/catch.hpp>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -123,4 +127,61 @@ TEST_CASE("mpirun's command line: oversubscribed beyond the cores, never bound",
   const auto bind = std::find(more.begin(), more.end(), "--bind-to");
   REQUIRE(bind != more.end());
   CHECK(*(bind + 1) == "none");
+}
+
+TEST_CASE("a job run in one process: the worker's command, its result, its failure kept",
+          "[launch]") {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("muonbed-local-job-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const Experiment e = eight_rank_point();
+  launch::Job job = launch::make_job(e, plan_experiment(e), RunSettings{});
+  job.backend = "cuda_loopback";
+  job.label = "point-x";
+
+  // The run a worker would write, and a fake worker that checks its arguments, keeps the job it
+  // was given and writes that run as its result.
+  PointRun written;
+  written.record.backend = "cuda_loopback";
+  written.record.step.average_s = 0.125;
+  written.trace = "{\"traceEvents\": []}\n";
+  written.cost.wall_s = 1.5;
+  written.cost.messages = 42;
+  written.cost.messages_what = "device copies";
+  {
+    std::ofstream(dir / "result.json") << launch::run_to_json(written);
+    std::ofstream script(dir / "worker.sh");
+    script << "#!/bin/sh\n"
+           << "[ \"$1\" = loopback-job ] || { echo \"wrong mode $1\" >&2; exit 9; }\n"
+           << "cp \"$2\" '" << (dir / "job-seen.json").string() << "'\n"
+           << "cp '" << (dir / "result.json").string() << "' \"$3\"\n";
+  }
+  fs::permissions(dir / "worker.sh", fs::perms::owner_all);
+  const std::string failure_log = (dir / "out" / "cuda_loopback.failed.log").string();
+  const PointRun run =
+      launch::launch_local_job(job, failure_log, (dir / "worker.sh").string(), "loopback-job");
+  CHECK(run.record.backend == "cuda_loopback");
+  CHECK(run.record.step.average_s == 0.125);
+  CHECK(run.trace == written.trace);
+  CHECK(run.cost.messages == 42);
+  CHECK(run.cost.messages_what == "device copies");
+  std::ifstream seen(dir / "job-seen.json");
+  REQUIRE(seen);
+  CHECK(launch::to_json(launch::job_from_json(nlohmann::json::parse(seen))) ==
+        launch::to_json(job));
+  CHECK_FALSE(fs::exists(failure_log));
+
+  // A worker that fails: its output is kept beside the point's result and quoted in the error.
+  {
+    std::ofstream script(dir / "worker.sh");
+    script << "#!/bin/sh\necho 'CUDA loopback: out of memory on rank 3' >&2\nexit 3\n";
+  }
+  CHECK_THROWS_WITH(
+      launch::launch_local_job(job, failure_log, (dir / "worker.sh").string(), "loopback-job"),
+      Catch::Contains("worker.sh exited with code 3") &&
+          Catch::Contains("out of memory on rank 3") && Catch::Contains("no result was written"));
+  CHECK(fs::exists(failure_log));
+  fs::remove_all(dir);
 }

@@ -558,3 +558,46 @@ TEST_CASE("compare_points: a training overhead over runs is the median of the ru
   CHECK_THAT(compare_table(single), Contains("3.0 pp"));
   CHECK_THAT(compare_table(single), !Contains("median of the runs' Muon +"));
 }
+
+TEST_CASE("compare_points: every rank on one GPU is shown, marked, and not a check",
+          "[core][compare]") {
+  // Two points measured on 2 CPU ranks (mpi): +10 % and -10 %. Two measured as 8 logical ranks on
+  // one GPU (cuda_loopback): +200 % and -50 % against their 8-GPU predictions. A point measured
+  // both ways is compared on its real ranks.
+  const auto on_one_gpu = [](const std::string& label, double measured, double predicted) {
+    PointRecords p;
+    p.point = label;
+    p.records["cuda_loopback"] = record("mpi", measured, 8);
+    p.records["cuda_loopback"].backend = "cuda_loopback";
+    p.records["analytic"] = record("analytic", predicted, 8);
+    return p;
+  };
+  std::vector<PointRecords> points = {
+      point("strategy.name=a,mesh.dp_shard=2", 0.100, 0.110, 2),
+      point("strategy.name=b,mesh.dp_shard=2", 0.200, 0.180, 2),
+      on_one_gpu("strategy.name=a,mesh.dp_shard=8", 0.100, 0.300),
+      on_one_gpu("strategy.name=b,mesh.dp_shard=8", 0.200, 0.100),
+  };
+  PointRecords both = point("strategy.name=c,mesh.dp_shard=2", 0.400, 0.420, 2);
+  both.records["cuda_loopback"] = record("mpi", 9.0, 2);
+  both.records["cuda_loopback"].backend = "cuda_loopback";
+  points.push_back(both);
+  const CompareReport r = compare_points(points);
+  REQUIRE(r.points.size() == 5);
+  CHECK_FALSE(r.points[0].one_device);
+  CHECK(r.points[2].one_device);
+  CHECK(r.points[2].not_a_check());
+  CHECK(r.points[2].measured.backend == "cuda_loopback");
+  CHECK(r.points[4].measured.backend == "mpi");  // the real ranks first
+  CHECK(r.points[4].measured.step_s == Approx(0.400));
+  REQUIRE(r.summaries.size() == 2);
+  CHECK(r.summaries[0].points == 5);
+  CHECK(r.summaries[1].points == 3);  // 10, 10, 5: the one-GPU points left out
+  CHECK(r.summaries[1].max_abs_pct == Approx(10));
+  REQUIRE(r.rankings.size() == 2);
+  CHECK(r.rankings[1].group == "mesh.dp_shard=8");
+  CHECK(r.rankings[1].oversubscribed);  // not a check either
+  const std::string table = compare_table(r);
+  CHECK_THAT(table, Contains("+ every rank on ONE device (cuda_loopback)"));
+  CHECK(compare_json(r)["points"][2]["one_device"] == true);
+}

@@ -5,6 +5,10 @@
 //       what `muonbed run EXP --backend nccl` starts under mpirun for each point
 //       (backends/launch/): the ranks' job protocol (backends/ranks/worker.hpp) with the `nccl`
 //       job runner, one process per GPU (backends/gpu/nccl_executor.hpp).
+//   muonbed-gpu-worker loopback-job JOB RESULT
+//       what `muonbed run EXP --backend cuda_loopback` starts (one process, no mpirun) for each
+//       point: the point's job on the CUDA loopback, its record written to RESULT
+//       (cuda_loopback_backend.hpp).
 //   muonbed-gpu-worker loopback EXP.yaml [--point LABEL] [--warmup N] [--repeats N]
 //                      [--mode eager|graph|both] [--ns-version V] [--check] [--op-times]
 //                      [--ns-identity] [--json FILE]
@@ -35,6 +39,7 @@
 
 #include "backends/cpu/check.hpp"
 #include "backends/gpu/cuda_loopback.hpp"
+#include "backends/gpu/cuda_loopback_backend.hpp"
 #include "backends/gpu/nccl_executor.hpp"
 #include "backends/ranks/worker.hpp"
 #include "core/base/errors.hpp"
@@ -49,6 +54,7 @@ namespace {
 
 int usage() {
   std::cerr << "usage: muonbed-gpu-worker mpi-worker JOB RESULT\n"
+               "       muonbed-gpu-worker loopback-job JOB RESULT\n"
                "       muonbed-gpu-worker loopback EXP.yaml [--point LABEL] [--warmup N] "
                "[--repeats N] [--mode eager|graph|both] [--ns-version V] [--check] [--op-times] "
                "[--ns-identity] [--json FILE]\n";
@@ -354,6 +360,10 @@ int main(int argc, char** argv) {
       return run_mpi_worker(argv[2], argv[3]);
     }
     if (command == "loopback") return loopback(argc, argv);
+    if (command == "loopback-job") {
+      if (argc != 4) return usage();
+      return gpu::run_cuda_loopback_job(argv[2], argv[3]);
+    }
   } catch (const std::exception& e) {
     std::cerr << "muonbed-gpu-worker: error: " << e.what() << std::endl;
     return 1;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 
@@ -296,9 +297,15 @@ std::string program_beside(const std::string& name, const char* variable, const 
   return path.string();
 }
 
-PointRun launch_job(const Job& job, int ranks, const std::string& failure_log, std::string worker) {
-  const std::string mpirun = find_mpirun("the " + job.backend + " backend");
-  if (worker.empty()) worker = this_program();
+namespace {
+
+// Writes the job into a temporary folder, starts `command(job file, result file)` with its output
+// into the folder's log, waits, and reads the result back; `who` names the starter in errors
+// ("mpirun", "muonbed-gpu-worker").
+PointRun run_job_command(
+    const Job& job, const std::string& failure_log, const std::string& who,
+    const std::function<std::vector<std::string>(const std::string&, const std::string&)>&
+        command) {
   std::string pattern = (temporary_folder() / "muonbed-mpi-XXXXXX").string();
   if (mkdtemp(pattern.data()) == nullptr)
     throw Error("cannot create a temporary folder in " + temporary_folder().string() + ": " +
@@ -311,8 +318,7 @@ PointRun launch_job(const Job& job, int ranks, const std::string& failure_log, s
     out << to_json(job).dump();
     if (!out) throw Error("cannot write " + job_file.string());
   }
-  std::vector<std::string> argv = mpirun_argv(mpirun, ranks);
-  argv.insert(argv.end(), {worker, "mpi-worker", job_file.string(), result_file.string()});
+  const std::vector<std::string> argv = command(job_file.string(), result_file.string());
 
   const auto start = Clock::now();
   SpawnOptions spawn;
@@ -341,7 +347,7 @@ PointRun launch_job(const Job& job, int ranks, const std::string& failure_log, s
       kept = log_copy.string();
       fs::remove_all(dir, ec);
     }
-    throw Error("mpirun " + how + " after " + took + " s (" + shell_words(argv) +
+    throw Error(who + " " + how + " after " + took + " s (" + shell_words(argv) +
                 "); its output:" + failure_excerpt(log) + "\n  (full output: " + kept +
                 "; no result was written, so the next run reruns this point)");
   }
@@ -361,6 +367,27 @@ PointRun launch_job(const Job& job, int ranks, const std::string& failure_log, s
   fs::remove_all(dir, ec);
   fs::remove(log_copy, ec);
   return run;
+}
+
+}  // namespace
+
+PointRun launch_job(const Job& job, int ranks, const std::string& failure_log, std::string worker) {
+  const std::string mpirun = find_mpirun("the " + job.backend + " backend");
+  if (worker.empty()) worker = this_program();
+  return run_job_command(job, failure_log, "mpirun",
+                         [&](const std::string& job_file, const std::string& result_file) {
+                           std::vector<std::string> argv = mpirun_argv(mpirun, ranks);
+                           argv.insert(argv.end(), {worker, "mpi-worker", job_file, result_file});
+                           return argv;
+                         });
+}
+
+PointRun launch_local_job(const Job& job, const std::string& failure_log, const std::string& worker,
+                          const std::string& mode) {
+  return run_job_command(job, failure_log, fs::path(worker).filename().string(),
+                         [&](const std::string& job_file, const std::string& result_file) {
+                           return std::vector<std::string>{worker, mode, job_file, result_file};
+                         });
 }
 
 std::string run_to_json(const PointRun& run) {

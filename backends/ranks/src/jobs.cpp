@@ -80,29 +80,9 @@ std::optional<PointRun> execute_job(const launch::Job& job, bool& wrong_world) {
       throw Error("this program cannot run the " + job.backend +
                   " backend (its ranks run the program that registers its job runner: "
                   "muonbed for mpi, muonbed-gpu-worker for nccl)");
-    MeasureSettings settings;
-    settings.warmup_steps = job.warmup_steps;
-    settings.timed_steps = job.timed_steps;
-    settings.trace_ranks = job.trace_ranks;
-    settings.cluster_name = job.cluster_name;
-    settings.peak_tflops = job.peak_tflops;
-    settings.launcher = job.launcher;
-    settings.blas_threads = job.blas_threads;
-    settings.check_data = job.check_data;
-    settings.backend = job.backend;
-    std::optional<Measured> m = runner(*plan, MPI_COMM_WORLD, job, settings);
+    std::optional<Measured> m = runner(*plan, MPI_COMM_WORLD, job, measure_settings(job));
     if (!m) return std::nullopt;
-    PointRun run;
-    run.record = std::move(m->record);
-    run.trace = std::move(m->trace);
-    run.cost.what = "execution";
-    run.cost.wall_s = m->wall_s;
-    run.cost.peak_rss_bytes = m->peak_rss_bytes;
-    run.cost.messages = m->messages;
-    run.cost.messages_what = m->messages_what;
-    run.wrong_elements = m->wrong_elements;
-    run.adamw_twin = std::move(m->twin);
-    return run;
+    return point_run(std::move(*m));
   } catch (const std::exception& e) {
     fail(e);
   }

@@ -27,6 +27,13 @@ const std::vector<BackendFacts>& shipped_backends() {
        .measures = true,
        .needs = "CUDA, NCCL and MPI (MUONBED_WITH_CUDA, MUONBED_WITH_MPI)",
        .install = "install the CUDA Toolkit with NCCL and libopenmpi-dev and rebuild"},
+      {.name = "cuda_loopback",
+       .description = "measured: every rank as a logical rank on ONE GPU, messages as device "
+                      "copies; the sum of the ranks' work, not an N-GPU step (backends/gpu)",
+       .measures = true,
+       .needs = "CUDA and MPI (MUONBED_WITH_CUDA, MUONBED_WITH_MPI)",
+       .install = "install the CUDA Toolkit and libopenmpi-dev and rebuild",
+       .ranks_share_one_device = true},
   };
   return table;
 }

@@ -19,13 +19,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The measured and the predicting backends (core/experiment/backends.hpp), each alphabetically.
+// The measured and the predicting backends (core/experiment/backends.hpp), each alphabetically;
+// a measured backend whose ranks share one device comes after the others (a point measured both
+// ways is compared on its real ranks).
 std::vector<std::string> backends_that(bool measure) {
-  std::vector<std::string> names;
+  std::vector<std::pair<bool, std::string>> names;
   for (const BackendFacts& b : known_backends())
-    if (b.measures == measure) names.push_back(b.name);
+    if (b.measures == measure) names.emplace_back(b.ranks_share_one_device, b.name);
   std::sort(names.begin(), names.end());
-  return names;
+  std::vector<std::string> out;
+  for (auto& [shared, name] : names) out.push_back(std::move(name));
+  return out;
 }
 const std::vector<std::string> kMeasured = backends_that(true);
 const std::vector<std::string> kPredicted = backends_that(false);
@@ -198,7 +202,7 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
         break;
       }
     if (measured == nullptr) {
-      report.skipped.push_back(p.point + ": no measured result (mpi, nccl)");
+      report.skipped.push_back(p.point + ": no measured result (mpi, nccl, cuda_loopback)");
       continue;
     }
     const ResultRecord& m = p.records.at(*measured);
@@ -236,6 +240,8 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
     c.measured_trace = run_traces[mid];
     c.probe_ratio = speed_probe_ratio(runs[mid]->execution);
     c.probe_drift = speed_probe_drift(runs[mid]->execution);
+    if (const BackendFacts* facts = backend_facts(*measured))
+      c.one_device = facts->ranks_share_one_device && c.ranks > 1;
     for (std::size_t i = 0; i < runs.size(); ++i) {
       c.oversubscribed = c.oversubscribed || runs[i]->execution.oversubscribed;
       for (const std::string& w : speed_probe_warnings(runs[i]->execution, m.setup.cluster))
@@ -274,7 +280,7 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
     report.points.push_back(std::move(c));
   }
   if (report.points.empty())
-    throw Error("nothing to compare: no point has a measured result (mpi or nccl)" +
+    throw Error("nothing to compare: no point has a measured result (mpi, nccl or cuda_loopback)" +
                 std::string(points.empty() ? "" : " (" + report.skipped.front() + ")") +
                 "; fix: add mpi to the experiment's backend list and run it (muonbed run FILE)");
 
@@ -292,7 +298,7 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
       std::vector<double> abs_errors;
       double signed_sum = 0;
       for (const ComparedPoint& c : report.points) {
-        if (scope != Scope::all && c.oversubscribed) continue;
+        if (scope != Scope::all && c.not_a_check()) continue;
         if (scope == Scope::steady && (!(c.probe_ratio > 0) || !c.probe_warnings.empty())) continue;
         for (const ComparedBackend& pb : c.predicted)
           if (pb.backend == b) {
@@ -342,7 +348,7 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
         r.strategies.push_back(members[i]->strategy);
         r.measured_s.push_back(members[i]->measured.step_s);
         r.predicted_s.push_back(predicted[i]);
-        r.oversubscribed = r.oversubscribed || members[i]->oversubscribed;
+        r.oversubscribed = r.oversubscribed || members[i]->not_a_check();
       }
       r.tau = kendall_tau(r.measured_s, r.predicted_s);
       r.preserved = r.tau >= 1 - 1e-12;
@@ -613,7 +619,8 @@ nlohmann::ordered_json compare_json(const CompareReport& report) {
         {"mesh", c.mesh},
         {"model", c.model},
         {"ranks", c.ranks},
-        {"oversubscribed", c.oversubscribed}};
+        {"oversubscribed", c.oversubscribed},
+        {"one_device", c.one_device}};
     p["measured"] = backend(c.measured, false);
     if (c.probe_ratio > 0) {
       p["measured"]["speed_probe_ratio"] = c.probe_ratio;
@@ -749,7 +756,10 @@ std::string compare_table(const CompareReport& report) {
          ": compute/comm/exposed/idle\n";
   for (const ComparedPoint& c : report.points) {
     const std::string label = c.point.size() > 48 ? c.point.substr(0, 45) + "..." : c.point;
-    out += strf("  %-48s %4d%s %9s", label.c_str(), c.ranks, c.oversubscribed ? "*" : " ",
+    out += strf("  %-48s %4d%s %9s", label.c_str(), c.ranks,
+                c.oversubscribed ? "*"
+                : c.one_device   ? "+"
+                                 : " ",
                 ms(c.measured.step_s).c_str());
     if (any_runs) out += c.runs_s.size() > 1 ? strf(" %6.1f%%", c.spread_pct) : strf(" %7s", "-");
     if (any_probe)
@@ -778,6 +788,13 @@ std::string compare_table(const CompareReport& report) {
   for (const ComparedPoint& c : report.points) any_over = any_over || c.oversubscribed;
   if (any_over)
     out += "  * oversubscribed (more ranks than cores): functional timings only, not a check\n";
+  for (const ComparedPoint& c : report.points)
+    if (c.one_device) {
+      out += "  + every rank on ONE device (" + c.measured.backend +
+             "): the sum of the ranks' work, its messages device copies, not the N-device step "
+             "the predictions are for; shown, not a check\n";
+      break;
+    }
   if (any_runs) {
     std::vector<double> spreads;
     for (const ComparedPoint& c : report.points)
