@@ -5,6 +5,7 @@
 // loopback worker (every rank on one GPU, no MPI) builds in one process. No MPI here.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -102,6 +103,12 @@ struct RanksPlacement {
 Measured measured_record(const StepPlan& plan, const std::vector<std::vector<StepTimings>>& ranks,
                          const RanksPlacement& placement, const MeasureSettings& settings,
                          ExecutionInfo execution);
+
+// What the record's ranks and its run cost add after measured_record: each rank's pool peak
+// (ranks[].memory.measured_peak_bytes; -1 where not measured), the run's wall time since `start`,
+// this process's peak RSS, and the messages sent over all steps run.
+void add_run_cost(Measured& measured, const std::vector<std::int64_t>& pool_peak_bytes,
+                  std::int64_t messages, std::chrono::steady_clock::time_point start);
 
 // The settings a job gives every measured backend (warm-up and timed steps, trace ranks,
 // cluster, launcher, BLAS threads, the data check, the record's backend).

@@ -1,6 +1,5 @@
 // The worker's side of the cuda_loopback backend (backends/gpu/cuda_loopback_backend.hpp): a
 // point's job run on the CUDA loopback runtime, its record built like the MPI-launched backends'.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -149,15 +148,9 @@ int run_cuda_loopback_job(const std::string& job_file, const std::string& result
   execution.library = device;
   execution.blas = "none (cuBLAS on the GPU)";
   mpi::Measured m = mpi::measured_record(plan, ranks, placement, settings, std::move(execution));
-  for (RankResult& rr : m.record.ranks)
-    if (rr.rank >= 0 && rr.rank < world)
-      rr.memory.measured_peak_bytes = executor.device(rr.rank).pool_bytes();
-  m.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  m.peak_rss_bytes = static_cast<double>(usage.ru_maxrss) * 1024.0;
-  m.messages = messages;
-  m.messages_what = settings.messages_what;
+  std::vector<std::int64_t> pools;
+  for (int r = 0; r < world; ++r) pools.push_back(executor.device(r).pool_bytes());
+  mpi::add_run_cost(m, pools, messages, start);
   write_file_atomically(result_file, launch::run_to_json(mpi::point_run(std::move(m))));
   return 0;
 }

@@ -3,7 +3,6 @@
 #include "backends/ranks/measure.hpp"
 
 #include <dlfcn.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -212,15 +211,7 @@ std::optional<Measured> gather_record(const StepPlan& plan, MPI_Comm world, Meas
   execution.blas = blas.name.empty() ? "none (kernels' portable loops)" : blas.name;
   execution.blas_threads = blas.name.empty() ? 0 : blas.threads;
   Measured out = measured_record(plan, ranks, placement, settings, std::move(execution));
-  for (RankResult& rr : out.record.ranks)
-    if (rr.rank >= 0 && rr.rank < size)
-      rr.memory.measured_peak_bytes = pool_peak[static_cast<std::size_t>(rr.rank)];
-  out.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  out.peak_rss_bytes = static_cast<double>(usage.ru_maxrss) * 1024.0;
-  out.messages = total_messages;
-  out.messages_what = settings.messages_what;
+  add_run_cost(out, pool_peak, total_messages, start);
   out.wrong_elements = wrong;
   return out;
 }

@@ -1,6 +1,8 @@
 // The record of a measured run from every rank's timings (backends/ranks/record.hpp).
 #include "backends/ranks/record.hpp"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <map>
 #include <tuple>
@@ -190,6 +192,7 @@ Measured measured_record(const StepPlan& plan, const std::vector<std::vector<Ste
                            "benchmark");
 
   out.step_times_s = times;
+  out.messages_what = settings.messages_what;
   out.trace = chrome_trace(
       plan, worst_events, traced, gpn, worst_step,
       "measured: ranks 0.." + std::to_string(traced - 1) + " of the slowest timed step (" +
@@ -199,6 +202,18 @@ Measured measured_record(const StepPlan& plan, const std::vector<std::vector<Ste
           "; a collective's span starts at its last member's arrival, the wait before it is "
           "this rank's");
   return out;
+}
+
+void add_run_cost(Measured& m, const std::vector<std::int64_t>& pool_peak_bytes,
+                  std::int64_t messages, std::chrono::steady_clock::time_point start) {
+  for (RankResult& rr : m.record.ranks)
+    if (rr.rank >= 0 && rr.rank < static_cast<int>(pool_peak_bytes.size()))
+      rr.memory.measured_peak_bytes = pool_peak_bytes[static_cast<std::size_t>(rr.rank)];
+  m.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  m.peak_rss_bytes = static_cast<double>(usage.ru_maxrss) * 1024.0;
+  m.messages = messages;
 }
 
 MeasureSettings measure_settings(const launch::Job& job) {
