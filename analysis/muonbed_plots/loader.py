@@ -426,7 +426,7 @@ def attach_traces(records, traces):
 COLUMNS = [
     ("experiment", "experiment name (provenance.experiment)"),
     ("point", "the sweep point's label, e.g. 'strategy.name=owner' ('' without a sweep)"),
-    ("backend", "analytic | sim (predicted), mpi | nccl (measured)"),
+    ("backend", "analytic | sim (predicted), mpi | nccl | cuda_loopback (measured)"),
     ("fidelity", "sim: step | flow; analytic: closed_form; measured: ''"),
     ("strategy", "the strategy that ran (setup.strategy)"),
     ("cluster", "cluster profile name"),

@@ -68,7 +68,7 @@ class Sweep:
         self.disagree = disagreements(records)
         self.infeasible = infeasible(records)
         # Predictions (marks.PREDICTED) before measurements, each by name: analytic, sim, then
-        # mpi, nccl.
+        # cuda_loopback, mpi, nccl.
         self.backends = sorted({r.backend for r in records},
                                key=lambda b: (b not in PREDICTED, b))
         keys = []

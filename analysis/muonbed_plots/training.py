@@ -24,7 +24,7 @@ PARTS = [
     ("optimizer", "exposed optimizer step", "#C44E52"),
 ]
 ORIGIN = {"analytic": "analytic model", "sim": "simulated", "mpi": "measured (CPU ranks)",
-          "nccl": "measured (GPU)", "loopback": "measured (one GPU)"}
+          "nccl": "measured (GPU)", "cuda_loopback": "measured (all ranks on one GPU)"}
 
 
 def has_training(records):
