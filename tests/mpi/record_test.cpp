@@ -8,6 +8,7 @@
 
 #include "backends/ranks/record.hpp"
 #include "core/plan/program.hpp"
+#include "core/results/results.hpp"
 #include "tests/common/strategy_matrix.hpp"
 
 using namespace muonbed;
@@ -91,6 +92,11 @@ TEST_CASE("a measured record from one-clock timings: steps, notes, placement", "
   CHECK_FALSE(has_note("oversubscribed"));
   // The overhead fraction: the issuing thread's 2 ms over the average step.
   CHECK(r.execution.overhead_fraction == Approx(2e-3 / r.step.average_s));
+
+  // The record is one the results reader takes back (its checks of a measured record).
+  const ResultRecord back = result_from_json(result_to_json(r));
+  CHECK(back.backend == "cuda_loopback");
+  CHECK(back.step.measured.median_s == Approx(r.step.measured.median_s));
 
   // The same ranks given one core: said out loud.
   placement.cores_of_host = {1};
