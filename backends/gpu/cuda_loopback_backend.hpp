@@ -10,7 +10,9 @@
 //   MUONBED_GPU_WORKER), then reads the record back (backends/launch launch_local_job).
 //   Worker side: run_cuda_loopback_job runs the job's warm-up and timed steps, per rank the op
 //   intervals from CUDA events (eager) on the GPU's one clock, and builds the record with
-//   backends/ranks/record.hpp's measured_record.
+//   backends/ranks/record.hpp's measured_record. A step that does not finish within the job's
+//   timeout (MUONBED_MPI_TIMEOUT, 60 s) ends the worker with exit code 124 and a message, so a
+//   hung GPU never leaves `muonbed run` waiting.
 //
 // Environment: MUONBED_CUDA_GRAPH=1 replays each step as a captured CUDA graph (no per-op times);
 // MUONBED_NS_VERSION=V the Newton-Schulz kernel version (default 2).

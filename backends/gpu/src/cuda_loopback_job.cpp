@@ -4,9 +4,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "backends/gpu/cuda_loopback.hpp"
 #include "backends/gpu/cuda_loopback_backend.hpp"
@@ -70,6 +74,53 @@ mpi::StepTimings rank_timings(const StepPlan& plan, const CudaLoopbackExecutor& 
   return st;
 }
 
+// Ends the process loudly (exit 124) when no step finishes within `timeout_s` of the last one
+// (the job's MUONBED_MPI_TIMEOUT): a step that hangs on the GPU never leaves `muonbed run`
+// waiting. Stopped (joined) when it goes out of scope.
+class StepWatchdog {
+ public:
+  StepWatchdog(double timeout_s, std::string label)
+      : timeout_(timeout_s), label_(std::move(label)), thread_([this] { watch(); }) {}
+  ~StepWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  void step_done(int step) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    last_ = std::chrono::steady_clock::now();
+    step_ = step + 1;
+  }
+
+ private:
+  void watch() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!done_) {
+      const auto deadline = last_ + std::chrono::duration<double>(timeout_);
+      if (wake_.wait_until(lock, deadline, [this] { return done_; })) return;
+      if (std::chrono::steady_clock::now() < last_ + std::chrono::duration<double>(timeout_))
+        continue;
+      std::cerr << "muonbed-gpu-worker: error: cuda_loopback point '" << label_ << "': step "
+                << step_ << " did not finish within " << timeout_
+                << " s (MUONBED_MPI_TIMEOUT); the GPU hangs or the step is far slower than "
+                   "expected; the worker ends with no result"
+                << std::endl;
+      std::_Exit(124);
+    }
+  }
+  double timeout_;
+  std::string label_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+  int step_ = 0;
+  bool done_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
 }  // namespace
 
 int run_cuda_loopback_job(const std::string& job_file, const std::string& result_file) {
@@ -99,11 +150,13 @@ int run_cuda_loopback_job(const std::string& job_file, const std::string& result
   std::vector<std::vector<mpi::StepTimings>> ranks(static_cast<std::size_t>(world));
   std::int64_t messages = 0;
   int warm = 0, timed = 0;
+  StepWatchdog watchdog(job.timeout_s, job.label);
   // A step that captured its graph is not timed (the capture's first launch); the loop runs until
   // the job's timed steps are in.
   while (timed < job.timed_steps) {
     executor.run_step();
     const StepTime& t = executor.last_step();
+    watchdog.step_done(t.step);
     for (int r = 0; r < world; ++r) {
       mpi::StepTimings st = rank_timings(plan, executor, r, !options.graph);
       messages += static_cast<std::int64_t>(st.messages);
