@@ -113,6 +113,19 @@ class SharedLinks {
   std::vector<double> frozen_load_;
   std::vector<double> free_load_;
   std::vector<int> free_count_;  // unfrozen instances on the link
+  // resolve()'s lazy heap of fill levels: an entry is current while its stamp is the link's.
+  struct LevelEntry {
+    double level = 0;
+    int position = 0;  // in the component's link order: ties go to the earlier link
+    int link = 0;
+    std::uint64_t stamp = 0;
+    bool operator>(const LevelEntry& o) const {
+      return level != o.level ? level > o.level : position > o.position;
+    }
+  };
+  std::vector<int> link_position_;
+  std::vector<std::uint64_t> link_stamp_;
+  std::vector<LevelEntry> heap_;
 };
 
 }  // namespace muonbed

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 namespace muonbed {
 
@@ -53,7 +54,9 @@ SharedLinks::SharedLinks(int links)
       link_seen_(links_.size(), 0),
       frozen_load_(links_.size(), 0),
       free_load_(links_.size(), 0),
-      free_count_(links_.size(), 0) {}
+      free_count_(links_.size(), 0),
+      link_position_(links_.size(), 0),
+      link_stamp_(links_.size(), 0) {}
 
 bool SharedLinks::saturated(int link) const {
   return links_[link].load > kSaturated;
@@ -138,25 +141,46 @@ const std::vector<int>& SharedLinks::resolve(double now) {
     job.last_s = now;
     job.speed = -1;  // unfrozen
   }
-  for (int link : comp_links) {
+  // Progressive filling: the bottleneck is the link with the lowest level at which it fills
+  // (the first in comp_links order among equal ones), its unfrozen instances freeze there. The
+  // levels sit in a lazy min-heap keyed (level, position in comp_links): a link's entry is
+  // replaced when a freeze changes its loads (the stamp tells the stale ones), so each freeze
+  // costs the links of the instances it freezes, not a scan of the component.
+  const auto level_of = [&](int link) {
+    return std::max(0.0, 1 - frozen_load_[link]) / std::max(free_load_[link], 1e-300);
+  };
+  heap_.clear();
+  for (std::size_t i = 0; i < comp_links.size(); ++i) {
+    const int link = comp_links[i];
     frozen_load_[link] = 0;
     free_load_[link] = links_[link].load;
     free_count_[link] = static_cast<int>(links_[link].jobs.size());
+    link_position_[link] = static_cast<int>(i);
+    ++link_stamp_[link];
+    if (free_count_[link] > 0)
+      heap_.push_back({level_of(link), static_cast<int>(i), link, link_stamp_[link]});
   }
+  std::make_heap(heap_.begin(), heap_.end(), std::greater<>());
+  std::vector<int> touched;
   std::size_t unfrozen = set.size();
   while (unfrozen > 0) {
-    double level = 1;
     int bottleneck = -1;
-    for (int link : comp_links) {
-      if (free_count_[link] == 0) continue;  // (free_load_ may keep a rounding residue)
-      const double at = std::max(0.0, 1 - frozen_load_[link]) / std::max(free_load_[link], 1e-300);
-      if (at < level) {
-        level = at;
-        bottleneck = link;
+    double level = 1;
+    while (!heap_.empty()) {
+      std::pop_heap(heap_.begin(), heap_.end(), std::greater<>());
+      const LevelEntry top = heap_.back();
+      heap_.pop_back();
+      // Stale, or without unfrozen instances (free_load_ may keep a rounding residue).
+      if (top.stamp != link_stamp_[top.link] || free_count_[top.link] == 0) continue;
+      if (top.level < 1) {
+        level = top.level;
+        bottleneck = top.link;
       }
+      break;
     }
     if (bottleneck < 0) break;  // nothing binds below full speed
     level = std::max(level, 1e-12);
+    touched.clear();
     for (int id : links_[bottleneck].jobs) {
       Job& job = jobs_[id];
       if (job.speed >= 0) continue;
@@ -167,7 +191,17 @@ const std::vector<int>& SharedLinks::resolve(double now) {
           frozen_load_[link] += level * u;
           free_load_[link] -= u;
           --free_count_[link];
+          touched.push_back(link);
         }
+    }
+    // Each touched link's entry anew, with its loads after the whole freeze.
+    std::sort(touched.begin(), touched.end());
+    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+    for (int link : touched) {
+      ++link_stamp_[link];
+      if (free_count_[link] == 0) continue;
+      heap_.push_back({level_of(link), link_position_[link], link, link_stamp_[link]});
+      std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
     }
   }
   for (std::size_t i = 0; i < set.size(); ++i) {
