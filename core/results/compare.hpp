@@ -156,13 +156,15 @@ struct RankingResult {
   bool preserved = true;               // the predicted order equals the measured one (tau == 1)
   std::vector<SwappedPair> swapped;    // every discordant pair, in measured order
   bool preserved_within_noise = true;  // every swapped pair is within_noise
-  bool oversubscribed = false;
+  bool oversubscribed = false;         // some member's measured run shared cores
+  bool one_device = false;             // some member ran its ranks on one device (not a check)
 };
 
 struct ErrorSummary {
   std::string predicted_backend;
-  // "all points", "not oversubscribed", or "steady machine": not oversubscribed and the speed
-  // probe within tolerance before and after (present when some point has a probe)
+  // "all points", "not oversubscribed" (also without points measured on one device, and then
+  // named "not oversubscribed, not one device"), or "steady machine": of those, the speed probe
+  // within tolerance before and after (present when some point has a probe)
   std::string scope;
   int points = 0;
   double median_abs_pct = 0;

@@ -593,10 +593,13 @@ TEST_CASE("compare_points: every rank on one GPU is shown, marked, and not a che
   REQUIRE(r.summaries.size() == 2);
   CHECK(r.summaries[0].points == 5);
   CHECK(r.summaries[1].points == 3);  // 10, 10, 5: the one-GPU points left out
+  CHECK(r.summaries[1].scope == "not oversubscribed, not one device");
   CHECK(r.summaries[1].max_abs_pct == Approx(10));
   REQUIRE(r.rankings.size() == 2);
   CHECK(r.rankings[1].group == "mesh.dp_shard=8");
-  CHECK(r.rankings[1].oversubscribed);  // not a check either
+  CHECK(r.rankings[1].one_device);  // not a check either, and not called oversubscribed
+  CHECK_FALSE(r.rankings[1].oversubscribed);
+  CHECK_FALSE(r.rankings[0].one_device);
   const std::string table = compare_table(r);
   CHECK_THAT(table, Contains("+ every rank on ONE device (cuda_loopback)"));
   CHECK(compare_json(r)["points"][2]["one_device"] == true);

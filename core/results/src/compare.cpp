@@ -288,8 +288,11 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
   // Scopes: every point; those whose ranks had cores of their own; of those, the ones whose
   // speed probe found the machine as the profile describes it, before and after the steps (only
   // when some point has a probe).
-  bool any_probe = false;
-  for (const ComparedPoint& c : report.points) any_probe = any_probe || c.probe_ratio > 0;
+  bool any_probe = false, any_one_device = false;
+  for (const ComparedPoint& c : report.points) {
+    any_probe = any_probe || c.probe_ratio > 0;
+    any_one_device = any_one_device || c.one_device;
+  }
   enum class Scope { all, not_oversubscribed, steady };
   std::vector<Scope> scopes = {Scope::all, Scope::not_oversubscribed};
   if (any_probe) scopes.push_back(Scope::steady);
@@ -309,9 +312,10 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
       if (abs_errors.empty()) continue;
       ErrorSummary s;
       s.predicted_backend = b;
-      s.scope = scope == Scope::all                  ? "all points"
-                : scope == Scope::not_oversubscribed ? "not oversubscribed"
-                                                     : "steady machine";
+      s.scope = scope == Scope::all ? "all points"
+                : scope == Scope::not_oversubscribed
+                    ? (any_one_device ? "not oversubscribed, not one device" : "not oversubscribed")
+                    : "steady machine";
       s.points = static_cast<int>(abs_errors.size());
       s.median_abs_pct = median_of(abs_errors);
       s.max_abs_pct = *std::max_element(abs_errors.begin(), abs_errors.end());
@@ -348,7 +352,8 @@ CompareReport compare_points(const std::vector<PointRecords>& points) {
         r.strategies.push_back(members[i]->strategy);
         r.measured_s.push_back(members[i]->measured.step_s);
         r.predicted_s.push_back(predicted[i]);
-        r.oversubscribed = r.oversubscribed || members[i]->not_a_check();
+        r.oversubscribed = r.oversubscribed || members[i]->oversubscribed;
+        r.one_device = r.one_device || members[i]->one_device;
       }
       r.tau = kendall_tau(r.measured_s, r.predicted_s);
       r.preserved = r.tau >= 1 - 1e-12;
@@ -676,7 +681,8 @@ nlohmann::ordered_json compare_json(const CompareReport& report) {
                         {"preserved", r.preserved},
                         {"preserved_within_noise", r.preserved_within_noise},
                         {"swapped", swapped},
-                        {"oversubscribed", r.oversubscribed}});
+                        {"oversubscribed", r.oversubscribed},
+                        {"one_device", r.one_device}});
   }
   out["rankings"] = rankings;
   out["skipped"] = report.skipped;
@@ -853,7 +859,9 @@ std::string compare_table(const CompareReport& report) {
                   r.preserved                ? "preserved"
                   : r.preserved_within_noise ? "DIFFERS within noise"
                                              : "DIFFERS",
-                  r.oversubscribed ? " *" : "") +
+                  r.oversubscribed ? " *"
+                  : r.one_device   ? " +"
+                                   : "") +
              order + "\n";
       for (const SwappedPair& p : r.swapped)
         out += strf(
